@@ -1,0 +1,1 @@
+"""keel's processes: api, conductor, scheduler, compute, and the keel-manage tool."""

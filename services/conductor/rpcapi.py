@@ -1,0 +1,111 @@
+"""The client of keel-conductor: the only way other services talk to it.
+
+Conductor RPC API history:
+
+* 1.0 — build_instances (cast), register_compute (call), service_heartbeat (call),
+  instance_build_result (cast), instance_deleted (cast).
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from pydantic import Field
+
+from shared.context import RequestContext
+from shared.objects.base import KeelModel
+from shared.objects.compute_node import NodeResources
+from shared.rpc.client import RPCClient
+from shared.rpc.transport import Transport
+from shared.versions import SERVICE_VERSION, apis_for
+
+TOPIC = "conductor"
+#: The newest conductor RPC version this release speaks.
+RPC_VERSION = apis_for(SERVICE_VERSION).conductor
+
+
+class BuildInstances(KeelModel):
+    instance_uuid: UUID
+
+
+class RegisterCompute(KeelModel):
+    host: str = Field(min_length=1, max_length=255)
+    node_uuid: UUID
+    version: int = Field(ge=0)
+    resources: NodeResources
+
+
+class Registration(KeelModel):
+    """Who the agent is in the database: its routing key comes from ``service_uuid``."""
+
+    service_uuid: UUID
+    service_id: int
+    node_uuid: UUID
+    node_id: int
+
+
+class ServiceHeartbeat(KeelModel):
+    service_uuid: UUID
+    version: int = Field(ge=0)
+    node_uuid: UUID | None = None
+    resources: NodeResources | None = None
+
+
+class InstanceBuildResult(KeelModel):
+    instance_uuid: UUID
+    success: bool
+    message: str = ""
+
+
+class InstanceDeleted(KeelModel):
+    instance_uuid: UUID
+
+
+class ConductorAPI:
+    def __init__(
+        self, transport: Transport, *, version_cap: str = RPC_VERSION, timeout: float = 60.0
+    ) -> None:
+        self.client = RPCClient(transport, TOPIC, version_cap=version_cap, timeout=timeout)
+
+    async def build_instances(self, ctx: RequestContext, instance_uuid: UUID) -> None:
+        await self.client.cast(
+            ctx, "build_instances", BuildInstances(instance_uuid=instance_uuid), version="1.0"
+        )
+
+    async def register_compute(
+        self,
+        ctx: RequestContext,
+        *,
+        host: str,
+        node_uuid: UUID,
+        version: int,
+        resources: NodeResources,
+    ) -> Registration:
+        req = RegisterCompute(host=host, node_uuid=node_uuid, version=version, resources=resources)
+        return await self.client.call(
+            ctx, "register_compute", req, version="1.0", returns=Registration
+        )
+
+    async def service_heartbeat(
+        self,
+        ctx: RequestContext,
+        *,
+        service_uuid: UUID,
+        version: int,
+        node_uuid: UUID | None = None,
+        resources: NodeResources | None = None,
+    ) -> None:
+        req = ServiceHeartbeat(
+            service_uuid=service_uuid, version=version, node_uuid=node_uuid, resources=resources
+        )
+        await self.client.call(ctx, "service_heartbeat", req, version="1.0")
+
+    async def instance_build_result(
+        self, ctx: RequestContext, instance_uuid: UUID, *, success: bool, message: str = ""
+    ) -> None:
+        req = InstanceBuildResult(instance_uuid=instance_uuid, success=success, message=message)
+        await self.client.cast(ctx, "instance_build_result", req, version="1.0")
+
+    async def instance_deleted(self, ctx: RequestContext, instance_uuid: UUID) -> None:
+        req = InstanceDeleted(instance_uuid=instance_uuid)
+        await self.client.cast(ctx, "instance_deleted", req, version="1.0")

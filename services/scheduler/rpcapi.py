@@ -1,0 +1,51 @@
+"""The client of keel-scheduler: the only way other services talk to it.
+
+Scheduler RPC API history:
+
+* 1.0 — select_destinations (call): filter, weigh and claim; returns the claimed host.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from shared.context import RequestContext
+from shared.objects.base import KeelModel
+from shared.objects.instance import RequestSpec
+from shared.rpc.client import RPCClient
+from shared.rpc.transport import Transport
+from shared.versions import SERVICE_VERSION, apis_for
+
+TOPIC = "scheduler"
+RPC_VERSION = apis_for(SERVICE_VERSION).scheduler
+
+
+class SelectDestinations(KeelModel):
+    spec: RequestSpec
+
+
+class Selection(KeelModel):
+    """A host chosen for an instance, whose resources are already claimed for it."""
+
+    service_uuid: UUID
+    compute_node_id: int
+    compute_node_uuid: UUID
+    host: str
+    nodename: str
+
+
+class SchedulerAPI:
+    def __init__(
+        self, transport: Transport, *, version_cap: str = RPC_VERSION, timeout: float = 60.0
+    ) -> None:
+        self.client = RPCClient(transport, TOPIC, version_cap=version_cap, timeout=timeout)
+
+    async def select_destinations(self, ctx: RequestContext, spec: RequestSpec) -> Selection:
+        """Raises NoValidHost when no host passes the filters with room to claim."""
+        return await self.client.call(
+            ctx,
+            "select_destinations",
+            SelectDestinations(spec=spec),
+            version="1.0",
+            returns=Selection,
+        )

@@ -1,0 +1,1 @@
+"""Code shared by keel's services: configuration, RPC, database access and models."""

@@ -1,0 +1,187 @@
+"""Settings for every keel process.
+
+Values come, highest precedence first, from environment variables prefixed ``KEEL_``
+(nested groups joined with ``__``, e.g. ``KEEL_COMPUTE__VCPUS=8``), then from an optional
+TOML file given as ``--config FILE``, then from the defaults below. A bad value stops the
+process with one line naming the setting (see :func:`load_settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from shared.exceptions import ConfigError
+
+ENV_PREFIX = "KEEL_"
+ENV_NESTED_DELIMITER = "__"
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenInfo(_Group):
+    """Who a static API token authenticates as."""
+
+    user_id: str
+    project_id: str
+    roles: list[str] = Field(default_factory=lambda: ["member"])
+
+
+class AuthSettings(_Group):
+    #: token → identity. Empty means every API request is refused with 401.
+    tokens: dict[str, TokenInfo] = Field(default_factory=dict)
+
+
+class RpcSettings(_Group):
+    #: Seconds a ``call`` waits for its reply.
+    call_timeout: float = Field(default=60.0, gt=0)
+    #: Messages a consumer may hold unacknowledged at once.
+    prefetch: int = Field(default=16, ge=1, le=1000)
+    #: Seconds an unused queue lives on the broker; unset keeps queues until deleted.
+    queue_expires: float | None = Field(default=None, gt=0)
+    #: Seconds to keep retrying the first connection to the broker.
+    connect_timeout: float = Field(default=60.0, gt=0)
+
+
+class DatabaseSettings(_Group):
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: int = Field(default=10, ge=1)
+    #: Seconds to keep retrying the first connection to the database.
+    connect_timeout: float = Field(default=60.0, gt=0)
+
+
+class ComputeSettings(_Group):
+    #: ``local`` keeps each guest as a directory in the state dir; ``fake`` keeps it in memory.
+    driver: Literal["local", "fake"] = "local"
+    #: Resources the agent reports; unset means measured on this machine.
+    vcpus: int | None = Field(default=None, ge=1)
+    memory_mb: int | None = Field(default=None, ge=1)
+    local_gb: int | None = Field(default=None, ge=1)
+    cpu_allocation_ratio: float = Field(default=4.0, gt=0)
+    ram_allocation_ratio: float = Field(default=1.0, gt=0)
+    disk_allocation_ratio: float = Field(default=1.0, gt=0)
+    availability_zone: str = "nova"
+    #: Seconds SIGTERM waits for in-flight work before the agent exits anyway.
+    drain_timeout: float = Field(default=60.0, gt=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+    )
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/keel"
+    transport_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    #: The topic exchange; queues are named under it, so deployments never share one.
+    exchange: str = Field(default="keel", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
+    #: This service's host name (for an agent: the compute host it manages).
+    host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=255)
+    #: Where an agent keeps its node identity and its guests.
+    state_dir: Path = Path("/var/lib/keel")
+    #: ``HOST:PORT`` keel-api listens on.
+    api_bind: str = "127.0.0.1:8774"
+    #: Seconds between heartbeats.
+    report_interval: float = Field(default=10.0, gt=0)
+    #: A service whose last heartbeat is older than this many seconds is down.
+    service_down_time: float = Field(default=60.0, gt=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: ``auto`` logs JSON unless standard error is a terminal.
+    log_format: Literal["auto", "json", "text"] = "auto"
+
+    rpc: RpcSettings = Field(default_factory=RpcSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    compute: ComputeSettings = Field(default_factory=ComputeSettings)
+
+    @field_validator("transport_url")
+    @classmethod
+    def _amqp_url(cls, value: str) -> str:
+        if not value.startswith(("amqp://", "amqps://")):
+            raise ValueError("must be an amqp:// or amqps:// URL")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @field_validator("api_bind")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8774")
+        return value
+
+    @property
+    def api_host(self) -> str:
+        return self.api_bind.rpartition(":")[0]
+
+    @property
+    def api_port(self) -> int:
+        return int(self.api_bind.rpartition(":")[2])
+
+
+def _setting_name(loc: tuple[int | str, ...]) -> str:
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(str(part) for part in loc).upper()
+
+
+def load_settings(config_file: Path | None = None) -> Settings:
+    """Build settings from the environment and ``config_file``; raise ConfigError if bad."""
+    if config_file is not None:
+        try:
+            with config_file.open("rb") as stream:
+                tomllib.load(stream)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+
+    class _Settings(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if config_file is not None:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+            return tuple(sources)
+
+    try:
+        return _Settings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise ConfigError(
+            f"invalid setting {_setting_name(error['loc'])}: {error['msg']}"
+        ) from None
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML settings file; KEEL_* environment variables override it",
+    )

@@ -1,0 +1,107 @@
+"""Queries on ``compute_nodes``: agent reports, and host state for the scheduler."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import asyncpg
+
+from shared.db import services
+from shared.exceptions import ComputeNodeNotFound
+from shared.objects.compute_node import ComputeNode, HostState, NodeResources
+from shared.objects.service import Service
+
+
+async def upsert(
+    conn: asyncpg.Connection,
+    *,
+    node_uuid: UUID,
+    service_id: int,
+    host: str,
+    resources: NodeResources,
+) -> ComputeNode:
+    """Create the node an agent reports, or refresh its totals (never its usage).
+
+    Usage columns belong to the claims in ``allocations``; an agent report does not
+    touch them.
+    """
+    row = await conn.fetchrow(
+        """INSERT INTO compute_nodes
+               (uuid, service_id, host, hypervisor_hostname, hypervisor_type,
+                availability_zone, vcpus, memory_mb, local_gb, running_vms,
+                cpu_allocation_ratio, ram_allocation_ratio, disk_allocation_ratio)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+           ON CONFLICT (uuid) DO UPDATE SET
+               service_id = EXCLUDED.service_id,
+               hypervisor_type = EXCLUDED.hypervisor_type,
+               availability_zone = EXCLUDED.availability_zone,
+               vcpus = EXCLUDED.vcpus, memory_mb = EXCLUDED.memory_mb,
+               local_gb = EXCLUDED.local_gb, running_vms = EXCLUDED.running_vms,
+               cpu_allocation_ratio = EXCLUDED.cpu_allocation_ratio,
+               ram_allocation_ratio = EXCLUDED.ram_allocation_ratio,
+               disk_allocation_ratio = EXCLUDED.disk_allocation_ratio,
+               updated_at = now()
+           RETURNING *""",
+        node_uuid,
+        service_id,
+        host,
+        resources.hypervisor_hostname,
+        resources.hypervisor_type,
+        resources.availability_zone,
+        resources.vcpus,
+        resources.memory_mb,
+        resources.local_gb,
+        resources.running_vms,
+        resources.cpu_allocation_ratio,
+        resources.ram_allocation_ratio,
+        resources.disk_allocation_ratio,
+    )
+    assert row is not None
+    return ComputeNode.from_row(row)
+
+
+async def get_by_uuid(conn: asyncpg.Connection, node_uuid: UUID) -> ComputeNode:
+    row = await conn.fetchrow(
+        "SELECT * FROM compute_nodes WHERE uuid = $1 AND deleted_at IS NULL", node_uuid
+    )
+    if row is None:
+        raise ComputeNodeNotFound(f"compute node {node_uuid} not found")
+    return ComputeNode.from_row(row)
+
+
+async def get_by_host_node(conn: asyncpg.Connection, host: str, nodename: str) -> ComputeNode:
+    row = await conn.fetchrow(
+        """SELECT * FROM compute_nodes
+            WHERE host = $1 AND hypervisor_hostname = $2 AND deleted_at IS NULL""",
+        host,
+        nodename,
+    )
+    if row is None:
+        raise ComputeNodeNotFound(f"compute node {nodename} on host {host} not found")
+    return ComputeNode.from_row(row)
+
+
+_HOST_STATES = f"""
+    WITH s AS ({services.SELECT} WHERE s.deleted_at IS NULL)
+    SELECT to_jsonb(n.*) AS node, to_jsonb(s.*) AS service
+      FROM compute_nodes n JOIN s ON s.id = n.service_id
+     WHERE n.deleted_at IS NULL
+"""
+
+
+async def host_states(conn: asyncpg.Connection, down_time: float) -> list[HostState]:
+    """Every live node with its service, in one query (the scheduler's view of the cloud)."""
+    rows = await conn.fetch(_HOST_STATES + " ORDER BY n.id", down_time)
+    return [
+        HostState(node=ComputeNode.from_row(r["node"]), service=Service.from_row(r["service"]))
+        for r in rows
+    ]
+
+
+async def host_state(conn: asyncpg.Connection, node_uuid: UUID, down_time: float) -> HostState:
+    row = await conn.fetchrow(_HOST_STATES + " AND n.uuid = $2", down_time, node_uuid)
+    if row is None:
+        raise ComputeNodeNotFound(f"compute node {node_uuid} not found")
+    return HostState(
+        node=ComputeNode.from_row(row["node"]), service=Service.from_row(row["service"])
+    )

@@ -1,0 +1,154 @@
+"""Queries on ``instances``. Deleted instances are soft-deleted and hidden by default."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from uuid import UUID
+
+import asyncpg
+
+from shared.exceptions import InstanceNotFound
+from shared.objects.flavor import FlavorSnapshot
+from shared.objects.instance import Instance, InstanceFault
+from shared.objects.states import PowerState, TaskState, VmState
+
+
+async def create(
+    conn: asyncpg.Connection,
+    *,
+    instance_uuid: UUID,
+    project_id: str,
+    user_id: str,
+    display_name: str,
+    flavor: FlavorSnapshot,
+    image_ref: str,
+    availability_zone: str | None,
+) -> Instance:
+    row = await conn.fetchrow(
+        """INSERT INTO instances (uuid, project_id, user_id, display_name, vm_state,
+                                  task_state, flavor, image_ref, availability_zone)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *""",
+        instance_uuid,
+        project_id,
+        user_id,
+        display_name,
+        VmState.BUILDING.value,
+        TaskState.SCHEDULING.value,
+        flavor.model_dump(mode="json"),
+        image_ref,
+        availability_zone,
+    )
+    assert row is not None
+    return Instance.from_row(row)
+
+
+async def get(conn: asyncpg.Connection, instance_uuid: UUID) -> Instance:
+    row = await conn.fetchrow(
+        "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL", instance_uuid
+    )
+    if row is None:
+        raise InstanceNotFound(f"Instance {instance_uuid} could not be found.")
+    return Instance.from_row(row)
+
+
+async def list_instances(
+    conn: asyncpg.Connection,
+    *,
+    project_id: str | None = None,
+    name: str | None = None,
+    host: str | None = None,
+    limit: int | None = None,
+) -> list[Instance]:
+    """Live instances, newest first. ``name`` is a POSIX regular expression, as in Nova."""
+    rows = await conn.fetch(
+        """SELECT * FROM instances
+            WHERE deleted_at IS NULL
+              AND ($1::text IS NULL OR project_id = $1)
+              AND ($2::text IS NULL OR display_name ~ $2)
+              AND ($3::text IS NULL OR host = $3)
+            ORDER BY created_at DESC, id DESC
+            LIMIT $4""",
+        project_id,
+        name,
+        host,
+        limit,
+    )
+    return [Instance.from_row(row) for row in rows]
+
+
+async def set_scheduled(
+    conn: asyncpg.Connection, instance_uuid: UUID, *, host: str, node: str
+) -> Instance:
+    """Record where the scheduler placed the instance; it is now spawning there."""
+    row = await conn.fetchrow(
+        """UPDATE instances SET host = $2, node = $3, task_state = $4, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL RETURNING *""",
+        instance_uuid,
+        host,
+        node,
+        TaskState.SPAWNING.value,
+    )
+    if row is None:
+        raise InstanceNotFound(f"Instance {instance_uuid} could not be found.")
+    return Instance.from_row(row)
+
+
+async def set_active(conn: asyncpg.Connection, instance_uuid: UUID) -> Instance | None:
+    """Mark a build finished; ``None`` if the instance was deleted meanwhile."""
+    row = await conn.fetchrow(
+        """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
+                  launched_at = now(), updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 RETURNING *""",
+        instance_uuid,
+        VmState.ACTIVE.value,
+        int(PowerState.RUNNING),
+        VmState.BUILDING.value,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def set_error(
+    conn: asyncpg.Connection,
+    instance_uuid: UUID,
+    *,
+    message: str,
+    code: int = 500,
+    details: str = "",
+) -> Instance | None:
+    """Put the instance in ERROR with a fault the API shows; ``None`` if it is gone."""
+    fault = InstanceFault(code=code, message=message, details=details, created=datetime.now(UTC))
+    row = await conn.fetchrow(
+        """UPDATE instances SET vm_state = $2, task_state = NULL, fault = $3, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL RETURNING *""",
+        instance_uuid,
+        VmState.ERROR.value,
+        fault.model_dump(mode="json"),
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def set_task_state(
+    conn: asyncpg.Connection, instance_uuid: UUID, task_state: TaskState | None
+) -> Instance:
+    row = await conn.fetchrow(
+        """UPDATE instances SET task_state = $2, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL RETURNING *""",
+        instance_uuid,
+        None if task_state is None else task_state.value,
+    )
+    if row is None:
+        raise InstanceNotFound(f"Instance {instance_uuid} could not be found.")
+    return Instance.from_row(row)
+
+
+async def soft_delete(conn: asyncpg.Connection, instance_uuid: UUID) -> bool:
+    """Mark the instance deleted; False if it already was (idempotent)."""
+    status = await conn.execute(
+        """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
+                  terminated_at = now(), deleted_at = now(), updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL""",
+        instance_uuid,
+        VmState.DELETED.value,
+        int(PowerState.NOSTATE),
+    )
+    return status != "UPDATE 0"

@@ -1,0 +1,35 @@
+"""Queries on ``request_specs``: what was asked for at create time."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import asyncpg
+
+from shared.exceptions import InstanceNotFound
+from shared.objects.instance import RequestSpec
+
+
+async def create(conn: asyncpg.Connection, spec: RequestSpec) -> None:
+    await conn.execute(
+        "INSERT INTO request_specs (instance_uuid, spec) VALUES ($1, $2)",
+        spec.instance_uuid,
+        spec.model_dump(mode="json"),
+    )
+
+
+async def get(conn: asyncpg.Connection, instance_uuid: UUID) -> RequestSpec:
+    spec = await conn.fetchval(
+        "SELECT spec FROM request_specs WHERE instance_uuid = $1", instance_uuid
+    )
+    if spec is None:
+        raise InstanceNotFound(f"no request spec for instance {instance_uuid}")
+    return RequestSpec.model_validate(spec)
+
+
+async def save(conn: asyncpg.Connection, spec: RequestSpec) -> None:
+    await conn.execute(
+        "UPDATE request_specs SET spec = $2, updated_at = now() WHERE instance_uuid = $1",
+        spec.instance_uuid,
+        spec.model_dump(mode="json"),
+    )

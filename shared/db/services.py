@@ -1,0 +1,127 @@
+"""Queries on ``services``. Up/down is computed against the database clock."""
+
+from __future__ import annotations
+
+import uuid
+from uuid import UUID
+
+import asyncpg
+
+from shared.exceptions import ServiceNotFound
+from shared.objects.service import Service
+
+#: Selects a service row with ``is_up``; ``$1`` is the service down time in seconds.
+SELECT = """
+    SELECT s.*,
+           (NOT s.forced_down AND s.last_seen_up IS NOT NULL
+            AND s.last_seen_up > now() - make_interval(secs => $1)) AS is_up
+      FROM services s
+"""
+
+
+async def get_or_create(
+    conn: asyncpg.Connection, *, host: str, binary: str, topic: str, version: int, down_time: float
+) -> Service:
+    """The live service row for (host, binary), created if absent; version stamped."""
+    await conn.execute(
+        """INSERT INTO services (uuid, host, "binary", topic, version)
+           VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (host, "binary") WHERE deleted_at IS NULL
+           DO UPDATE SET version = EXCLUDED.version, topic = EXCLUDED.topic,
+                         updated_at = now()""",
+        uuid.uuid4(),
+        host,
+        binary,
+        topic,
+        version,
+    )
+    row = await conn.fetchrow(
+        SELECT + ' WHERE s.host = $2 AND s."binary" = $3 AND s.deleted_at IS NULL',
+        down_time,
+        host,
+        binary,
+    )
+    assert row is not None
+    return Service.from_row(row)
+
+
+async def heartbeat(conn: asyncpg.Connection, service_uuid: UUID, version: int) -> None:
+    """Record that the service is alive, and the version it runs."""
+    status = await conn.execute(
+        """UPDATE services SET last_seen_up = now(), report_count = report_count + 1,
+                  version = $2, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL""",
+        service_uuid,
+        version,
+    )
+    if status == "UPDATE 0":
+        raise ServiceNotFound(f"service {service_uuid} does not exist or was deleted")
+
+
+async def get(conn: asyncpg.Connection, service_uuid: UUID, down_time: float) -> Service:
+    row = await conn.fetchrow(
+        SELECT + " WHERE s.uuid = $2 AND s.deleted_at IS NULL", down_time, service_uuid
+    )
+    if row is None:
+        raise ServiceNotFound(f"service {service_uuid} not found")
+    return Service.from_row(row)
+
+
+async def get_by_id(conn: asyncpg.Connection, service_id: int, down_time: float) -> Service:
+    row = await conn.fetchrow(
+        SELECT + " WHERE s.id = $2 AND s.deleted_at IS NULL", down_time, service_id
+    )
+    if row is None:
+        raise ServiceNotFound(f"service {service_id} not found")
+    return Service.from_row(row)
+
+
+async def list_services(
+    conn: asyncpg.Connection,
+    down_time: float,
+    *,
+    host: str | None = None,
+    binary: str | None = None,
+) -> list[Service]:
+    rows = await conn.fetch(
+        SELECT
+        + """ WHERE s.deleted_at IS NULL
+                AND ($2::text IS NULL OR s.host = $2)
+                AND ($3::text IS NULL OR s."binary" = $3)
+              ORDER BY s.id""",
+        down_time,
+        host,
+        binary,
+    )
+    return [Service.from_row(row) for row in rows]
+
+
+async def update_status(
+    conn: asyncpg.Connection,
+    service_uuid: UUID,
+    down_time: float,
+    *,
+    disabled: bool | None = None,
+    disabled_reason: str | None = None,
+    forced_down: bool | None = None,
+) -> Service:
+    """Change what an operator may change; ``None`` leaves a field as it is.
+
+    Enabling a service clears its disabled reason.
+    """
+    status = await conn.execute(
+        """UPDATE services
+              SET disabled = COALESCE($2, disabled),
+                  disabled_reason = CASE WHEN $2 IS NULL THEN disabled_reason
+                                         WHEN $2 THEN $3 ELSE NULL END,
+                  forced_down = COALESCE($4, forced_down),
+                  updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL""",
+        service_uuid,
+        disabled,
+        disabled_reason,
+        forced_down,
+    )
+    if status == "UPDATE 0":
+        raise ServiceNotFound(f"service {service_uuid} not found")
+    return await get(conn, service_uuid, down_time)

@@ -1,0 +1,162 @@
+"""The one exception hierarchy of keel.
+
+    KeelError
+    ├── ConfigError                 a setting is missing or has a bad value
+    ├── NotFound
+    │   ├── InstanceNotFound
+    │   ├── FlavorNotFound
+    │   ├── ImageNotFound
+    │   ├── ServiceNotFound
+    │   └── ComputeNodeNotFound
+    ├── Conflict
+    │   └── InstanceInvalidState
+    ├── NoValidHost                 the scheduler found no host for a request
+    ├── HostRenameDetected          an agent's node belongs to a service on another host
+    ├── ServiceTooOld               this release is too old for the deployment
+    ├── BuildFailed                 the virt driver could not build a guest
+    └── MessagingError
+        ├── MessagingTimeout        no reply to a call within its timeout
+        ├── Unroutable              no queue is bound for the call's topic
+        ├── RemoteError             the remote side failed with an error not on the allow-list
+        ├── NoSuchMethod            the server has no such RPC method
+        ├── UnsupportedVersion      the server does not speak the requested RPC version
+        └── InvalidMessage          the message could not be parsed or validated
+
+Errors raised by an RPC handler travel back to the caller by name. Only the names in
+``REMOTE_ALLOWED`` are rebuilt as their own class on the caller's side; anything else
+arrives as :class:`RemoteError`, so a remote peer can never make us instantiate an
+arbitrary class.
+"""
+
+from __future__ import annotations
+
+
+class KeelError(Exception):
+    """Base of every error keel raises on purpose.
+
+    ``message`` is written for the operator: it says what is wrong and, where it can,
+    what to do about it.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(KeelError):
+    pass
+
+
+class NotFound(KeelError):
+    pass
+
+
+class InstanceNotFound(NotFound):
+    pass
+
+
+class FlavorNotFound(NotFound):
+    pass
+
+
+class ImageNotFound(NotFound):
+    pass
+
+
+class ServiceNotFound(NotFound):
+    pass
+
+
+class ComputeNodeNotFound(NotFound):
+    pass
+
+
+class Conflict(KeelError):
+    pass
+
+
+class InstanceInvalidState(Conflict):
+    pass
+
+
+class NoValidHost(KeelError):
+    def __init__(self, reason: str = "") -> None:
+        message = "No valid host was found. " + reason if reason else "No valid host was found."
+        super().__init__(message.strip())
+
+
+class HostRenameDetected(KeelError):
+    pass
+
+
+class ServiceTooOld(KeelError):
+    pass
+
+
+class BuildFailed(KeelError):
+    pass
+
+
+class MessagingError(KeelError):
+    pass
+
+
+class MessagingTimeout(MessagingError):
+    pass
+
+
+class Unroutable(MessagingError):
+    pass
+
+
+class RemoteError(MessagingError):
+    """A remote handler failed with an error that is not rebuilt by name."""
+
+    def __init__(self, exc_type: str, message: str) -> None:
+        super().__init__(f"{exc_type}: {message}")
+        self.exc_type = exc_type
+        self.remote_message = message
+
+
+class NoSuchMethod(MessagingError):
+    pass
+
+
+class UnsupportedVersion(MessagingError):
+    pass
+
+
+class InvalidMessage(MessagingError):
+    pass
+
+
+#: Errors that are rebuilt as their own class when they come back from an RPC call.
+REMOTE_ALLOWED: dict[str, type[KeelError]] = {
+    cls.__name__: cls
+    for cls in (
+        InstanceNotFound,
+        FlavorNotFound,
+        ImageNotFound,
+        ServiceNotFound,
+        ComputeNodeNotFound,
+        InstanceInvalidState,
+        Conflict,
+        NoValidHost,
+        HostRenameDetected,
+        ServiceTooOld,
+        BuildFailed,
+        NoSuchMethod,
+        UnsupportedVersion,
+        InvalidMessage,
+    )
+}
+
+
+def rebuild_remote(exc_type: str, message: str) -> KeelError:
+    """Turn an error name and message from the wire into an exception, safely."""
+    cls = REMOTE_ALLOWED.get(exc_type)
+    if cls is None:
+        return RemoteError(exc_type, message)
+    error = cls.__new__(cls)
+    KeelError.__init__(error, message)
+    return error

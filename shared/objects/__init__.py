@@ -1,0 +1,1 @@
+"""pydantic models of keel's database rows and of the values passed between services."""

@@ -1,0 +1,61 @@
+"""A row of ``instances`` and the records that hang off it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+from pydantic import Field
+
+from shared.objects.base import KeelModel
+from shared.objects.flavor import FlavorSnapshot
+
+
+class InstanceFault(KeelModel):
+    code: int = 500
+    message: str
+    details: str = ""
+    created: datetime
+
+
+class Instance(KeelModel):
+    id: int
+    uuid: UUID
+    project_id: str
+    user_id: str
+    display_name: str
+    host: str | None
+    node: str | None
+    vm_state: str
+    task_state: str | None
+    power_state: int
+    flavor: FlavorSnapshot
+    image_ref: str
+    availability_zone: str | None
+    fault: InstanceFault | None
+    launched_at: datetime | None
+    terminated_at: datetime | None
+    created_at: datetime
+    updated_at: datetime | None
+    deleted_at: datetime | None
+
+
+class RequestSpec(KeelModel):
+    """What was asked for when the instance was created: the scheduler's input."""
+
+    instance_uuid: UUID
+    project_id: str
+    user_id: str
+    flavor: FlavorSnapshot
+    image_ref: str = ""
+    availability_zone: str | None = None
+    #: Hosts a previous attempt already failed on.
+    ignore_hosts: list[str] = Field(default_factory=list)
+
+
+class Allocation(KeelModel):
+    instance_uuid: UUID
+    compute_node_id: int
+    vcpus: int
+    memory_mb: int
+    local_gb: int

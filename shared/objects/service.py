@@ -1,0 +1,33 @@
+"""A row of ``services``: one running keel process kind on one host."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from uuid import UUID
+
+from shared.objects.base import KeelModel
+
+
+class Binary(StrEnum):
+    CONDUCTOR = "keel-conductor"
+    SCHEDULER = "keel-scheduler"
+    COMPUTE = "keel-compute"
+
+
+class Service(KeelModel):
+    id: int
+    uuid: UUID
+    host: str
+    binary: str
+    topic: str
+    version: int
+    disabled: bool
+    disabled_reason: str | None
+    forced_down: bool
+    last_seen_up: datetime | None
+    report_count: int
+    created_at: datetime
+    updated_at: datetime | None
+    #: Computed by the query against the database clock: heartbeat recent and not forced down.
+    is_up: bool = False

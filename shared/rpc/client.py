@@ -1,0 +1,130 @@
+"""The calling side of an RPC API: typed requests out, typed replies or errors back.
+
+Each service's ``rpcapi.py`` wraps one :class:`RPCClient` and is the only way other code
+talks to that service. The client refuses to send a version above its ``version_cap``,
+so an ``rpcapi`` asks :meth:`RPCClient.can_send_version` and steps its payload down for
+older receivers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TypeVar, overload
+
+from pydantic import BaseModel, ValidationError
+
+from shared.context import RequestContext
+from shared.exceptions import InvalidMessage, UnsupportedVersion, rebuild_remote
+from shared.rpc.envelope import Envelope, Reply
+from shared.rpc.transport import Transport
+from shared.versions import parse_version
+
+LOG = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class RPCClient:
+    def __init__(
+        self,
+        transport: Transport,
+        topic: str,
+        *,
+        version_cap: str,
+        timeout: float = 60.0,
+    ) -> None:
+        parse_version(version_cap)
+        self.transport = transport
+        self.topic = topic
+        self.version_cap = version_cap
+        self.timeout = timeout
+
+    def can_send_version(self, version: str) -> bool:
+        """True if ``version`` is within this client's cap (same major, minor ≤ cap's)."""
+        major, minor = parse_version(version)
+        cap_major, cap_minor = parse_version(self.version_cap)
+        return major == cap_major and minor <= cap_minor
+
+    def for_topic(self, topic: str) -> RPCClient:
+        """The same client aimed at another topic (e.g. one compute agent's queue)."""
+        return RPCClient(self.transport, topic, version_cap=self.version_cap, timeout=self.timeout)
+
+    def _envelope(
+        self, ctx: RequestContext, method: str, req: BaseModel, version: str, deadline: float | None
+    ) -> bytes:
+        if not self.can_send_version(version):
+            raise UnsupportedVersion(
+                f"refusing to send {method} at version {version}: "
+                f"the version cap for {self.topic} is {self.version_cap}"
+            )
+        envelope = Envelope(
+            method=method,
+            version=version,
+            context=ctx,
+            args=req.model_dump(mode="json"),
+            deadline=deadline,
+        )
+        return envelope.model_dump_json().encode()
+
+    @overload
+    async def call(
+        self,
+        ctx: RequestContext,
+        method: str,
+        req: BaseModel,
+        *,
+        version: str,
+        returns: type[M],
+        timeout: float | None = None,
+    ) -> M: ...
+
+    @overload
+    async def call(
+        self,
+        ctx: RequestContext,
+        method: str,
+        req: BaseModel,
+        *,
+        version: str,
+        returns: None = None,
+        timeout: float | None = None,
+    ) -> None: ...
+
+    async def call(
+        self,
+        ctx: RequestContext,
+        method: str,
+        req: BaseModel,
+        *,
+        version: str,
+        returns: type[M] | None = None,
+        timeout: float | None = None,
+    ) -> M | None:
+        """Send ``req`` and wait for the reply; remote errors are raised here, typed."""
+        wait = self.timeout if timeout is None else timeout
+        body = self._envelope(ctx, method, req, version, time.time() + wait)
+        raw = await self.transport.call(
+            self.topic, body, message_id=str(uuid.uuid4()), timeout=wait
+        )
+        try:
+            reply = Reply.model_validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidMessage(f"malformed reply to {method} from {self.topic}: {exc}") from None
+        if reply.error is not None:
+            raise rebuild_remote(reply.error.type, reply.error.message)
+        if returns is None:
+            return None
+        try:
+            return returns.model_validate(reply.result)
+        except ValidationError as exc:
+            raise InvalidMessage(
+                f"unexpected result of {method} from {self.topic}: {exc}"
+            ) from None
+
+    async def cast(self, ctx: RequestContext, method: str, req: BaseModel, *, version: str) -> None:
+        """Send ``req`` without waiting for it to be handled."""
+        body = self._envelope(ctx, method, req, version, None)
+        await self.transport.cast(self.topic, body, message_id=str(uuid.uuid4()))
+        LOG.debug("cast %s to %s", method, self.topic, extra={"rpc_method": method})

@@ -1,0 +1,41 @@
+"""What travels on the wire: a JSON envelope for requests and one for replies.
+
+Requests carry the method, the RPC version the sender speaks, the request context, the
+method's arguments (validated against the handler's own pydantic model on arrival) and,
+for calls, the deadline after which nobody waits for the answer. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.context import RequestContext
+
+CONTENT_TYPE = "application/json"
+
+
+class Envelope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: str = Field(pattern=r"^[a-z_][a-z0-9_]{0,100}$")
+    version: str = Field(pattern=r"^\d{1,4}\.\d{1,4}$")
+    context: RequestContext
+    args: dict[str, Any] = Field(default_factory=dict)
+    #: Unix time after which the reply is no longer awaited; ``None`` for casts.
+    deadline: float | None = None
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    message: str
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    result: Any = None
+    error: ErrorInfo | None = None
