@@ -1,0 +1,73 @@
+"""Queries on ``flavors``."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from shared.exceptions import Conflict, FlavorNotFound
+from shared.objects.flavor import Flavor
+
+
+async def get(conn: asyncpg.Connection, flavorid: str) -> Flavor:
+    row = await conn.fetchrow(
+        "SELECT * FROM flavors WHERE flavorid = $1 AND deleted_at IS NULL", flavorid
+    )
+    if row is None:
+        raise FlavorNotFound(f"Flavor {flavorid} could not be found.")
+    return Flavor.from_row(row)
+
+
+async def list_flavors(conn: asyncpg.Connection, *, is_public: bool | None = True) -> list[Flavor]:
+    """Live flavors ordered by flavor id; ``is_public=None`` lists public and private."""
+    rows = await conn.fetch(
+        """SELECT * FROM flavors
+            WHERE deleted_at IS NULL AND ($1::boolean IS NULL OR is_public = $1)
+            ORDER BY flavorid""",
+        is_public,
+    )
+    return [Flavor.from_row(row) for row in rows]
+
+
+async def create(
+    conn: asyncpg.Connection,
+    *,
+    flavorid: str,
+    name: str,
+    vcpus: int,
+    memory_mb: int,
+    root_gb: int,
+    ephemeral_gb: int = 0,
+    swap: int = 0,
+    rxtx_factor: float = 1.0,
+    is_public: bool = True,
+    description: str | None = None,
+) -> Flavor:
+    try:
+        row = await conn.fetchrow(
+            """INSERT INTO flavors (flavorid, name, vcpus, memory_mb, root_gb, ephemeral_gb,
+                                    swap, rxtx_factor, is_public, description)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING *""",
+            flavorid,
+            name,
+            vcpus,
+            memory_mb,
+            root_gb,
+            ephemeral_gb,
+            swap,
+            rxtx_factor,
+            is_public,
+            description,
+        )
+    except asyncpg.UniqueViolationError:
+        raise Conflict(f"Flavor with name {name} or ID {flavorid} already exists.") from None
+    assert row is not None
+    return Flavor.from_row(row)
+
+
+async def delete(conn: asyncpg.Connection, flavorid: str) -> None:
+    status = await conn.execute(
+        "UPDATE flavors SET deleted_at = now() WHERE flavorid = $1 AND deleted_at IS NULL",
+        flavorid,
+    )
+    if status == "UPDATE 0":
+        raise FlavorNotFound(f"Flavor {flavorid} could not be found.")
