@@ -1,0 +1,237 @@
+"""Start-up and shutdown of keel-compute, in the order DESIGN.md sets.
+
+Start-up (:func:`start_agent`):
+
+1. read the node identity file, or create it on a host that never had one;
+2. connect to the broker;
+3. register with the conductor (the agent's only path to the database), retrying while
+   no conductor answers yet, for at most ``settings.rpc.connect_timeout`` seconds. A
+   refusal (e.g. :class:`~shared.exceptions.HostRenameDetected`) is not retried: it
+   stops the agent with the conductor's message;
+4. let the driver tidy the host, start consuming ``compute.<service uuid>``, start
+   heartbeats.
+
+Shutdown (:meth:`Agent.stop`): stop taking messages, let in-flight operations finish
+for up to ``settings.compute.drain_timeout`` seconds, stop heartbeats, disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from uuid import UUID
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception_type,
+    stop_before_delay,
+    wait_random_exponential,
+)
+
+from services.compute import identity
+from services.compute.manager import ComputeManager
+from services.compute.resources import node_resources
+from services.compute.rpcapi import topic_for
+from services.compute.virt.driver import Driver
+from services.conductor.rpcapi import ConductorAPI, Registration
+from shared.config import Settings
+from shared.context import RequestContext
+from shared.exceptions import MessagingTimeout, Unroutable
+from shared.objects.compute_node import NodeResources
+from shared.rpc.server import RPCServer
+from shared.rpc.transport import Transport
+from shared.runtime import Lifecycle, repeat
+from shared.versions import SERVICE_VERSION, apis_for
+
+LOG = logging.getLogger(__name__)
+
+#: Errors that mean "no conductor is answering yet", as opposed to a refusal.
+_NOT_ANSWERING = (Unroutable, MessagingTimeout)
+
+
+class Agent:
+    """A running keel-compute: registered, serving its topic, sending heartbeats."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        transport: Transport,
+        conductor: ConductorAPI,
+        manager: ComputeManager,
+        server: RPCServer,
+        driver: Driver,
+        registration: Registration,
+        service_version: int,
+    ) -> None:
+        self.settings = settings
+        self.registration = registration
+        self.service_version = service_version
+        self.manager = manager
+        self._transport = transport
+        self._conductor = conductor
+        self._server = server
+        self._driver = driver
+        self._beats = Lifecycle()
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def service_uuid(self) -> UUID:
+        return self.registration.service_uuid
+
+    @property
+    def topic(self) -> str:
+        return self._server.topic
+
+    def start_heartbeats(self) -> None:
+        interval = self.settings.report_interval
+        self._heartbeats = asyncio.create_task(
+            repeat("heartbeat", self.heartbeat, interval, self._beats), name="keel-heartbeat"
+        )
+        LOG.info("sending heartbeats every %gs", interval)
+
+    async def heartbeat(self) -> None:
+        """Tell the conductor this service is up, with freshly measured resources."""
+        resources: NodeResources | None
+        try:
+            resources = await node_resources(self._driver, self.settings.compute)
+        except Exception:
+            LOG.exception("could not measure resources; sending the heartbeat without them")
+            resources = None
+        await self._conductor.service_heartbeat(
+            RequestContext.internal(),
+            service_uuid=self.service_uuid,
+            version=self.service_version,
+            node_uuid=self.registration.node_uuid,
+            resources=resources,
+        )
+
+    async def stop(self) -> None:
+        """Stop consuming, drain in-flight work (bounded), stop heartbeats, disconnect."""
+        if self._stopped:
+            return
+        self._stopped = True
+        drain = self.settings.compute.drain_timeout
+        pending = self.manager.in_flight()
+        if pending:
+            LOG.info(
+                "stopping: waiting up to %gs for %d operation(s) in progress: %s",
+                drain,
+                len(pending),
+                ", ".join(f"{op} of {uuid}" for uuid, op in pending.items()),
+            )
+        else:
+            LOG.info("stopping: no operation in progress")
+        try:
+            await self._server.stop(drain)
+        finally:
+            self._beats.stopping.set()
+            if self._heartbeats is not None:
+                self._heartbeats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._heartbeats
+            await self._transport.close()
+        LOG.info("compute service %s stopped", self.service_uuid)
+
+
+async def register(
+    conductor: ConductorAPI,
+    settings: Settings,
+    node_uuid: UUID,
+    service_version: int,
+    resources: NodeResources,
+) -> Registration:
+    """Register with the conductor, retrying while none answers (bounded)."""
+    within = settings.rpc.connect_timeout
+
+    def log_retry(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        elapsed = state.seconds_since_start or 0.0
+        LOG.warning(
+            "no conductor answered registration attempt %d (%s); retrying in %.1fs, "
+            "giving up in %.0fs",
+            state.attempt_number,
+            error,
+            state.upcoming_sleep,
+            max(within - elapsed, 0.0),
+        )
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(_NOT_ANSWERING),
+        stop=stop_before_delay(within),
+        wait=wait_random_exponential(multiplier=0.2, max=5.0),
+        before_sleep=log_retry,
+    )
+    try:
+        registration: Registration = await retrying(
+            conductor.register_compute,
+            RequestContext.internal(),
+            host=settings.host,
+            node_uuid=node_uuid,
+            version=service_version,
+            resources=resources,
+        )
+    except RetryError as exc:
+        raise MessagingTimeout(
+            f"no keel-conductor answered the registration of host {settings.host!r} within "
+            f"{within:g}s (last error: {exc.last_attempt.exception()}); check that "
+            f"keel-conductor is running and uses exchange {settings.exchange!r}"
+        ) from None
+    LOG.info(
+        "registered as compute service %s (node %s, id %d) at service version %d",
+        registration.service_uuid,
+        registration.node_uuid,
+        registration.node_id,
+        service_version,
+    )
+    return registration
+
+
+async def start_agent(
+    settings: Settings,
+    transport: Transport,
+    driver: Driver,
+    *,
+    service_version: int = SERVICE_VERSION,
+) -> Agent:
+    """Start keel-compute on ``transport`` (not yet connected; the agent owns it).
+
+    ``service_version`` below the current one makes the agent behave as that older
+    release: it reports that version and serves only that release's compute RPC version.
+    Raises the :class:`~shared.exceptions.KeelError` that stops start-up, after
+    disconnecting.
+    """
+    apis = apis_for(service_version)
+    node_uuid = await asyncio.to_thread(identity.load_or_create, settings.state_dir)
+    await transport.connect()
+    try:
+        conductor = ConductorAPI(
+            transport, version_cap=apis.conductor, timeout=settings.rpc.call_timeout
+        )
+        resources = await node_resources(driver, settings.compute)
+        registration = await register(conductor, settings, node_uuid, service_version, resources)
+        await driver.init_host()
+        manager = ComputeManager(driver, conductor)
+        server = RPCServer(
+            transport, topic_for(registration.service_uuid), manager, version=apis.compute
+        )
+        await server.start(prefetch=settings.rpc.prefetch)
+    except BaseException:
+        await transport.close()
+        raise
+    agent = Agent(
+        settings=settings,
+        transport=transport,
+        conductor=conductor,
+        manager=manager,
+        server=server,
+        driver=driver,
+        registration=registration,
+        service_version=service_version,
+    )
+    agent.start_heartbeats()
+    return agent

@@ -1,0 +1,29 @@
+"""Virt drivers of keel-compute, behind one protocol (:mod:`.driver`)."""
+
+from __future__ import annotations
+
+from services.compute.virt.driver import Driver, HypervisorResources
+from services.compute.virt.fake import FakeDriver
+from services.compute.virt.local import LocalDriver
+from shared.config import Settings
+
+__all__ = ["Driver", "FakeDriver", "HypervisorResources", "LocalDriver", "load_driver"]
+
+
+def load_driver(settings: Settings) -> Driver:
+    """The driver ``settings.compute.driver`` names, sized by ``settings.compute``."""
+    compute = settings.compute
+    if compute.driver == "fake":
+        return FakeDriver(
+            settings.host,
+            vcpus=compute.vcpus or FakeDriver.DEFAULT_VCPUS,
+            memory_mb=compute.memory_mb or FakeDriver.DEFAULT_MEMORY_MB,
+            local_gb=compute.local_gb or FakeDriver.DEFAULT_LOCAL_GB,
+        )
+    return LocalDriver(
+        settings.state_dir,
+        settings.host,
+        vcpus=compute.vcpus,
+        memory_mb=compute.memory_mb,
+        local_gb=compute.local_gb,
+    )

@@ -1,0 +1,59 @@
+"""The virt driver protocol: what keel-compute asks of the hypervisor it manages.
+
+A driver knows guests only by instance UUID. Every method may be called again for the
+same guest (casts are delivered at least once), so ``spawn`` of a guest that exists and
+``destroy`` of one that does not are both quiet successes. Drivers do blocking work in
+``asyncio.to_thread`` so one slow disk never stalls heartbeats.
+
+Two drivers exist: :mod:`~services.compute.virt.local` (each guest a directory in the
+state dir; the default) and :mod:`~services.compute.virt.fake` (in memory).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+from uuid import UUID
+
+from pydantic import Field
+
+from services.compute.rpcapi import InstanceSpec
+from shared.objects.base import KeelModel
+
+
+class HypervisorResources(KeelModel):
+    """The hypervisor's totals as the driver sees them, before allocation ratios."""
+
+    vcpus: int = Field(ge=0)
+    memory_mb: int = Field(ge=0)
+    local_gb: int = Field(ge=0)
+    running_vms: int = Field(default=0, ge=0)
+
+
+class Driver(Protocol):
+    def hypervisor_hostname(self) -> str:
+        """The name of the hypervisor node this driver manages."""
+        ...
+
+    async def init_host(self) -> None:
+        """Prepare the host at agent start-up (e.g. clear what a crash left half-done)."""
+        ...
+
+    async def resources(self) -> HypervisorResources:
+        """Current totals and the number of guests present."""
+        ...
+
+    async def spawn(self, spec: InstanceSpec) -> None:
+        """Create and start the guest; nothing happens if it already exists.
+
+        On failure the driver raises; whatever it created may remain and is removed by
+        :meth:`destroy`.
+        """
+        ...
+
+    async def destroy(self, instance_uuid: UUID) -> None:
+        """Remove the guest and everything it left behind; a missing guest is fine."""
+        ...
+
+    async def list_instances(self) -> list[UUID]:
+        """The guests that exist on this hypervisor."""
+        ...

@@ -1,0 +1,63 @@
+"""An in-memory virt driver: guests are entries in a dict.
+
+Used by unit tests and by scale tests that run many agents in one machine: it has the
+sizes it is given, takes ``spawn_delay`` seconds to build a guest, and touches nothing
+outside the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from uuid import UUID
+
+from services.compute.rpcapi import InstanceSpec
+from services.compute.virt.driver import HypervisorResources
+
+LOG = logging.getLogger(__name__)
+
+
+class FakeDriver:
+    DEFAULT_VCPUS = 64
+    DEFAULT_MEMORY_MB = 256 * 1024
+    DEFAULT_LOCAL_GB = 4096
+
+    def __init__(
+        self,
+        hostname: str,
+        *,
+        vcpus: int = DEFAULT_VCPUS,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        local_gb: int = DEFAULT_LOCAL_GB,
+        spawn_delay: float = 0.0,
+    ) -> None:
+        self._hostname = hostname
+        self._totals = HypervisorResources(vcpus=vcpus, memory_mb=memory_mb, local_gb=local_gb)
+        self.spawn_delay = spawn_delay
+        self._guests: dict[UUID, InstanceSpec] = {}
+
+    def hypervisor_hostname(self) -> str:
+        return self._hostname
+
+    async def init_host(self) -> None:
+        LOG.info("fake driver: %s starts with no guests", self._hostname)
+
+    async def resources(self) -> HypervisorResources:
+        return self._totals.model_copy(update={"running_vms": len(self._guests)})
+
+    async def spawn(self, spec: InstanceSpec) -> None:
+        if spec.uuid in self._guests:
+            return
+        if self.spawn_delay:
+            await asyncio.sleep(self.spawn_delay)
+        self._guests.setdefault(spec.uuid, spec)
+
+    async def destroy(self, instance_uuid: UUID) -> None:
+        self._guests.pop(instance_uuid, None)
+
+    async def list_instances(self) -> list[UUID]:
+        return list(self._guests)
+
+    def guest(self, instance_uuid: UUID) -> InstanceSpec | None:
+        """The spec a guest was built from, or ``None`` if it does not exist."""
+        return self._guests.get(instance_uuid)

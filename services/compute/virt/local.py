@@ -1,0 +1,196 @@
+"""The local virt driver: each guest is a directory in the agent's state dir.
+
+A guest is ``<state_dir>/instances/<uuid>/`` holding ``disk`` (a sparse file of the
+flavor's ``root_gb`` GiB: its size is set, no data is written) and ``metadata.json``
+(the :class:`~services.compute.rpcapi.InstanceSpec` it was built from). What exists on
+the host is what an operator sees with ``ls``.
+
+A guest appears and disappears atomically. It is built in a scratch directory
+``instances/.building-<uuid>-<random>`` and renamed into place once complete; it is
+removed by renaming it to ``instances/.deleting-<uuid>-<random>`` first. A crash
+therefore never leaves a half guest under its own name, only scratch directories, which
+:meth:`LocalDriver.init_host` sweeps at the next start and :meth:`LocalDriver.destroy`
+sweeps for its guest. Callers serialise operations on one guest (the manager does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from uuid import UUID
+
+from services.compute.durable import fsync_dir, write_synced
+from services.compute.rpcapi import InstanceSpec
+from services.compute.virt.driver import HypervisorResources
+from shared.exceptions import BuildFailed
+
+LOG = logging.getLogger(__name__)
+
+GIB = 1024**3
+INSTANCES_DIR = "instances"
+DISK_FILE = "disk"
+METADATA_FILE = "metadata.json"
+_BUILDING = ".building-"
+_DELETING = ".deleting-"
+_GUEST_DIR_MODE = 0o755
+
+
+class LocalDriver:
+    def __init__(
+        self,
+        state_dir: Path,
+        hostname: str,
+        *,
+        vcpus: int | None = None,
+        memory_mb: int | None = None,
+        local_gb: int | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.instances_dir = state_dir / INSTANCES_DIR
+        self._hostname = hostname
+        self._vcpus = vcpus
+        self._memory_mb = memory_mb
+        self._local_gb = local_gb
+
+    def hypervisor_hostname(self) -> str:
+        return self._hostname
+
+    def guest_dir(self, instance_uuid: UUID) -> Path:
+        return self.instances_dir / str(instance_uuid)
+
+    async def init_host(self) -> None:
+        swept = await asyncio.to_thread(self._sweep_scratch)
+        for name in swept:
+            LOG.warning("removed %s: left half-done by an earlier run", self.instances_dir / name)
+        LOG.info("local driver keeps guests in %s", self.instances_dir)
+
+    async def resources(self) -> HypervisorResources:
+        return await asyncio.to_thread(self._measure)
+
+    async def spawn(self, spec: InstanceSpec) -> None:
+        await asyncio.to_thread(self._spawn, spec)
+
+    async def destroy(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._destroy, instance_uuid)
+
+    async def list_instances(self) -> list[UUID]:
+        return await asyncio.to_thread(self._list)
+
+    def _sweep_scratch(self) -> list[str]:
+        self.instances_dir.mkdir(parents=True, exist_ok=True)
+        swept = []
+        for entry in self.instances_dir.iterdir():
+            if entry.name.startswith((_BUILDING, _DELETING)):
+                shutil.rmtree(entry, ignore_errors=True)
+                swept.append(entry.name)
+        return swept
+
+    def _measure(self) -> HypervisorResources:
+        local_gb = self._local_gb
+        if local_gb is None:
+            local_gb = shutil.disk_usage(_nearest_existing(self.state_dir)).total // GIB
+        return HypervisorResources(
+            vcpus=self._vcpus or os.cpu_count() or 1,
+            memory_mb=self._memory_mb or _total_memory_mb(),
+            local_gb=local_gb,
+            running_vms=len(self._list()),
+        )
+
+    def _list(self) -> list[UUID]:
+        try:
+            entries = list(self.instances_dir.iterdir())
+        except FileNotFoundError:
+            return []
+        guests = []
+        for entry in entries:
+            try:
+                instance_uuid = UUID(entry.name)
+            except ValueError:
+                continue
+            if entry.is_dir():
+                guests.append(instance_uuid)
+        return guests
+
+    def _spawn(self, spec: InstanceSpec) -> None:
+        final = self.guest_dir(spec.uuid)
+        if final.is_dir():
+            LOG.info("guest directory %s already exists", final, extra=_extra(spec.uuid))
+            return
+        self.instances_dir.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{_BUILDING}{spec.uuid}-", dir=self.instances_dir))
+        try:
+            try:
+                _write_guest(scratch, spec)
+            except OSError as exc:
+                raise BuildFailed(
+                    f"cannot write guest {spec.uuid} in {self.instances_dir}: {exc.strerror or exc}"
+                ) from exc
+            try:
+                scratch.rename(final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+                LOG.info("guest %s was built concurrently; keeping that one", spec.uuid)
+                return
+            fsync_dir(self.instances_dir)
+        finally:
+            if scratch.exists():
+                shutil.rmtree(scratch, ignore_errors=True)
+        LOG.info(
+            "created guest directory %s with a %d GiB disk",
+            final,
+            spec.flavor.root_gb,
+            extra=_extra(spec.uuid),
+        )
+
+    def _destroy(self, instance_uuid: UUID) -> None:
+        if not self.instances_dir.is_dir():
+            return
+        final = self.guest_dir(instance_uuid)
+        trash = self.instances_dir / f"{_DELETING}{instance_uuid}-{secrets.token_hex(4)}"
+        try:
+            final.rename(trash)
+        except FileNotFoundError:
+            pass
+        else:
+            fsync_dir(self.instances_dir)
+            LOG.info("removed guest directory %s", final, extra=_extra(instance_uuid))
+        for prefix in (_DELETING, _BUILDING):
+            for leftover in self.instances_dir.glob(f"{prefix}{instance_uuid}-*"):
+                shutil.rmtree(leftover)
+
+
+def _write_guest(directory: Path, spec: InstanceSpec) -> None:
+    os.chmod(directory, _GUEST_DIR_MODE)
+    with (directory / DISK_FILE).open("xb") as disk:
+        disk.truncate(spec.flavor.root_gb * GIB)
+        os.fsync(disk.fileno())
+    write_synced(directory / METADATA_FILE, spec.model_dump_json(indent=2).encode())
+    fsync_dir(directory)
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path("/")
+
+
+def _total_memory_mb() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+def _extra(instance_uuid: UUID) -> dict[str, str]:
+    return {"instance_uuid": str(instance_uuid)}

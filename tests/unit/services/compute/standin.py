@@ -1,0 +1,113 @@
+"""What the agent's tests stand on: a stand-in conductor, instance specs, waiting.
+
+:class:`StandInConductor` serves the conductor's RPC API on topic ``conductor`` the way
+the real one answers agents, and records what it was sent, so a test can assert what an
+agent reported. It refuses a node registering from another host, as the real conductor
+does, with :class:`~shared.exceptions.HostRenameDetected`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from uuid import UUID
+
+from services.compute.rpcapi import InstanceSpec
+from services.conductor import rpcapi as conductor_rpcapi
+from services.conductor.rpcapi import (
+    InstanceBuildResult,
+    InstanceDeleted,
+    RegisterCompute,
+    Registration,
+    ServiceHeartbeat,
+)
+from shared.context import RequestContext
+from shared.exceptions import HostRenameDetected
+from shared.objects.flavor import FlavorSnapshot
+from shared.rpc.server import RPCServer
+from shared.rpc.transport import Transport
+
+
+@dataclass(frozen=True)
+class _Node:
+    host: str
+    service_uuid: UUID
+    service_id: int
+    node_id: int
+
+
+class StandInConductor:
+    """The conductor's agent-facing RPC methods, answered from memory."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[UUID, _Node] = {}
+        self.registrations: list[RegisterCompute] = []
+        self.heartbeats: list[ServiceHeartbeat] = []
+        self.build_results: list[InstanceBuildResult] = []
+        self.deleted: list[UUID] = []
+
+    async def register_compute(self, ctx: RequestContext, req: RegisterCompute) -> Registration:
+        self.registrations.append(req)
+        node = self.nodes.get(req.node_uuid)
+        if node is None:
+            number = len(self.nodes) + 1
+            node = _Node(req.host, uuid.uuid4(), service_id=number, node_id=number)
+            self.nodes[req.node_uuid] = node
+        elif node.host != req.host:
+            raise HostRenameDetected(
+                f"compute node {req.node_uuid} belongs to host {node.host!r}, "
+                f"not {req.host!r}; refusing to start"
+            )
+        return Registration(
+            service_uuid=node.service_uuid,
+            service_id=node.service_id,
+            node_uuid=req.node_uuid,
+            node_id=node.node_id,
+        )
+
+    async def service_heartbeat(self, ctx: RequestContext, req: ServiceHeartbeat) -> None:
+        self.heartbeats.append(req)
+
+    async def instance_build_result(self, ctx: RequestContext, req: InstanceBuildResult) -> None:
+        self.build_results.append(req)
+
+    async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
+        self.deleted.append(req.instance_uuid)
+
+    def results_for(self, instance_uuid: UUID) -> list[InstanceBuildResult]:
+        return [r for r in self.build_results if r.instance_uuid == instance_uuid]
+
+
+async def serve_standin(transport: Transport, standin: StandInConductor) -> RPCServer:
+    """Serve ``standin`` on topic ``conductor`` of a connected transport."""
+    server = RPCServer(
+        transport, conductor_rpcapi.TOPIC, standin, version=conductor_rpcapi.RPC_VERSION
+    )
+    await server.start(prefetch=8)
+    return server
+
+
+def make_spec(*, root_gb: int = 1, node: str = "host1", name: str = "vm") -> InstanceSpec:
+    return InstanceSpec(
+        uuid=uuid.uuid4(),
+        display_name=name,
+        flavor=FlavorSnapshot(
+            flavorid="1", name="m1.tiny", vcpus=1, memory_mb=512, root_gb=root_gb
+        ),
+        image_ref="cirros",
+        node=node,
+    )
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds; fail the test if it never does."""
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                if predicate():
+                    return
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"condition not met within {timeout:g}s") from None

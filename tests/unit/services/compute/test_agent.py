@@ -1,0 +1,198 @@
+"""Agent start-up and shutdown, on the fake broker with a stand-in conductor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.compute.agent import Agent, start_agent
+from services.compute.rpcapi import ComputeAPI, topic_for
+from services.compute.virt.fake import FakeDriver
+from shared.config import ComputeSettings, RpcSettings, Settings
+from shared.context import RequestContext
+from shared.exceptions import ConfigError, HostRenameDetected, MessagingError, MessagingTimeout
+from shared.rpc.fake import FakeBroker, FakeTransport
+from shared.versions import SERVICE_VERSION
+from tests.unit.services.compute.standin import (
+    StandInConductor,
+    eventually,
+    make_spec,
+    serve_standin,
+)
+
+
+def _settings(state_dir: Path, host: str = "host1", connect_timeout: float = 5.0) -> Settings:
+    return Settings(
+        host=host,
+        state_dir=state_dir,
+        report_interval=0.05,
+        rpc=RpcSettings(call_timeout=2, connect_timeout=connect_timeout),
+        compute=ComputeSettings(driver="fake", drain_timeout=5),
+    )
+
+
+@dataclass
+class World:
+    broker: FakeBroker
+    conductor: StandInConductor
+    conductor_side: FakeTransport
+
+    def transport(self) -> FakeTransport:
+        return FakeTransport(self.broker)
+
+    async def start(self, settings: Settings, driver: FakeDriver | None = None) -> Agent:
+        driver = driver or FakeDriver(settings.host, vcpus=8, memory_mb=4096, local_gb=100)
+        return await start_agent(settings, self.transport(), driver)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    broker = FakeBroker()
+    conductor_side = FakeTransport(broker)
+    await conductor_side.connect()
+    standin = StandInConductor()
+    await serve_standin(conductor_side, standin)
+    yield World(broker, standin, conductor_side)
+    await conductor_side.close()
+
+
+async def test_start_up_creates_identity_registers_and_serves(world: World, tmp_path: Path) -> None:
+    agent = await world.start(_settings(tmp_path))
+    try:
+        [registration] = world.conductor.registrations
+        assert registration.host == "host1"
+        assert registration.version == SERVICE_VERSION
+        assert (tmp_path / "compute_id").read_text().strip() == str(registration.node_uuid)
+        assert registration.resources.vcpus == 8
+        assert registration.resources.cpu_allocation_ratio == 4.0
+        assert registration.resources.availability_zone == "nova"
+        assert agent.topic == topic_for(agent.service_uuid)
+
+        spec = make_spec()
+        await ComputeAPI(world.conductor_side).build_and_run_instance(
+            RequestContext(), agent.service_uuid, spec
+        )
+        await eventually(lambda: bool(world.conductor.results_for(spec.uuid)))
+        assert world.conductor.results_for(spec.uuid)[0].success
+    finally:
+        await agent.stop()
+
+
+async def test_restart_keeps_the_node_identity(world: World, tmp_path: Path) -> None:
+    for _ in range(2):
+        agent = await world.start(_settings(tmp_path))
+        await agent.stop()
+
+    first, second = world.conductor.registrations
+    assert first.node_uuid == second.node_uuid
+
+
+async def test_heartbeats_carry_version_and_fresh_resources(world: World, tmp_path: Path) -> None:
+    driver = FakeDriver("host1", vcpus=8)
+    agent = await world.start(_settings(tmp_path), driver)
+    try:
+        await driver.spawn(make_spec())
+        await eventually(
+            lambda: any(
+                h.resources is not None and h.resources.running_vms == 1
+                for h in world.conductor.heartbeats
+            )
+        )
+        beat = world.conductor.heartbeats[-1]
+        assert beat.service_uuid == agent.service_uuid
+        assert beat.version == SERVICE_VERSION
+        assert beat.node_uuid == agent.registration.node_uuid
+    finally:
+        await agent.stop()
+
+
+async def test_registration_waits_for_a_conductor_that_starts_late(tmp_path: Path) -> None:
+    broker = FakeBroker()
+    starting = asyncio.create_task(
+        start_agent(_settings(tmp_path), FakeTransport(broker), FakeDriver("host1"))
+    )
+    await asyncio.sleep(0.3)
+    assert not starting.done()
+
+    late = FakeTransport(broker)
+    await late.connect()
+    standin = StandInConductor()
+    await serve_standin(late, standin)
+    agent = await starting
+    try:
+        assert [r.node_uuid for r in standin.registrations] == [agent.registration.node_uuid]
+    finally:
+        await agent.stop()
+        await late.close()
+
+
+async def test_registration_gives_up_after_connect_timeout(tmp_path: Path) -> None:
+    transport = FakeTransport(FakeBroker())
+    settings = _settings(tmp_path, connect_timeout=0.3)
+
+    with pytest.raises(MessagingTimeout, match="no keel-conductor answered") as info:
+        await start_agent(settings, transport, FakeDriver("host1"))
+
+    assert "exchange 'keel'" in info.value.message
+    with pytest.raises(MessagingError, match="not connected"):
+        await transport.cast("conductor", b"{}", message_id="m")
+
+
+async def test_renamed_host_is_refused_without_retry(world: World, tmp_path: Path) -> None:
+    agent = await world.start(_settings(tmp_path, host="old-name"))
+    await agent.stop()
+    queues_before = set(world.broker.queues)
+
+    with pytest.raises(HostRenameDetected, match="belongs to host 'old-name'"):
+        await world.start(_settings(tmp_path, host="new-name"))
+
+    assert [r.host for r in world.conductor.registrations] == ["old-name", "new-name"]
+    assert set(world.broker.queues) == queues_before
+
+
+async def test_corrupt_identity_refuses_before_talking_to_the_conductor(
+    world: World, tmp_path: Path
+) -> None:
+    (tmp_path / "compute_id").write_text("garbage\n")
+
+    with pytest.raises(ConfigError, match="corrupt"):
+        await world.start(_settings(tmp_path))
+
+    assert world.conductor.registrations == []
+    assert (tmp_path / "compute_id").read_text() == "garbage\n"
+
+
+async def test_stop_drains_an_in_flight_build(world: World, tmp_path: Path) -> None:
+    driver = FakeDriver("host1", spawn_delay=0.2)
+    agent = await world.start(_settings(tmp_path), driver)
+    spec = make_spec()
+    await ComputeAPI(world.conductor_side).build_and_run_instance(
+        RequestContext(), agent.service_uuid, spec
+    )
+    await eventually(lambda: bool(agent.manager.in_flight()))
+
+    await agent.stop()
+
+    assert driver.guest(spec.uuid) == spec
+    assert [r.success for r in world.conductor.results_for(spec.uuid)] == [True]
+    heartbeats = len(world.conductor.heartbeats)
+    await asyncio.sleep(0.15)
+    assert len(world.conductor.heartbeats) == heartbeats
+
+
+async def test_stopped_agent_no_longer_takes_builds(world: World, tmp_path: Path) -> None:
+    agent = await world.start(_settings(tmp_path))
+    await agent.stop()
+    await agent.stop()
+
+    spec = make_spec()
+    await ComputeAPI(world.conductor_side).build_and_run_instance(
+        RequestContext(), agent.service_uuid, spec
+    )
+    await asyncio.sleep(0.05)
+
+    assert world.conductor.results_for(spec.uuid) == []

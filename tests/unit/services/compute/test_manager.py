@@ -1,0 +1,173 @@
+"""The compute manager behind its RPC topic, with a stand-in conductor, on the fake broker."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.compute.manager import ComputeManager
+from services.compute.rpcapi import RPC_VERSION, ComputeAPI, InstanceSpec, topic_for
+from services.compute.virt.local import LocalDriver
+from services.conductor.rpcapi import ConductorAPI
+from shared.context import RequestContext
+from shared.exceptions import BuildFailed
+from shared.rpc.fake import FakeBroker, FakeTransport
+from shared.rpc.server import RPCServer
+from tests.unit.services.compute.standin import (
+    StandInConductor,
+    eventually,
+    make_spec,
+    serve_standin,
+)
+
+
+class BreaksAfterBuilding(LocalDriver):
+    """Builds the guest, then fails, as a hypervisor that cannot start it would."""
+
+    async def spawn(self, spec: InstanceSpec) -> None:
+        await super().spawn(spec)
+        raise BuildFailed(f"the hypervisor could not start guest {spec.uuid}")
+
+
+class Crashes(LocalDriver):
+    async def spawn(self, spec: InstanceSpec) -> None:
+        raise RuntimeError("driver bug")
+
+
+class Slow(LocalDriver):
+    async def spawn(self, spec: InstanceSpec) -> None:
+        await asyncio.sleep(0.05)
+        await super().spawn(spec)
+
+
+@dataclass
+class Rig:
+    conductor: StandInConductor
+    compute: ComputeAPI
+    service_uuid: uuid.UUID
+    state_dir: Path
+
+    def guest_dir(self, spec: InstanceSpec) -> Path:
+        return self.state_dir / "instances" / str(spec.uuid)
+
+    async def build(self, spec: InstanceSpec) -> None:
+        await self.compute.build_and_run_instance(RequestContext(), self.service_uuid, spec)
+
+    async def terminate(self, instance_uuid: uuid.UUID) -> None:
+        await self.compute.terminate_instance(RequestContext(), self.service_uuid, instance_uuid)
+
+
+@asynccontextmanager
+async def _rig(driver: LocalDriver) -> AsyncIterator[Rig]:
+    broker = FakeBroker()
+    transports = [FakeTransport(broker) for _ in range(3)]
+    for transport in transports:
+        await transport.connect()
+    conductor_side, agent_side, caller_side = transports
+    standin = StandInConductor()
+    await serve_standin(conductor_side, standin)
+    service_uuid = uuid.uuid4()
+    manager = ComputeManager(driver, ConductorAPI(agent_side, timeout=5))
+    server = RPCServer(agent_side, topic_for(service_uuid), manager, version=RPC_VERSION)
+    await server.start(prefetch=8)
+    try:
+        yield Rig(standin, ComputeAPI(caller_side), service_uuid, driver.state_dir)
+    finally:
+        for transport in transports:
+            await transport.close()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with _rig(LocalDriver(tmp_path, "host1")) as made:
+        yield made
+
+
+async def test_build_reports_success_and_the_guest_exists(rig: Rig) -> None:
+    spec = make_spec()
+
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+
+    [result] = rig.conductor.results_for(spec.uuid)
+    assert result.success
+    assert (rig.guest_dir(spec) / "disk").is_file()
+    assert (rig.guest_dir(spec) / "metadata.json").is_file()
+
+
+async def test_repeated_build_reports_success_again_without_a_second_guest(rig: Rig) -> None:
+    spec = make_spec()
+
+    await rig.build(spec)
+    await rig.build(spec)
+    await eventually(lambda: len(rig.conductor.results_for(spec.uuid)) == 2)
+
+    assert all(r.success for r in rig.conductor.results_for(spec.uuid))
+    assert [p.name for p in (rig.state_dir / "instances").iterdir()] == [str(spec.uuid)]
+
+
+async def test_build_failure_is_reported_and_leaves_no_guest(tmp_path: Path) -> None:
+    async with _rig(BreaksAfterBuilding(tmp_path, "host1")) as rig:
+        spec = make_spec()
+
+        await rig.build(spec)
+        await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+
+        [result] = rig.conductor.results_for(spec.uuid)
+        assert not result.success
+        assert result.message == f"the hypervisor could not start guest {spec.uuid}"
+        assert list((tmp_path / "instances").iterdir()) == []
+
+
+async def test_unexpected_driver_error_is_reported_as_a_failure(tmp_path: Path) -> None:
+    async with _rig(Crashes(tmp_path, "host1")) as rig:
+        spec = make_spec()
+
+        await rig.build(spec)
+        await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+
+        [result] = rig.conductor.results_for(spec.uuid)
+        assert not result.success
+        assert result.message == "RuntimeError: driver bug"
+        assert not rig.guest_dir(spec).exists()
+
+
+async def test_terminate_removes_the_guest_and_reports_it_deleted(rig: Rig) -> None:
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+
+    await rig.terminate(spec.uuid)
+    await eventually(lambda: spec.uuid in rig.conductor.deleted)
+
+    assert not rig.guest_dir(spec).exists()
+
+
+async def test_terminate_of_a_missing_guest_still_reports_it_deleted(rig: Rig) -> None:
+    missing = uuid.uuid4()
+
+    await rig.terminate(missing)
+    await eventually(lambda: missing in rig.conductor.deleted)
+
+    assert rig.conductor.build_results == []
+
+
+async def test_terminate_during_a_build_waits_for_it_and_then_removes_the_guest(
+    tmp_path: Path,
+) -> None:
+    async with _rig(Slow(tmp_path, "host1")) as rig:
+        spec = make_spec()
+
+        await rig.build(spec)
+        await rig.terminate(spec.uuid)
+        await eventually(lambda: spec.uuid in rig.conductor.deleted)
+
+        [result] = rig.conductor.results_for(spec.uuid)
+        assert result.success
+        assert not rig.guest_dir(spec).exists()

@@ -1,0 +1,163 @@
+"""The local driver: each guest a directory with a sparse disk and its metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.compute.rpcapi import InstanceSpec
+from services.compute.virt import local
+from services.compute.virt.local import GIB, LocalDriver
+from shared.exceptions import BuildFailed
+from tests.unit.services.compute.standin import make_spec
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> LocalDriver:
+    return LocalDriver(tmp_path, "host1")
+
+
+def _entries(driver: LocalDriver) -> list[str]:
+    return sorted(p.name for p in driver.instances_dir.iterdir())
+
+
+async def test_spawn_creates_directory_with_sparse_disk_and_metadata(driver: LocalDriver) -> None:
+    spec = make_spec(root_gb=20)
+
+    await driver.spawn(spec)
+
+    guest = driver.state_dir / "instances" / str(spec.uuid)
+    disk = (guest / "disk").stat()
+    assert disk.st_size == 20 * GIB
+    assert disk.st_blocks * 512 < GIB
+    metadata = InstanceSpec.model_validate_json((guest / "metadata.json").read_text())
+    assert metadata == spec
+    assert _entries(driver) == [str(spec.uuid)]
+    assert await driver.list_instances() == [spec.uuid]
+
+
+async def test_spawn_is_idempotent(driver: LocalDriver) -> None:
+    spec = make_spec(name="first")
+    await driver.spawn(spec)
+
+    await driver.spawn(spec.model_copy(update={"display_name": "second"}))
+
+    metadata = InstanceSpec.model_validate_json(
+        (driver.guest_dir(spec.uuid) / "metadata.json").read_text()
+    )
+    assert metadata.display_name == "first"
+    assert _entries(driver) == [str(spec.uuid)]
+
+
+async def test_concurrent_spawns_of_one_guest_leave_one_whole_guest(driver: LocalDriver) -> None:
+    spec = make_spec()
+
+    await asyncio.gather(*(driver.spawn(spec) for _ in range(5)))
+
+    assert _entries(driver) == [str(spec.uuid)]
+    assert sorted(p.name for p in driver.guest_dir(spec.uuid).iterdir()) == [
+        "disk",
+        "metadata.json",
+    ]
+
+
+async def test_failed_write_leaves_nothing_that_looks_like_a_guest(
+    driver: LocalDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_guest = local._write_guest
+
+    def write_then_run_out_of_space(directory: Path, spec: InstanceSpec) -> None:
+        write_guest(directory, spec)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(local, "_write_guest", write_then_run_out_of_space)
+    spec = make_spec()
+
+    with pytest.raises(BuildFailed, match="No space left on device"):
+        await driver.spawn(spec)
+
+    assert _entries(driver) == []
+    assert await driver.list_instances() == []
+
+
+async def test_destroy_removes_the_guest(driver: LocalDriver) -> None:
+    keep, remove = make_spec(), make_spec()
+    await driver.spawn(keep)
+    await driver.spawn(remove)
+
+    await driver.destroy(remove.uuid)
+
+    assert not driver.guest_dir(remove.uuid).exists()
+    assert await driver.list_instances() == [keep.uuid]
+    assert _entries(driver) == [str(keep.uuid)]
+
+
+async def test_destroy_of_a_missing_guest_is_fine(driver: LocalDriver) -> None:
+    await driver.destroy(uuid.uuid4())
+    await driver.spawn(make_spec())
+
+    await driver.destroy(uuid.uuid4())
+
+    assert len(await driver.list_instances()) == 1
+
+
+async def test_destroy_sweeps_scratch_left_by_a_crashed_build(driver: LocalDriver) -> None:
+    spec = make_spec()
+    scratch = driver.instances_dir / f".building-{spec.uuid}-abc123"
+    scratch.mkdir(parents=True)
+    (scratch / "disk").touch()
+
+    await driver.destroy(spec.uuid)
+
+    assert _entries(driver) == []
+
+
+async def test_list_ignores_scratch_and_foreign_entries(driver: LocalDriver) -> None:
+    spec = make_spec()
+    await driver.spawn(spec)
+    (driver.instances_dir / f".building-{uuid.uuid4()}-x").mkdir()
+    (driver.instances_dir / "lost+found").mkdir()
+    (driver.instances_dir / str(uuid.uuid4())).touch()
+
+    assert await driver.list_instances() == [spec.uuid]
+
+
+async def test_init_host_sweeps_scratch_and_keeps_guests(driver: LocalDriver) -> None:
+    spec = make_spec()
+    await driver.spawn(spec)
+    (driver.instances_dir / f".building-{uuid.uuid4()}-x").mkdir()
+    (driver.instances_dir / f".deleting-{uuid.uuid4()}-y").mkdir()
+
+    await driver.init_host()
+
+    assert _entries(driver) == [str(spec.uuid)]
+
+
+async def test_resources_from_settings_count_guests(tmp_path: Path) -> None:
+    driver = LocalDriver(tmp_path, "host1", vcpus=8, memory_mb=16384, local_gb=500)
+    await driver.spawn(make_spec())
+    await driver.spawn(make_spec())
+
+    totals = await driver.resources()
+
+    assert (totals.vcpus, totals.memory_mb, totals.local_gb) == (8, 16384, 500)
+    assert totals.running_vms == 2
+
+
+async def test_resources_measured_when_not_set(tmp_path: Path) -> None:
+    driver = LocalDriver(tmp_path / "not-yet-created", "host1")
+
+    totals = await driver.resources()
+
+    assert totals.vcpus == os.cpu_count()
+    assert totals.memory_mb > 0
+    assert totals.local_gb == os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize // GIB
+    assert totals.running_vms == 0
+
+
+def test_hypervisor_hostname_is_the_configured_host(driver: LocalDriver) -> None:
+    assert driver.hypervisor_hostname() == "host1"
