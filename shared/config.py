@@ -139,7 +139,16 @@ class Settings(BaseSettings):
         return int(self.api_bind.rpartition(":")[2])
 
 
+#: Settings keyed by secrets: an error names the setting and the field, never the key.
+_SECRET_KEYED = (("auth", "tokens"),)
+
+
 def _setting_name(loc: tuple[int | str, ...]) -> str:
+    for prefix in _SECRET_KEYED:
+        if loc[: len(prefix)] == prefix and len(loc) > len(prefix):
+            name = ENV_PREFIX + ENV_NESTED_DELIMITER.join(prefix).upper()
+            field = ".".join(str(part) for part in loc[len(prefix) + 1 :])
+            return f"{name} ({field} of one entry)" if field else name
     return ENV_PREFIX + ENV_NESTED_DELIMITER.join(str(part) for part in loc).upper()
 
 

@@ -1,0 +1,47 @@
+"""What the RabbitMQ transport does before it has a broker (no network here).
+
+Its behaviour against a broker is covered by tests/functional/shared/test_rpc_contract.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.exceptions import MessagingError
+from shared.rpc.amqp import AmqpTransport
+
+URL = "amqp://keel:s3cret@broker.example:5672/keel"
+
+
+def test_reply_queue_is_named_under_the_exchange_and_per_transport() -> None:
+    first = AmqpTransport(URL, "keel-a")
+    second = AmqpTransport(URL, "keel-a")
+    assert first.reply_queue.startswith("keel-a.reply.")
+    assert first.reply_queue != second.reply_queue
+
+
+async def test_unconnected_transport_refuses_to_publish() -> None:
+    transport = AmqpTransport(URL, "keel-a")
+    with pytest.raises(MessagingError, match="not connected") as caught:
+        await transport.call("conductor", b"{}", message_id="m1", timeout=1)
+    assert "s3cret" not in caught.value.message
+    with pytest.raises(MessagingError, match="not connected"):
+        await transport.cast("conductor", b"{}", message_id="m2")
+
+
+async def test_unconnected_transport_refuses_to_serve() -> None:
+    transport = AmqpTransport(URL, "keel-a")
+
+    async def handler(message: object) -> bytes | None:
+        return None
+
+    with pytest.raises(MessagingError, match="not connected"):
+        await transport.serve("conductor", handler, prefetch=1)
+    with pytest.raises(MessagingError, match="not connected"):
+        await transport.dead_letters()
+
+
+async def test_closing_an_unconnected_transport_is_harmless() -> None:
+    transport = AmqpTransport(URL, "keel-a")
+    await transport.close()
+    await transport.close()
