@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
-import asyncpg
-
+from shared.db.pool import Connection
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Allocation
 
@@ -21,7 +20,7 @@ def _disk_gb(flavor: FlavorSnapshot) -> int:
 
 
 async def claim(
-    conn: asyncpg.Connection, node_id: int, instance_uuid: UUID, flavor: FlavorSnapshot
+    conn: Connection, node_id: int, instance_uuid: UUID, flavor: FlavorSnapshot
 ) -> bool:
     """Claim ``flavor``'s resources on node ``node_id``; False if they no longer fit.
 
@@ -65,7 +64,7 @@ async def claim(
         return True
 
 
-async def release(conn: asyncpg.Connection, instance_uuid: UUID) -> list[Allocation]:
+async def release(conn: Connection, instance_uuid: UUID) -> list[Allocation]:
     """Give back every claim the instance holds; returns what was released (idempotent)."""
     async with conn.transaction():
         rows = await conn.fetch(
@@ -86,6 +85,6 @@ async def release(conn: asyncpg.Connection, instance_uuid: UUID) -> list[Allocat
     return [Allocation.from_row(row) for row in rows]
 
 
-async def for_instance(conn: asyncpg.Connection, instance_uuid: UUID) -> list[Allocation]:
+async def for_instance(conn: Connection, instance_uuid: UUID) -> list[Allocation]:
     rows = await conn.fetch("SELECT * FROM allocations WHERE instance_uuid = $1", instance_uuid)
     return [Allocation.from_row(row) for row in rows]

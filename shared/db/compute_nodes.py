@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from uuid import UUID
 
-import asyncpg
-
 from shared.db import services
+from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound
 from shared.objects.compute_node import ComputeNode, HostState, NodeResources
 from shared.objects.service import Service
 
 
 async def upsert(
-    conn: asyncpg.Connection,
+    conn: Connection,
     *,
     node_uuid: UUID,
     service_id: int,
@@ -60,7 +59,7 @@ async def upsert(
     return ComputeNode.from_row(row)
 
 
-async def get_by_uuid(conn: asyncpg.Connection, node_uuid: UUID) -> ComputeNode:
+async def get_by_uuid(conn: Connection, node_uuid: UUID) -> ComputeNode:
     row = await conn.fetchrow(
         "SELECT * FROM compute_nodes WHERE uuid = $1 AND deleted_at IS NULL", node_uuid
     )
@@ -69,7 +68,7 @@ async def get_by_uuid(conn: asyncpg.Connection, node_uuid: UUID) -> ComputeNode:
     return ComputeNode.from_row(row)
 
 
-async def get_by_host_node(conn: asyncpg.Connection, host: str, nodename: str) -> ComputeNode:
+async def get_by_host_node(conn: Connection, host: str, nodename: str) -> ComputeNode:
     row = await conn.fetchrow(
         """SELECT * FROM compute_nodes
             WHERE host = $1 AND hypervisor_hostname = $2 AND deleted_at IS NULL""",
@@ -89,7 +88,7 @@ _HOST_STATES = f"""
 """
 
 
-async def host_states(conn: asyncpg.Connection, down_time: float) -> list[HostState]:
+async def host_states(conn: Connection, down_time: float) -> list[HostState]:
     """Every live node with its service, in one query (the scheduler's view of the cloud)."""
     rows = await conn.fetch(_HOST_STATES + " ORDER BY n.id", down_time)
     return [
@@ -98,10 +97,20 @@ async def host_states(conn: asyncpg.Connection, down_time: float) -> list[HostSt
     ]
 
 
-async def host_state(conn: asyncpg.Connection, node_uuid: UUID, down_time: float) -> HostState:
+async def host_state(conn: Connection, node_uuid: UUID, down_time: float) -> HostState:
     row = await conn.fetchrow(_HOST_STATES + " AND n.uuid = $2", down_time, node_uuid)
     if row is None:
         raise ComputeNodeNotFound(f"compute node {node_uuid} not found")
     return HostState(
         node=ComputeNode.from_row(row["node"]), service=Service.from_row(row["service"])
     )
+
+
+async def availability_zones(conn: Connection) -> set[str]:
+    """The availability zones of live nodes whose compute service is enabled."""
+    rows = await conn.fetch(
+        """SELECT DISTINCT n.availability_zone
+             FROM compute_nodes n JOIN services s ON s.id = n.service_id
+            WHERE n.deleted_at IS NULL AND s.deleted_at IS NULL AND NOT s.disabled"""
+    )
+    return {row["availability_zone"] for row in rows}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncpg
 
+from shared.db.pool import Connection
 from shared.exceptions import Conflict, FlavorNotFound
 from shared.objects.flavor import Flavor
 
 
-async def get(conn: asyncpg.Connection, flavorid: str) -> Flavor:
+async def get(conn: Connection, flavorid: str) -> Flavor:
     row = await conn.fetchrow(
         "SELECT * FROM flavors WHERE flavorid = $1 AND deleted_at IS NULL", flavorid
     )
@@ -17,7 +18,7 @@ async def get(conn: asyncpg.Connection, flavorid: str) -> Flavor:
     return Flavor.from_row(row)
 
 
-async def list_flavors(conn: asyncpg.Connection, *, is_public: bool | None = True) -> list[Flavor]:
+async def list_flavors(conn: Connection, *, is_public: bool | None = True) -> list[Flavor]:
     """Live flavors ordered by flavor id; ``is_public=None`` lists public and private."""
     rows = await conn.fetch(
         """SELECT * FROM flavors
@@ -29,7 +30,7 @@ async def list_flavors(conn: asyncpg.Connection, *, is_public: bool | None = Tru
 
 
 async def create(
-    conn: asyncpg.Connection,
+    conn: Connection,
     *,
     flavorid: str,
     name: str,
@@ -64,7 +65,7 @@ async def create(
     return Flavor.from_row(row)
 
 
-async def delete(conn: asyncpg.Connection, flavorid: str) -> None:
+async def delete(conn: Connection, flavorid: str) -> None:
     status = await conn.execute(
         "UPDATE flavors SET deleted_at = now() WHERE flavorid = $1 AND deleted_at IS NULL",
         flavorid,

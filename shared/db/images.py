@@ -7,11 +7,12 @@ from uuid import UUID
 
 import asyncpg
 
+from shared.db.pool import Connection
 from shared.exceptions import Conflict, ImageNotFound
 from shared.objects.image import Image
 
 
-async def get(conn: asyncpg.Connection, image_id: UUID) -> Image:
+async def get(conn: Connection, image_id: UUID) -> Image:
     row = await conn.fetchrow("SELECT * FROM images WHERE id = $1 AND deleted_at IS NULL", image_id)
     if row is None:
         raise ImageNotFound(f"Image {image_id} could not be found.")
@@ -19,7 +20,7 @@ async def get(conn: asyncpg.Connection, image_id: UUID) -> Image:
 
 
 async def list_images(
-    conn: asyncpg.Connection, *, name: str | None = None, ids: list[UUID] | None = None
+    conn: Connection, *, name: str | None = None, ids: list[UUID] | None = None
 ) -> list[Image]:
     rows = await conn.fetch(
         """SELECT * FROM images
@@ -34,7 +35,7 @@ async def list_images(
 
 
 async def create(
-    conn: asyncpg.Connection,
+    conn: Connection,
     *,
     image_id: UUID,
     name: str,
@@ -69,7 +70,7 @@ async def create(
     return Image.from_row(row)
 
 
-async def delete(conn: asyncpg.Connection, image_id: UUID) -> None:
+async def delete(conn: Connection, image_id: UUID) -> None:
     status = await conn.execute(
         "UPDATE images SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL", image_id
     )

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from uuid import UUID
 
-import asyncpg
-
 from shared.context import RequestContext
+from shared.db.pool import Connection
 
 
-async def start(
-    conn: asyncpg.Connection, ctx: RequestContext, instance_uuid: UUID, action: str
-) -> None:
+async def start(conn: Connection, ctx: RequestContext, instance_uuid: UUID, action: str) -> None:
     await conn.execute(
         """INSERT INTO instance_actions (instance_uuid, action, request_id, user_id, project_id)
            VALUES ($1, $2, $3, $4, $5)""",
@@ -24,7 +21,7 @@ async def start(
 
 
 async def finish(
-    conn: asyncpg.Connection, instance_uuid: UUID, action: str, message: str | None = None
+    conn: Connection, instance_uuid: UUID, action: str, message: str | None = None
 ) -> None:
     """Close the newest open record of ``action`` for the instance (idempotent)."""
     await conn.execute(

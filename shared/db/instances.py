@@ -5,8 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from uuid import UUID
 
-import asyncpg
-
+from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Instance, InstanceFault
@@ -14,7 +13,7 @@ from shared.objects.states import PowerState, TaskState, VmState
 
 
 async def create(
-    conn: asyncpg.Connection,
+    conn: Connection,
     *,
     instance_uuid: UUID,
     project_id: str,
@@ -42,7 +41,7 @@ async def create(
     return Instance.from_row(row)
 
 
-async def get(conn: asyncpg.Connection, instance_uuid: UUID) -> Instance:
+async def get(conn: Connection, instance_uuid: UUID) -> Instance:
     row = await conn.fetchrow(
         "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL", instance_uuid
     )
@@ -52,7 +51,7 @@ async def get(conn: asyncpg.Connection, instance_uuid: UUID) -> Instance:
 
 
 async def list_instances(
-    conn: asyncpg.Connection,
+    conn: Connection,
     *,
     project_id: str | None = None,
     name: str | None = None,
@@ -76,9 +75,7 @@ async def list_instances(
     return [Instance.from_row(row) for row in rows]
 
 
-async def set_scheduled(
-    conn: asyncpg.Connection, instance_uuid: UUID, *, host: str, node: str
-) -> Instance:
+async def set_scheduled(conn: Connection, instance_uuid: UUID, *, host: str, node: str) -> Instance:
     """Record where the scheduler placed the instance; it is now spawning there."""
     row = await conn.fetchrow(
         """UPDATE instances SET host = $2, node = $3, task_state = $4, updated_at = now()
@@ -93,7 +90,7 @@ async def set_scheduled(
     return Instance.from_row(row)
 
 
-async def set_active(conn: asyncpg.Connection, instance_uuid: UUID) -> Instance | None:
+async def set_active(conn: Connection, instance_uuid: UUID) -> Instance | None:
     """Mark a build finished; ``None`` if the instance was deleted meanwhile."""
     row = await conn.fetchrow(
         """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
@@ -108,7 +105,7 @@ async def set_active(conn: asyncpg.Connection, instance_uuid: UUID) -> Instance 
 
 
 async def set_error(
-    conn: asyncpg.Connection,
+    conn: Connection,
     instance_uuid: UUID,
     *,
     message: str,
@@ -128,7 +125,7 @@ async def set_error(
 
 
 async def set_task_state(
-    conn: asyncpg.Connection, instance_uuid: UUID, task_state: TaskState | None
+    conn: Connection, instance_uuid: UUID, task_state: TaskState | None
 ) -> Instance:
     row = await conn.fetchrow(
         """UPDATE instances SET task_state = $2, updated_at = now()
@@ -141,7 +138,7 @@ async def set_task_state(
     return Instance.from_row(row)
 
 
-async def soft_delete(conn: asyncpg.Connection, instance_uuid: UUID) -> bool:
+async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
     """Mark the instance deleted; False if it already was (idempotent)."""
     status = await conn.execute(
         """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
@@ -152,3 +149,44 @@ async def soft_delete(conn: asyncpg.Connection, instance_uuid: UUID) -> bool:
         int(PowerState.NOSTATE),
     )
     return status != "UPDATE 0"
+
+
+async def list_page(
+    conn: Connection,
+    *,
+    project_id: str | None = None,
+    name: str | None = None,
+    host: str | None = None,
+    vm_states: list[str] | None = None,
+    marker: UUID | None = None,
+    limit: int | None = None,
+) -> list[Instance]:
+    """A page of live instances, newest first, following the instance ``marker``.
+
+    ``name`` is a POSIX regular expression. The marker may be a deleted instance; one
+    that never existed raises :class:`InstanceNotFound`.
+    """
+    after = None
+    if marker is not None:
+        after = await conn.fetchrow("SELECT created_at, id FROM instances WHERE uuid = $1", marker)
+        if after is None:
+            raise InstanceNotFound(f"marker [{marker}] not found")
+    rows = await conn.fetch(
+        """SELECT * FROM instances
+            WHERE deleted_at IS NULL
+              AND ($1::text IS NULL OR project_id = $1)
+              AND ($2::text IS NULL OR display_name ~ $2)
+              AND ($3::text IS NULL OR host = $3)
+              AND ($4::text[] IS NULL OR vm_state = ANY($4))
+              AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::bigint))
+            ORDER BY created_at DESC, id DESC
+            LIMIT $7""",
+        project_id,
+        name,
+        host,
+        vm_states,
+        None if after is None else after["created_at"],
+        None if after is None else after["id"],
+        limit,
+    )
+    return [Instance.from_row(row) for row in rows]

@@ -6,6 +6,7 @@ import json
 import logging
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -19,7 +20,8 @@ from shared.config import DatabaseSettings
 LOG = logging.getLogger(__name__)
 
 Pool = asyncpg.Pool
-Connection = asyncpg.Connection
+#: What query functions accept: a plain connection or one borrowed from the pool.
+Connection = asyncpg.Connection | PoolConnectionProxy
 
 _CONNECT_ERRORS = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
 

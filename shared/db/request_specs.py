@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from uuid import UUID
 
-import asyncpg
-
+from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import RequestSpec
 
 
-async def create(conn: asyncpg.Connection, spec: RequestSpec) -> None:
+async def create(conn: Connection, spec: RequestSpec) -> None:
     await conn.execute(
         "INSERT INTO request_specs (instance_uuid, spec) VALUES ($1, $2)",
         spec.instance_uuid,
@@ -18,7 +17,7 @@ async def create(conn: asyncpg.Connection, spec: RequestSpec) -> None:
     )
 
 
-async def get(conn: asyncpg.Connection, instance_uuid: UUID) -> RequestSpec:
+async def get(conn: Connection, instance_uuid: UUID) -> RequestSpec:
     spec = await conn.fetchval(
         "SELECT spec FROM request_specs WHERE instance_uuid = $1", instance_uuid
     )
@@ -27,7 +26,7 @@ async def get(conn: asyncpg.Connection, instance_uuid: UUID) -> RequestSpec:
     return RequestSpec.model_validate(spec)
 
 
-async def save(conn: asyncpg.Connection, spec: RequestSpec) -> None:
+async def save(conn: Connection, spec: RequestSpec) -> None:
     await conn.execute(
         "UPDATE request_specs SET spec = $2, updated_at = now() WHERE instance_uuid = $1",
         spec.instance_uuid,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import uuid
 from uuid import UUID
 
-import asyncpg
-
+from shared.db.pool import Connection
 from shared.exceptions import ServiceNotFound
 from shared.objects.service import Service
 
@@ -20,7 +19,7 @@ SELECT = """
 
 
 async def get_or_create(
-    conn: asyncpg.Connection, *, host: str, binary: str, topic: str, version: int, down_time: float
+    conn: Connection, *, host: str, binary: str, topic: str, version: int, down_time: float
 ) -> Service:
     """The live service row for (host, binary), created if absent; version stamped."""
     await conn.execute(
@@ -45,7 +44,7 @@ async def get_or_create(
     return Service.from_row(row)
 
 
-async def heartbeat(conn: asyncpg.Connection, service_uuid: UUID, version: int) -> None:
+async def heartbeat(conn: Connection, service_uuid: UUID, version: int) -> None:
     """Record that the service is alive, and the version it runs."""
     status = await conn.execute(
         """UPDATE services SET last_seen_up = now(), report_count = report_count + 1,
@@ -58,7 +57,7 @@ async def heartbeat(conn: asyncpg.Connection, service_uuid: UUID, version: int) 
         raise ServiceNotFound(f"service {service_uuid} does not exist or was deleted")
 
 
-async def get(conn: asyncpg.Connection, service_uuid: UUID, down_time: float) -> Service:
+async def get(conn: Connection, service_uuid: UUID, down_time: float) -> Service:
     row = await conn.fetchrow(
         SELECT + " WHERE s.uuid = $2 AND s.deleted_at IS NULL", down_time, service_uuid
     )
@@ -67,7 +66,7 @@ async def get(conn: asyncpg.Connection, service_uuid: UUID, down_time: float) ->
     return Service.from_row(row)
 
 
-async def get_by_id(conn: asyncpg.Connection, service_id: int, down_time: float) -> Service:
+async def get_by_id(conn: Connection, service_id: int, down_time: float) -> Service:
     row = await conn.fetchrow(
         SELECT + " WHERE s.id = $2 AND s.deleted_at IS NULL", down_time, service_id
     )
@@ -77,7 +76,7 @@ async def get_by_id(conn: asyncpg.Connection, service_id: int, down_time: float)
 
 
 async def list_services(
-    conn: asyncpg.Connection,
+    conn: Connection,
     down_time: float,
     *,
     host: str | None = None,
@@ -97,7 +96,7 @@ async def list_services(
 
 
 async def update_status(
-    conn: asyncpg.Connection,
+    conn: Connection,
     service_uuid: UUID,
     down_time: float,
     *,

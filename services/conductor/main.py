@@ -1,0 +1,126 @@
+"""keel-conductor: the composition root.
+
+Connects to PostgreSQL and RabbitMQ, registers this conductor's own service row
+(binary ``keel-conductor``; two conductors on one host share it), heartbeats it in the
+database every report interval, and serves the conductor RPC API on the ``conductor``
+topic as one of possibly many competing consumers, with scheduler and compute clients
+on the same transport. On SIGTERM it stops consuming, lets work in flight finish
+(bounded), then closes the transport and the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+
+import asyncpg
+
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.manager import ConductorManager
+from services.conductor.rpcapi import RPC_VERSION, TOPIC
+from services.scheduler.rpcapi import SchedulerAPI
+from shared.config import Settings
+from shared.db import services
+from shared.db.pool import create_pool
+from shared.exceptions import ServiceNotFound
+from shared.objects.service import Binary, Service
+from shared.rpc.amqp import AmqpTransport
+from shared.rpc.server import RPCServer
+from shared.rpc.transport import Transport
+from shared.runtime import Lifecycle, repeat, run
+from shared.versions import SERVICE_VERSION
+
+LOG = logging.getLogger(__name__)
+
+
+class ServiceRecord:
+    """This process's own row in ``services``, kept alive by heartbeats in the database."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.service: Service | None = None
+
+    async def register(self) -> Service:
+        async with self.pool.acquire() as conn:
+            self.service = await services.get_or_create(
+                conn,
+                host=self.settings.host,
+                binary=Binary.CONDUCTOR.value,
+                topic=TOPIC,
+                version=SERVICE_VERSION,
+                down_time=self.settings.service_down_time,
+            )
+        LOG.info(
+            "registered as service %s (host %s, version %d)",
+            self.service.uuid,
+            self.service.host,
+            SERVICE_VERSION,
+        )
+        return self.service
+
+    async def heartbeat(self) -> None:
+        """Stamp ``last_seen_up`` and the version; re-register if the row was deleted."""
+        service = self.service or await self.register()
+        try:
+            async with self.pool.acquire() as conn:
+                await services.heartbeat(conn, service.uuid, SERVICE_VERSION)
+        except ServiceNotFound:
+            LOG.warning("service row %s was deleted; registering again", service.uuid)
+            service = await self.register()
+            async with self.pool.acquire() as conn:
+                await services.heartbeat(conn, service.uuid, SERVICE_VERSION)
+
+
+async def run_conductor(
+    settings: Settings, lifecycle: Lifecycle, pool: asyncpg.Pool, transport: Transport
+) -> None:
+    """Serve until ``lifecycle.stopping`` is set, then drain."""
+    record = ServiceRecord(pool, settings)
+    await record.register()
+    timeout = settings.rpc.call_timeout
+    manager = ConductorManager(
+        pool,
+        SchedulerAPI(transport, timeout=timeout),
+        ComputeAPI(transport, timeout=timeout),
+        service_down_time=settings.service_down_time,
+    )
+    server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION)
+    heartbeats = asyncio.create_task(
+        repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
+    )
+    try:
+        await server.start(prefetch=settings.rpc.prefetch)
+        await lifecycle.stopping.wait()
+    finally:
+        LOG.info("stopping: draining work in flight")
+        # A build waits at most one scheduler call; give it that long, and a little more.
+        await server.stop(drain_timeout=timeout + 5.0)
+        lifecycle.stopping.set()
+        await heartbeats
+
+
+async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
+    async with AsyncExitStack() as stack:
+        pool = await create_pool(settings.database_url, settings.database)
+        stack.push_async_callback(pool.close)
+        transport = AmqpTransport(
+            settings.transport_url,
+            settings.exchange,
+            queue_expires=settings.rpc.queue_expires,
+            connect_timeout=settings.rpc.connect_timeout,
+        )
+        await transport.connect()
+        stack.push_async_callback(transport.close)
+        await run_conductor(settings, lifecycle, pool, transport)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(
+        "keel-conductor",
+        serve,
+        argv,
+        description="Run keel's workflows and be the compute agents' path to the database.",
+    )

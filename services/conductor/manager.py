@@ -1,0 +1,63 @@
+"""The conductor's RPC endpoint: one thin method per RPC of ``services.conductor.rpcapi``.
+
+Workflows live in ``tasks/``, agent registration in ``registration.py``, what agents
+report about instances in ``instance_events.py``.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from services.compute.rpcapi import ComputeAPI
+from services.conductor import instance_events
+from services.conductor.registration import ComputeRegistry
+from services.conductor.rpcapi import (
+    BuildInstances,
+    InstanceBuildResult,
+    InstanceDeleted,
+    RegisterCompute,
+    Registration,
+    ServiceHeartbeat,
+)
+from services.conductor.tasks.build import BuildInstanceTask
+from services.scheduler.rpcapi import SchedulerAPI
+from shared.context import RequestContext
+
+
+class ConductorManager:
+    """Served on the ``conductor`` topic; several may run at once as competing consumers."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        scheduler: SchedulerAPI,
+        compute: ComputeAPI,
+        *,
+        service_down_time: float,
+    ) -> None:
+        self._pool = pool
+        self._scheduler = scheduler
+        self._compute = compute
+        self._registry = ComputeRegistry(pool, service_down_time=service_down_time)
+
+    async def build_instances(self, ctx: RequestContext, req: BuildInstances) -> None:
+        task = BuildInstanceTask(
+            ctx,
+            req.instance_uuid,
+            pool=self._pool,
+            scheduler=self._scheduler,
+            compute=self._compute,
+        )
+        await task.run()
+
+    async def register_compute(self, ctx: RequestContext, req: RegisterCompute) -> Registration:
+        return await self._registry.register(req)
+
+    async def service_heartbeat(self, ctx: RequestContext, req: ServiceHeartbeat) -> None:
+        await self._registry.heartbeat(req)
+
+    async def instance_build_result(self, ctx: RequestContext, req: InstanceBuildResult) -> None:
+        await instance_events.record_build_result(self._pool, req)
+
+    async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
+        await instance_events.record_deleted(self._pool, req.instance_uuid)

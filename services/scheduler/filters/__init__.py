@@ -1,0 +1,34 @@
+"""Scheduler filters, one per module; :func:`default_filters` is the set keel runs."""
+
+from __future__ import annotations
+
+from services.scheduler.filters.availability_zone import AvailabilityZoneFilter
+from services.scheduler.filters.base import HostFilter
+from services.scheduler.filters.compute import ComputeFilter
+from services.scheduler.filters.disk import DiskFilter
+from services.scheduler.filters.ignore_hosts import IgnoreHostsFilter
+from services.scheduler.filters.ram import RamFilter
+from services.scheduler.filters.vcpus import VcpuFilter
+
+__all__ = [
+    "AvailabilityZoneFilter",
+    "ComputeFilter",
+    "DiskFilter",
+    "HostFilter",
+    "IgnoreHostsFilter",
+    "RamFilter",
+    "VcpuFilter",
+    "default_filters",
+]
+
+
+def default_filters() -> list[HostFilter]:
+    """The filters every request passes through, cheapest first."""
+    return [
+        ComputeFilter(),
+        IgnoreHostsFilter(),
+        AvailabilityZoneFilter(),
+        VcpuFilter(),
+        RamFilter(),
+        DiskFilter(),
+    ]

@@ -1,0 +1,28 @@
+"""AvailabilityZoneFilter: the host is in the availability zone the request names."""
+
+from __future__ import annotations
+
+import logging
+
+from shared.objects.compute_node import HostState
+from shared.objects.instance import RequestSpec
+
+LOG = logging.getLogger(__name__)
+
+
+class AvailabilityZoneFilter:
+    """Passes every host when the request names no zone, else the hosts in that zone."""
+
+    name = "AvailabilityZoneFilter"
+
+    def host_passes(self, host: HostState, spec: RequestSpec) -> bool:
+        wanted = spec.availability_zone
+        if wanted and host.node.availability_zone != wanted:
+            LOG.debug(
+                "host %s: in availability zone %s, the request asks for %s",
+                host.node.host,
+                host.node.availability_zone,
+                wanted,
+            )
+            return False
+        return True

@@ -1,0 +1,32 @@
+"""DiskFilter: the host has enough local disk left, counting its allocation ratio."""
+
+from __future__ import annotations
+
+import logging
+
+from shared.objects.compute_node import HostState
+from shared.objects.instance import RequestSpec
+
+LOG = logging.getLogger(__name__)
+
+
+class DiskFilter:
+    """Passes hosts where ``local_gb * disk_allocation_ratio - local_gb_used`` covers the flavor.
+
+    The flavor needs its root disk plus its ephemeral disk, as the claim counts it.
+    """
+
+    name = "DiskFilter"
+
+    def host_passes(self, host: HostState, spec: RequestSpec) -> bool:
+        needed = spec.flavor.root_gb + spec.flavor.ephemeral_gb
+        free = host.node.free_disk_gb
+        if free < needed:
+            LOG.debug(
+                "host %s: %g GB usable disk left, the flavor needs %d GB",
+                host.node.host,
+                free,
+                needed,
+            )
+            return False
+        return True

@@ -1,0 +1,92 @@
+"""The scheduler's RPC endpoint: pick a host for an instance and claim its resources there.
+
+``select_destinations`` reads every host in one query, filters and weighs them in
+memory, then claims the flavor on the best candidate with one atomic ``UPDATE`` in
+PostgreSQL. If another scheduler filled that host in the meantime, the claim fails and
+the next candidate is tried; two schedulers can never over-commit a host.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+
+from services.scheduler.host_manager import HostManager, WeighedHost
+from services.scheduler.rpcapi import SelectDestinations, Selection
+from shared.context import RequestContext
+from shared.db import allocations
+from shared.db.pool import Connection
+from shared.exceptions import NoValidHost
+from shared.objects.instance import RequestSpec
+
+LOG = logging.getLogger(__name__)
+
+NOT_ENOUGH_HOSTS = "There are not enough hosts available."
+
+
+def _selection(candidate: WeighedHost) -> Selection:
+    node = candidate.host.node
+    return Selection(
+        service_uuid=candidate.host.service.uuid,
+        compute_node_id=node.id,
+        compute_node_uuid=node.uuid,
+        host=node.host,
+        nodename=node.hypervisor_hostname,
+    )
+
+
+class SchedulerManager:
+    """Served on the ``scheduler`` topic; several may run at once as competing consumers."""
+
+    def __init__(self, pool: asyncpg.Pool, host_manager: HostManager) -> None:
+        self.pool = pool
+        self.host_manager = host_manager
+
+    async def select_destinations(self, ctx: RequestContext, req: SelectDestinations) -> Selection:
+        """Filter, weigh and claim; raises NoValidHost when no host has room."""
+        spec = req.spec
+        async with self.pool.acquire() as conn:
+            hosts = await self.host_manager.get_host_states(conn)
+            passed = self.host_manager.filter_hosts(hosts, spec)
+            if not passed:
+                raise NoValidHost(NOT_ENOUGH_HOSTS)
+            candidates = self.host_manager.weigh_hosts(passed, spec)
+            for candidate in candidates:
+                if await self._claim(conn, candidate, spec):
+                    return _selection(candidate)
+        LOG.info(
+            "no host left with room for instance %s: all %d candidates were claimed by "
+            "other requests first",
+            spec.instance_uuid,
+            len(candidates),
+            extra={"instance_uuid": str(spec.instance_uuid), "decision": "no_valid_host"},
+        )
+        raise NoValidHost(NOT_ENOUGH_HOSTS)
+
+    async def _claim(self, conn: Connection, candidate: WeighedHost, spec: RequestSpec) -> bool:
+        node = candidate.host.node
+        extra = {"instance_uuid": str(spec.instance_uuid)}
+        if await allocations.claim(conn, node.id, spec.instance_uuid, spec.flavor):
+            LOG.info(
+                "chose host %s (node %s, weight %.3f) for instance %s and claimed "
+                "%d vCPUs, %d MB RAM, %d GB disk",
+                node.host,
+                node.hypervisor_hostname,
+                candidate.weight,
+                spec.instance_uuid,
+                spec.flavor.vcpus,
+                spec.flavor.memory_mb,
+                spec.flavor.root_gb + spec.flavor.ephemeral_gb,
+                extra={**extra, "decision": "host_selected"},
+            )
+            return True
+        LOG.info(
+            "claim on host %s (node %s) for instance %s failed: it no longer has room; "
+            "trying the next host",
+            node.host,
+            node.hypervisor_hostname,
+            spec.instance_uuid,
+            extra={**extra, "decision": "claim_lost"},
+        )
+        return False

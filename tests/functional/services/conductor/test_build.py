@@ -1,0 +1,235 @@
+"""The build workflow end to end: API cast → conductor → scheduler → stand-in agent → back.
+
+The real scheduler and conductor mains run against real PostgreSQL and RabbitMQ; the
+agent is a stand-in served on ``compute.<service uuid>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.manager import ConductorManager
+from services.conductor.rpcapi import BuildInstances, ConductorAPI
+from services.scheduler.rpcapi import SchedulerAPI
+from shared.context import RequestContext
+from shared.db import allocations, compute_nodes, instance_actions, instances
+from shared.objects.flavor import FlavorSnapshot
+from shared.objects.instance import Instance
+from shared.rpc.amqp import AmqpTransport
+from tests.functional.services.conductor.stand_in import (
+    SMALL,
+    StandInCompute,
+    create_instance,
+    eventually,
+    register,
+    serve_stand_in,
+)
+
+pytestmark = pytest.mark.functional
+
+
+async def settled(pool: asyncpg.Pool, instance_uuid: UUID, vm_state: str) -> Instance:
+    """The instance, once it has reached ``vm_state``."""
+
+    async def check() -> Instance | None:
+        async with pool.acquire() as conn:
+            instance = await instances.get(conn, instance_uuid)
+        return instance if instance.vm_state == vm_state else None
+
+    return await eventually(check)
+
+
+async def held(pool: asyncpg.Pool, instance_uuid: UUID) -> int:
+    async with pool.acquire() as conn:
+        return len(await allocations.for_instance(conn, instance_uuid))
+
+
+async def create_action(pool: asyncpg.Pool, instance_uuid: UUID) -> asyncpg.Record:
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT * FROM instance_actions WHERE instance_uuid = $1 AND action = 'create'",
+            instance_uuid,
+        )
+    assert row is not None
+    return row
+
+
+async def test_build_reaches_active_on_the_chosen_host(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    await register(conductor, "small-host", memory_mb=1024)
+    big = await register(conductor, "big-host", memory_mb=4096)
+    agent = StandInCompute(conductor)
+    await serve_stand_in(agent_transport, big, agent)
+    instance_uuid = await create_instance(db_pool)
+
+    await conductor.build_instances(RequestContext(user_id="u", project_id="p"), instance_uuid)
+
+    instance = await settled(db_pool, instance_uuid, "active")
+    assert (instance.host, instance.node) == ("big-host", "big-host.node")
+    assert instance.task_state is None
+    assert instance.launched_at is not None
+    assert [(s.uuid, s.node, s.flavor, s.image_ref) for s in agent.built] == [
+        (instance_uuid, "big-host.node", SMALL, "image-1")
+    ]
+    async with db_pool.acquire() as conn:
+        claims = await allocations.for_instance(conn, instance_uuid)
+    assert [c.compute_node_id for c in claims] == [big.node_id]
+    action = await create_action(db_pool, instance_uuid)
+    assert action["finish_time"] is not None
+    assert action["message"] is None
+
+
+async def test_no_valid_host_ends_in_error_with_the_fault_and_no_claim(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    registration = await register(conductor, "host", memory_mb=1024)
+    agent = StandInCompute(conductor)
+    await serve_stand_in(agent_transport, registration, agent)
+    huge = FlavorSnapshot(flavorid="9", name="huge", vcpus=1, memory_mb=8192, root_gb=1)
+    instance_uuid = await create_instance(db_pool, huge)
+
+    await conductor.build_instances(RequestContext(), instance_uuid)
+
+    instance = await settled(db_pool, instance_uuid, "error")
+    assert instance.fault is not None
+    assert instance.fault.message.startswith("No valid host was found")
+    assert instance.fault.code == 500
+    assert instance.host is None
+    assert await held(db_pool, instance_uuid) == 0
+    assert agent.built == []
+    action = await create_action(db_pool, instance_uuid)
+    assert action["finish_time"] is not None
+    assert action["message"].startswith("No valid host was found")
+
+
+async def test_reported_build_failure_ends_in_error_and_releases_the_claim(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    registration = await register(conductor, "host")
+    agent = StandInCompute(conductor, fail_with="Build failed: disk image is corrupt")
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+
+    await conductor.build_instances(RequestContext(), instance_uuid)
+
+    instance = await settled(db_pool, instance_uuid, "error")
+    assert instance.fault is not None
+    assert instance.fault.message == "Build failed: disk image is corrupt"
+    assert await held(db_pool, instance_uuid) == 0
+    async with db_pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
+    assert (node.vcpus_used, node.memory_mb_used, node.local_gb_used) == (0, 0, 0)
+    action = await create_action(db_pool, instance_uuid)
+    assert action["message"] == "Build failed: disk image is corrupt"
+
+
+async def test_unreachable_host_ends_in_error_and_releases_the_claim(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    # Registered, but nothing consumes its compute.<service uuid> queue.
+    registration = await register(conductor, "gone-host")
+    instance_uuid = await create_instance(db_pool)
+
+    await conductor.build_instances(RequestContext(), instance_uuid)
+
+    instance = await settled(db_pool, instance_uuid, "error")
+    assert instance.fault is not None
+    assert "gone-host could not be reached" in instance.fault.message
+    assert await held(db_pool, instance_uuid) == 0
+    async with db_pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
+    assert node.memory_mb_used == 0
+
+
+async def test_repeated_build_request_changes_nothing(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    registration = await register(conductor, "host")
+    agent = StandInCompute(conductor)
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    before = await settled(db_pool, instance_uuid, "active")
+
+    # The cast delivered once more (at-least-once), handled by a second conductor.
+    manager = ConductorManager(
+        db_pool,
+        SchedulerAPI(agent_transport, timeout=10),
+        ComputeAPI(agent_transport, timeout=10),
+        service_down_time=60,
+    )
+    await manager.build_instances(RequestContext(), BuildInstances(instance_uuid=instance_uuid))
+
+    async with db_pool.acquire() as conn:
+        after = await instances.get(conn, instance_uuid)
+        node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
+    assert after == before
+    assert await held(db_pool, instance_uuid) == 1
+    assert node.memory_mb_used == SMALL.memory_mb
+
+
+async def test_result_for_an_instance_deleted_during_its_build_releases_the_claim(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    registration = await register(conductor, "host")
+    agent = StandInCompute(conductor)
+    agent.report = False
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    await eventually(lambda: _some(agent.built))
+    async with db_pool.acquire() as conn:
+        assert await instances.soft_delete(conn, instance_uuid)
+    assert await held(db_pool, instance_uuid) == 1
+
+    await conductor.instance_build_result(RequestContext(), instance_uuid, success=True)
+
+    async def released() -> bool | None:
+        return True if await held(db_pool, instance_uuid) == 0 else None
+
+    await eventually(released)
+    async with db_pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
+    assert node.memory_mb_used == 0
+
+
+async def test_instance_deleted_releases_claim_soft_deletes_and_is_idempotent(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    registration = await register(conductor, "host")
+    await serve_stand_in(agent_transport, registration, StandInCompute(conductor))
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    await settled(db_pool, instance_uuid, "active")
+    async with db_pool.acquire() as conn:
+        await instance_actions.start(conn, RequestContext(), instance_uuid, "delete")
+
+    await conductor.instance_deleted(RequestContext(), instance_uuid)
+    await conductor.instance_deleted(RequestContext(), instance_uuid)
+
+    async def gone() -> asyncpg.Record | None:
+        async with db_pool.acquire() as conn:
+            return await conn.fetchrow(
+                """SELECT i.vm_state, a.finish_time FROM instances i
+                     JOIN instance_actions a ON a.instance_uuid = i.uuid AND a.action = 'delete'
+                    WHERE i.uuid = $1 AND i.deleted_at IS NOT NULL
+                      AND a.finish_time IS NOT NULL""",
+                instance_uuid,
+            )
+
+    row = await eventually(gone)
+    assert row["vm_state"] == "deleted"
+    assert await held(db_pool, instance_uuid) == 0
+    async with db_pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
+    assert node.memory_mb_used == 0
+
+
+async def _some(items: Sequence[object]) -> bool | None:
+    return True if items else None

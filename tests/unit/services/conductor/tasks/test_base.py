@@ -1,0 +1,60 @@
+"""The execute/rollback contract of conductor tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.conductor.tasks import TaskBase
+from shared.exceptions import NoValidHost
+
+
+class _Task(TaskBase):
+    """Adds steps to ``done``; its rollback takes them back in reverse."""
+
+    name = "test"
+
+    def __init__(self, failure: Exception | None, *, rollback_fails: bool = False) -> None:
+        self.failure = failure
+        self.rollback_fails = rollback_fails
+        self.done: list[str] = []
+        self.rolled_back_for: Exception | None = None
+
+    async def execute(self) -> None:
+        self.done.append("claimed")
+        if self.failure is not None:
+            raise self.failure
+        self.done.append("sent")
+
+    async def rollback(self, exc: Exception) -> None:
+        self.rolled_back_for = exc
+        if self.rollback_fails:
+            raise RuntimeError("database went away")
+        self.done.clear()
+
+
+async def test_success_leaves_the_work_done() -> None:
+    task = _Task(None)
+    await task.run()
+    assert task.done == ["claimed", "sent"]
+    assert task.rolled_back_for is None
+
+
+async def test_expected_error_is_rolled_back_and_handled() -> None:
+    error = NoValidHost("There are not enough hosts available.")
+    task = _Task(error)
+    await task.run()
+    assert task.done == []
+    assert task.rolled_back_for is error
+
+
+async def test_unexpected_error_is_rolled_back_then_raised() -> None:
+    task = _Task(ValueError("bug"))
+    with pytest.raises(ValueError, match="bug"):
+        await task.run()
+    assert task.done == []
+
+
+async def test_failed_rollback_does_not_hide_the_original_error() -> None:
+    task = _Task(ValueError("bug"), rollback_fails=True)
+    with pytest.raises(ValueError, match="bug"):
+        await task.run()
