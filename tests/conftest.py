@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
+import aio_pika
 import asyncpg
 import pytest
 
@@ -34,9 +35,19 @@ def amqp_url() -> str:
 
 
 @pytest.fixture
-def exchange() -> str:
-    """An exchange (and so a queue prefix) no other test uses."""
-    return f"keel-test-{uuid.uuid4().hex[:12]}"
+async def exchange() -> AsyncIterator[str]:
+    """An exchange (and so a queue prefix) no other test uses; removed afterwards.
+
+    Queues the test declared under it expire on their own (tests set ``queue_expires``).
+    """
+    name = f"keel-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel()
+        for leftover in (name, f"{name}.dlx"):
+            await channel.exchange_delete(leftover)
+        await channel.queue_delete(f"{name}.dead-letter")
 
 
 @pytest.fixture

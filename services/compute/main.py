@@ -25,12 +25,7 @@ LOG = logging.getLogger(__name__)
 
 async def _start_unless_stopped(settings: Settings, lifecycle: Lifecycle) -> Agent | None:
     """Start the agent; ``None`` if asked to stop before start-up finished."""
-    transport = AmqpTransport(
-        settings.transport_url,
-        settings.exchange,
-        queue_expires=settings.rpc.queue_expires,
-        connect_timeout=settings.rpc.connect_timeout,
-    )
+    transport = AmqpTransport.from_settings(settings)
     starting = asyncio.create_task(start_agent(settings, transport, load_driver(settings)))
     stopping = asyncio.create_task(lifecycle.stopping.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)

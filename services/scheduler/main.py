@@ -21,63 +21,22 @@ from services.scheduler.host_manager import HostManager
 from services.scheduler.manager import SchedulerManager
 from services.scheduler.rpcapi import RPC_VERSION, TOPIC
 from shared.config import Settings
-from shared.db import services
 from shared.db.pool import create_pool
-from shared.exceptions import ServiceNotFound
-from shared.objects.service import Binary, Service
+from shared.objects.service import Binary
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, repeat, run
-from shared.versions import SERVICE_VERSION
+from shared.service_record import ServiceRecord
 
 LOG = logging.getLogger(__name__)
-
-
-class ServiceRecord:
-    """This process's own row in ``services``, kept alive by heartbeats in the database."""
-
-    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
-        self.pool = pool
-        self.settings = settings
-        self.service: Service | None = None
-
-    async def register(self) -> Service:
-        async with self.pool.acquire() as conn:
-            self.service = await services.get_or_create(
-                conn,
-                host=self.settings.host,
-                binary=Binary.SCHEDULER.value,
-                topic=TOPIC,
-                version=SERVICE_VERSION,
-                down_time=self.settings.service_down_time,
-            )
-        LOG.info(
-            "registered as service %s (host %s, version %d)",
-            self.service.uuid,
-            self.service.host,
-            SERVICE_VERSION,
-        )
-        return self.service
-
-    async def heartbeat(self) -> None:
-        """Stamp ``last_seen_up`` and the version; re-register if the row was deleted."""
-        service = self.service or await self.register()
-        try:
-            async with self.pool.acquire() as conn:
-                await services.heartbeat(conn, service.uuid, SERVICE_VERSION)
-        except ServiceNotFound:
-            LOG.warning("service row %s was deleted; registering again", service.uuid)
-            service = await self.register()
-            async with self.pool.acquire() as conn:
-                await services.heartbeat(conn, service.uuid, SERVICE_VERSION)
 
 
 async def run_scheduler(
     settings: Settings, lifecycle: Lifecycle, pool: asyncpg.Pool, transport: Transport
 ) -> None:
     """Serve until ``lifecycle.stopping`` is set, then drain."""
-    record = ServiceRecord(pool, settings)
+    record = ServiceRecord(pool, settings, binary=Binary.SCHEDULER, topic=TOPIC)
     await record.register()
     manager = SchedulerManager(pool, HostManager(service_down_time=settings.service_down_time))
     server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION)
@@ -98,12 +57,7 @@ async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
     async with AsyncExitStack() as stack:
         pool = await create_pool(settings.database_url, settings.database)
         stack.push_async_callback(pool.close)
-        transport = AmqpTransport(
-            settings.transport_url,
-            settings.exchange,
-            queue_expires=settings.rpc.queue_expires,
-            connect_timeout=settings.rpc.connect_timeout,
-        )
+        transport = AmqpTransport.from_settings(settings)
         await transport.connect()
         stack.push_async_callback(transport.close)
         await run_scheduler(settings, lifecycle, pool, transport)

@@ -8,7 +8,9 @@ Layout on the broker, for an exchange named ``E``:
   topic, dead-lettering to ``E.dlx``. Naming queues under the exchange keeps two
   deployments (or two test runs) on one broker apart;
 * ``E.dlx`` → ``E.dead-letter``: a fanout exchange and the queue behind it, where
-  rejected and expired messages wait for an operator;
+  rejected and expired messages wait for an operator (at most
+  ``DEAD_LETTER_MAX_LENGTH``; the oldest are dropped first, so calls that expire on the
+  queue of a stopped agent can never fill the broker);
 * ``E.reply.<uuid>``: one exclusive reply queue per transport, where answers to its
   calls arrive, matched to the waiting caller by correlation id.
 
@@ -56,11 +58,15 @@ from tenacity import (
 )
 from yarl import URL
 
+from shared.config import Settings
 from shared.exceptions import MessagingError, MessagingTimeout, Unroutable
 from shared.rpc.envelope import CONTENT_TYPE
 from shared.rpc.transport import Consumer, Handler, IncomingMessage, RejectMessage, Transport
 
 LOG = logging.getLogger(__name__)
+
+#: Messages kept on the dead-letter queue before the oldest are dropped.
+DEAD_LETTER_MAX_LENGTH = 10_000
 
 #: Broker-side failures of an operation on a channel or connection that is going away.
 _CHANNEL_ERRORS = (AMQPError, ChannelInvalidStateError, OSError)
@@ -208,6 +214,16 @@ class AmqpTransport(Transport):
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._consumers: set[_AmqpConsumer] = set()
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AmqpTransport:
+        """The transport a keel process uses, as its settings describe it."""
+        return cls(
+            settings.transport_url,
+            settings.exchange,
+            queue_expires=settings.rpc.queue_expires,
+            connect_timeout=settings.rpc.connect_timeout,
+        )
+
     def _queue_arguments(self, dead_letter_exchange: str | None) -> dict[str, Any]:
         arguments: dict[str, Any] = {}
         if dead_letter_exchange is not None:
@@ -283,7 +299,10 @@ class AmqpTransport(Transport):
             dead_letter = await channel.declare_queue(
                 f"{self.exchange}.dead-letter",
                 durable=True,
-                arguments=self._queue_arguments(None),
+                arguments={
+                    **self._queue_arguments(None),
+                    "x-max-length": DEAD_LETTER_MAX_LENGTH,
+                },
             )
             await dead_letter.bind(dlx, routing_key="")
             replies = await channel.declare_queue(

@@ -135,6 +135,8 @@ class RPCServer:
                 return None
             try:
                 result = await route.func(envelope.context, request)
+                data = None if result is None else result.model_dump(mode="json")
+                return Reply(result=data).model_dump_json().encode()
             except KeelError as exc:
                 LOG.warning("%s failed: %s", envelope.method, exc.message, extra=extra)
                 return _error_reply(exc)
@@ -142,7 +144,5 @@ class RPCServer:
                 LOG.exception("%s failed unexpectedly", envelope.method, extra=extra)
                 reply = Reply(error=ErrorInfo(type=type(exc).__name__, message=str(exc)))
                 return reply.model_dump_json().encode()
-            data = None if result is None else result.model_dump(mode="json")
-            return Reply(result=data).model_dump_json().encode()
         finally:
             current_request_id.reset(token)
