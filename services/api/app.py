@@ -1,0 +1,53 @@
+"""The keel-api application: routes, error handling and the objects routes depend on.
+
+:func:`create_app` builds a FastAPI application around objects made elsewhere (in
+``main.py`` for a real process, in fixtures for tests): the settings, the database pool
+and the RPC clients. Routes reach them through ``app.state`` (see ``deps.py``).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from fastapi import FastAPI
+
+from services.api import (
+    aggregates,
+    faults,
+    flavors,
+    hypervisors,
+    images,
+    os_services,
+    servers,
+    versions,
+)
+from services.api.middleware import ApiMiddleware
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.rpcapi import ConductorAPI
+from shared.config import Settings
+
+
+def create_app(
+    settings: Settings, pool: asyncpg.Pool, conductor: ConductorAPI, compute: ComputeAPI
+) -> FastAPI:
+    app = FastAPI(
+        title="keel-api",
+        summary="OpenStack Compute API v2.1 subset and an image metadata registry",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.settings = settings
+    app.state.pool = pool
+    app.state.conductor = conductor
+    app.state.compute = compute
+    faults.install(app)
+    app.add_middleware(ApiMiddleware)
+    app.include_router(versions.router)
+    app.include_router(servers.router)
+    app.include_router(flavors.router)
+    app.include_router(os_services.router)
+    app.include_router(hypervisors.router)
+    app.include_router(aggregates.router)
+    app.include_router(images.router, prefix="/v2.1")
+    app.include_router(images.router, prefix="/image/v2")
+    return app

@@ -1,0 +1,73 @@
+"""Who is asking: static tokens from the settings, turned into a request context.
+
+``X-Auth-Token`` is looked up in ``settings.auth.tokens`` (token → user, project,
+roles). A missing or unknown token is a 401; a route that needs the ``admin`` role
+answers members with a 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from services.api.faults import Forbidden, Unauthorized
+from shared.config import AuthSettings, Settings, TokenInfo
+from shared.context import RequestContext, new_request_id
+
+LOG = logging.getLogger(__name__)
+
+TOKEN_HEADER = "X-Auth-Token"
+
+
+def find_token(auth: AuthSettings, token: str) -> TokenInfo | None:
+    """The identity ``token`` stands for, compared in constant time."""
+    found = None
+    given = token.encode()
+    for known, info in auth.tokens.items():
+        if hmac.compare_digest(known.encode(), given):
+            found = info
+    return found
+
+
+def context_for(info: TokenInfo, request_id: str) -> RequestContext:
+    return RequestContext(
+        request_id=request_id,
+        user_id=info.user_id,
+        project_id=info.project_id,
+        roles=tuple(info.roles),
+    )
+
+
+def authenticate(request: Request) -> RequestContext:
+    """The request's context; 401 unless it carries a known token."""
+    settings: Settings = request.app.state.settings
+    token = request.headers.get(TOKEN_HEADER)
+    info = find_token(settings.auth, token) if token else None
+    if info is None:
+        LOG.info(
+            "refusing %s %s: %s",
+            request.method,
+            request.url.path,
+            "unknown token" if token else "no X-Auth-Token header",
+        )
+        raise Unauthorized()
+    request_id = getattr(request.state, "request_id", None) or new_request_id()
+    return context_for(info, request_id)
+
+
+def require_admin(ctx: Annotated[RequestContext, Depends(authenticate)]) -> RequestContext:
+    """The request's context; 403 unless it has the ``admin`` role."""
+    if not ctx.is_admin:
+        raise Forbidden(
+            "Policy doesn't allow this action to be performed: it needs the admin role."
+        )
+    return ctx
+
+
+#: A route parameter: the authenticated caller.
+Context = Annotated[RequestContext, Depends(authenticate)]
+#: A route parameter: the authenticated caller, who must be an admin.
+AdminContext = Annotated[RequestContext, Depends(require_admin)]

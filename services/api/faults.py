@@ -1,0 +1,176 @@
+"""Error responses in the shapes the OpenStack client understands.
+
+Every error the API returns is a JSON *fault*: ``{"badRequest": {"code": 400,
+"message": "..."}}``, named after its status code as Nova names it. A missing or unknown
+token is answered as Keystone's middleware does: ``{"error": {"code": 401, ...}}``.
+
+Handlers registered by :func:`install` turn into faults: :class:`Fault` raised by a
+route, request validation errors (always 400, never FastAPI's 422), unknown routes and
+methods, and keel's own expected errors (``NotFound`` → 404, ``Conflict`` → 409, a
+messaging failure → 503).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from shared.exceptions import Conflict, KeelError, MessagingError, NotFound
+
+LOG = logging.getLogger(__name__)
+
+FAULT_NAMES = {
+    400: "badRequest",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "itemNotFound",
+    405: "badMethod",
+    406: "notAcceptable",
+    409: "conflictingRequest",
+    413: "overLimit",
+    415: "badMediaType",
+    429: "overLimit",
+    501: "notImplemented",
+    503: "serviceUnavailable",
+}
+
+UNAUTHORIZED_MESSAGE = "The request you have made requires authentication."
+
+
+class Fault(Exception):
+    """An error answer: raise it from a route to reply with a fault body."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class BadRequest(Fault):
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
+
+
+class Unauthorized(Fault):
+    def __init__(self, message: str = UNAUTHORIZED_MESSAGE) -> None:
+        super().__init__(401, message)
+
+
+class Forbidden(Fault):
+    def __init__(self, message: str) -> None:
+        super().__init__(403, message)
+
+
+class ItemNotFound(Fault):
+    def __init__(self, message: str) -> None:
+        super().__init__(404, message)
+
+
+class ConflictingRequest(Fault):
+    def __init__(self, message: str) -> None:
+        super().__init__(409, message)
+
+
+class ServiceUnavailable(Fault):
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message)
+
+
+def fault_body(code: int, message: str) -> dict[str, Any]:
+    if code == 401:
+        return {"error": {"code": 401, "title": "Unauthorized", "message": message}}
+    name = FAULT_NAMES.get(code, "computeFault")
+    return {name: {"code": code, "message": message}}
+
+
+def fault_response(code: int, message: str) -> JSONResponse:
+    return JSONResponse(fault_body(code, message), status_code=code)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def validation_message(errors: list[Any]) -> str:
+    """One sentence naming the first problem in a request body or query string."""
+    if not errors:
+        return "Invalid request."
+    error = errors[0]
+    kind = error.get("type", "")
+    loc = [str(part) for part in error.get("loc", ())]
+    where = loc[0] if loc else "body"
+    path = ".".join(loc[1:])
+    if kind == "json_invalid":
+        return f"Malformed request body: {error.get('ctx', {}).get('error', 'invalid JSON')}."
+    if where == "body" and not path:
+        if kind == "missing":
+            return "The request body is missing; it must be a JSON object."
+        if kind == "value_error":
+            return f"Invalid request body: {str(error.get('msg')).removeprefix('Value error, ')}."
+        if isinstance(error.get("input"), bytes | str):
+            return "The request body must be JSON, sent with Content-Type: application/json."
+        return "The request body must be a JSON object."
+    if kind == "missing":
+        return f"Invalid input for field/attribute {path}: it is required."
+    label = "field/attribute" if where == "body" else "query parameter"
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    return f"Invalid input for {label} {path}. Value: {_short(error.get('input'))}. {message}"
+
+
+async def _on_fault(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Fault)
+    if exc.code >= 500:
+        LOG.error("%s %s failed: %s", request.method, request.url.path, exc.message)
+    return fault_response(exc.code, exc.message)
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return fault_response(400, validation_message(list(exc.errors())))
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = "The resource could not be found."
+    elif exc.status_code == 405:
+        message = f"The method {request.method} is not allowed for this resource."
+    else:
+        message = str(exc.detail)
+    response = fault_response(exc.status_code, message)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+def keel_error_code(exc: KeelError) -> int:
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Conflict):
+        return 409
+    if isinstance(exc, MessagingError):
+        return 503
+    return 500
+
+
+async def _on_keel_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, KeelError)
+    code = keel_error_code(exc)
+    if code >= 500:
+        LOG.error("%s %s failed: %s", request.method, request.url.path, exc.message)
+    return fault_response(code, exc.message)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn errors into fault responses."""
+    app.add_exception_handler(Fault, _on_fault)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(KeelError, _on_keel_error)

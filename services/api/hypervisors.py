@@ -1,0 +1,159 @@
+"""os-hypervisors (admin): compute nodes with their capacity, usage and service state.
+
+Ids are integers below microversion 2.53 and node UUIDs from 2.53, where the list can
+also be narrowed with ``hypervisor_hostname_pattern`` (a substring of the node name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+import asyncpg
+from fastapi import APIRouter, Depends, Query
+
+from services.api.auth import AdminContext
+from services.api.deps import AppSettings, DbPool, RequestLinks, Version
+from services.api.faults import BadRequest, Fault, ItemNotFound
+from services.api.links import Links
+from services.api.microversion import APIVersion
+from services.api.paging import next_marker, page_request, take_page
+from services.api.views.hypervisors import hypervisor_id, hypervisor_view
+from shared.db import compute_nodes
+from shared.exceptions import ComputeNodeNotFound
+from shared.objects.compute_node import HostState
+
+router = APIRouter(prefix="/v2.1/os-hypervisors")
+
+Q = Annotated[str | None, Query()]
+
+
+@dataclass(frozen=True)
+class HypervisorQuery:
+    pattern: str | None
+    limit: str | None
+    marker: str | None
+
+
+def hypervisor_query(
+    hypervisor_hostname_pattern: Q = None, limit: Q = None, marker: Q = None
+) -> HypervisorQuery:
+    return HypervisorQuery(hypervisor_hostname_pattern, limit, marker)
+
+
+Filters = Annotated[HypervisorQuery, Depends(hypervisor_query)]
+
+
+async def _list(
+    pool: asyncpg.Pool,
+    *,
+    down_time: float,
+    version: APIVersion,
+    query: HypervisorQuery,
+    links: Links,
+    path: str,
+    detail: bool,
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        states = await compute_nodes.host_states(conn, down_time)
+    if query.pattern is not None and version.at_least("2.53"):
+        states = [s for s in states if query.pattern in s.node.hypervisor_hostname]
+        if not states:
+            raise ItemNotFound(f"No hypervisor matching '{query.pattern}' could be found.")
+
+    def key(state: HostState) -> str:
+        return str(hypervisor_id(state, version))
+
+    paging = page_request(query.limit, query.marker)
+    page = take_page(states, paging, key=key)
+    body: dict[str, Any] = {
+        "hypervisors": [hypervisor_view(s, version, detail=detail) for s in page]
+    }
+    after = next_marker(page, paging, key=key) if paging.limited else None
+    if after is not None:
+        href = f"{links.compute(path)}?{urlencode({'limit': paging.limit, 'marker': after})}"
+        body["hypervisors_links"] = [{"rel": "next", "href": href}]
+    return body
+
+
+@router.get("")
+async def list_hypervisors(
+    pool: DbPool,
+    *,
+    ctx: AdminContext,
+    version: Version,
+    settings: AppSettings,
+    links: RequestLinks,
+    query: Filters,
+) -> dict[str, Any]:
+    return await _list(
+        pool,
+        down_time=settings.service_down_time,
+        version=version,
+        query=query,
+        links=links,
+        path="os-hypervisors",
+        detail=False,
+    )
+
+
+@router.get("/detail")
+async def list_hypervisors_detail(
+    pool: DbPool,
+    *,
+    ctx: AdminContext,
+    version: Version,
+    settings: AppSettings,
+    links: RequestLinks,
+    query: Filters,
+) -> dict[str, Any]:
+    return await _list(
+        pool,
+        down_time=settings.service_down_time,
+        version=version,
+        query=query,
+        links=links,
+        path="os-hypervisors/detail",
+        detail=True,
+    )
+
+
+async def _find(
+    pool: asyncpg.Pool, hypervisor: str, version: APIVersion, down_time: float
+) -> HostState:
+    not_found = ItemNotFound(f"Hypervisor with ID {hypervisor} could not be found.")
+    if version.at_least("2.53"):
+        try:
+            node_uuid = UUID(hypervisor)
+        except ValueError:
+            raise BadRequest(f"Invalid uuid {hypervisor}") from None
+        try:
+            async with pool.acquire() as conn:
+                return await compute_nodes.host_state(conn, node_uuid, down_time)
+        except ComputeNodeNotFound:
+            raise not_found from None
+    async with pool.acquire() as conn:
+        states = await compute_nodes.host_states(conn, down_time)
+    for state in states:
+        if str(state.node.id) == hypervisor:
+            return state
+    raise not_found
+
+
+@router.get("/{hypervisor}")
+async def show_hypervisor(
+    hypervisor: str, pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
+) -> dict[str, Any]:
+    state = await _find(pool, hypervisor, version, settings.service_down_time)
+    return {"hypervisor": hypervisor_view(state, version, detail=True)}
+
+
+@router.get("/{hypervisor}/uptime")
+async def show_uptime(
+    hypervisor: str, pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
+) -> dict[str, Any]:
+    """Compute agents do not report host uptime; 501 is how the API says so."""
+    await _find(pool, hypervisor, version, settings.service_down_time)
+    raise Fault(501, "keel compute agents do not report host uptime.")

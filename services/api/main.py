@@ -1,0 +1,111 @@
+"""keel-api: the composition root.
+
+Builds the database pool, the RabbitMQ transport and the RPC clients, serves the API
+with uvicorn inside the running event loop until SIGTERM/SIGINT (handled by
+:class:`shared.runtime.Lifecycle`, not by uvicorn), then closes everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Generator, Sequence
+
+import uvicorn
+
+from services.api.app import create_app
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.rpcapi import ConductorAPI
+from shared.config import Settings
+from shared.db.pool import create_pool
+from shared.exceptions import KeelError
+from shared.rpc.amqp import AmqpTransport
+from shared.runtime import Lifecycle, run
+
+LOG = logging.getLogger(__name__)
+
+#: Seconds in-flight requests get to finish after a stop is asked for.
+GRACEFUL_SHUTDOWN = 30
+
+
+class ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the process lifecycle owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind the API socket; a clear error if the address is taken or not ours."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise KeelError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; "
+            "stop whatever uses it or change KEEL_API_BIND"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_until_stopped(
+    server: uvicorn.Server, sock: socket.socket, lifecycle: Lifecycle
+) -> None:
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    stopping = asyncio.create_task(lifecycle.stopping.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        server.should_exit = True
+        stopping.cancel()
+        await serving
+
+
+async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
+    sock = listen(settings.api_host, settings.api_port)
+    try:
+        pool = await create_pool(settings.database_url, settings.database)
+        try:
+            transport = AmqpTransport.from_settings(settings)
+            await transport.connect()
+            try:
+                timeout = settings.rpc.call_timeout
+                app = create_app(
+                    settings,
+                    pool,
+                    ConductorAPI(transport, timeout=timeout),
+                    ComputeAPI(transport, timeout=timeout),
+                )
+                config = uvicorn.Config(
+                    app,
+                    host=settings.api_host,
+                    port=settings.api_port,
+                    log_config=None,
+                    lifespan="off",
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+                )
+                LOG.info(
+                    "keel-api listening on http://%s:%d/", settings.api_host, settings.api_port
+                )
+                await serve_until_stopped(ApiServer(config), sock, lifecycle)
+            finally:
+                await transport.close()
+        finally:
+            await pool.close()
+    finally:
+        sock.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run("keel-api", serve, argv, description="keel compute API (OpenStack Compute API v2.1)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""os-services (admin): the keel processes, up or down, and what operators change on them.
+
+``GET /os-services`` filters on ``host`` and ``binary`` server-side (the client's
+``compute service set`` needs exactly one match). From microversion 2.53 a compute
+service is changed with ``PUT /os-services/{uuid}``: enable, disable with a reason, or
+force down. Below 2.53 that route does not exist.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.api.auth import AdminContext
+from services.api.deps import AppSettings, DbPool, Version
+from services.api.faults import BadRequest, ItemNotFound
+from services.api.views.os_services import service_view, service_zone
+from shared.db import compute_nodes, services
+from shared.db.pool import Connection
+from shared.objects.service import Binary, Service
+
+LOG = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v2.1/os-services")
+
+
+async def _zones(conn: Connection, down_time: float) -> dict[int, str]:
+    """service id → availability zone of its compute node."""
+    return {
+        s.service.id: s.node.availability_zone
+        for s in await compute_nodes.host_states(conn, down_time)
+    }
+
+
+@router.get("")
+async def list_services(
+    pool: DbPool,
+    *,
+    ctx: AdminContext,
+    version: Version,
+    settings: AppSettings,
+    host: Annotated[str | None, Query()] = None,
+    binary: Annotated[str | None, Query()] = None,
+) -> dict[str, Any]:
+    down_time = settings.service_down_time
+    async with pool.acquire() as conn:
+        found = await services.list_services(conn, down_time, host=host, binary=binary)
+        zones = await _zones(conn, down_time)
+    return {"services": [service_view(s, version, service_zone(s, zones)) for s in found]}
+
+
+class ServiceUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["enabled", "disabled"] | None = None
+    disabled_reason: str | None = Field(default=None, min_length=1, max_length=255)
+    forced_down: bool | None = None
+
+
+def _check_update(update: ServiceUpdate) -> None:
+    if update.status is None and update.forced_down is None:
+        raise BadRequest(
+            "No updates were requested. Fields 'status' or 'forced_down' should be specified."
+        )
+    if update.disabled_reason is not None and update.status != "disabled":
+        raise BadRequest("Specifying 'disabled_reason' is only valid with status 'disabled'.")
+
+
+def _check_updatable(service: Service) -> None:
+    if service.binary != Binary.COMPUTE:
+        raise BadRequest(
+            f"Updating a {service.binary} service is not supported. "
+            f"Only {Binary.COMPUTE} services can be updated."
+        )
+
+
+@router.put("/{service_id}")
+async def update_service(
+    service_id: str,
+    *,
+    update: ServiceUpdate,
+    pool: DbPool,
+    ctx: AdminContext,
+    version: Version,
+    settings: AppSettings,
+) -> dict[str, Any]:
+    if not version.at_least("2.53"):
+        raise ItemNotFound("Updating a service by id needs microversion 2.53 or later.")
+    try:
+        service_uuid = UUID(service_id)
+    except ValueError:
+        raise BadRequest(f"Invalid uuid {service_id}") from None
+    _check_update(update)
+    down_time = settings.service_down_time
+    async with pool.acquire() as conn:
+        service = await services.get(conn, service_uuid, down_time)
+        _check_updatable(service)
+        updated = await services.update_status(
+            conn,
+            service_uuid,
+            down_time,
+            disabled=None if update.status is None else update.status == "disabled",
+            disabled_reason=update.disabled_reason,
+            forced_down=update.forced_down,
+        )
+        zones = await _zones(conn, down_time)
+    LOG.info(
+        "service %s (%s on %s) updated by %s: status=%s forced_down=%s reason=%r",
+        updated.uuid,
+        updated.binary,
+        updated.host,
+        ctx.user_id,
+        "disabled" if updated.disabled else "enabled",
+        updated.forced_down,
+        updated.disabled_reason,
+    )
+    return {"service": service_view(updated, version, service_zone(updated, zones))}

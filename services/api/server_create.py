@@ -1,0 +1,231 @@
+"""Creating a server: validate the request, record it, hand it to the conductor.
+
+The instance row (BUILD, scheduling), its request spec and a ``create`` action are
+written in one transaction, so the new server is readable the moment the client gets
+its id. Then ``build_instances`` is cast to keel-conductor, which schedules and builds.
+
+If that cast cannot be sent (no conductor queue on the broker, or the broker is
+unreachable) the request fails with 503 and the server is soft-deleted again, its
+action closed with the reason: the client sees a clear error, retries when the
+conductor is back, and no half-created server is left for anyone to clean up. A
+conductor that still receives the message finds the instance deleted and drops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.api.faults import BadRequest, ServiceUnavailable
+from services.conductor.rpcapi import ConductorAPI
+from shared.context import RequestContext
+from shared.db import compute_nodes, flavors, images, instance_actions, instances, request_specs
+from shared.db.pool import Connection
+from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError
+from shared.objects.flavor import Flavor
+from shared.objects.image import Image
+from shared.objects.instance import Instance, RequestSpec
+
+LOG = logging.getLogger(__name__)
+
+CREATE_ACTION = "create"
+
+
+class RequestedNetwork(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    uuid: str | None = None
+    port: str | None = None
+    fixed_ip: str | None = None
+    tag: str | None = None
+
+
+class NewServer(BaseModel):
+    """The fields keel reads; other fields clients send (block devices…) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=255)
+    image_ref: str = Field(alias="imageRef", max_length=2048)
+    flavor_ref: str = Field(alias="flavorRef", min_length=1, max_length=2048)
+    #: ``"auto"``, ``"none"`` or a list; keel has no networking, so all mean "none".
+    networks: list[RequestedNetwork] | None = None
+    min_count: int = Field(default=1, ge=1)
+    max_count: int = Field(default=1, ge=1)
+    availability_zone: str | None = Field(default=None, min_length=1, max_length=255)
+    key_name: str | None = Field(default=None, max_length=255)
+
+    @field_validator("flavor_ref", mode="before")
+    @classmethod
+    def _flavor_id_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("networks", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> object:
+        if value in ("auto", "none"):
+            return []
+        if value is None or isinstance(value, list):
+            return value
+        raise ValueError('must be "auto", "none" or a list of networks')
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        if value != value.strip():
+            raise ValueError("must not start or end with whitespace")
+        if not value.isprintable():
+            raise ValueError("must not contain control characters")
+        return value
+
+
+class NewServerBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    server: NewServer
+
+
+def last_segment(ref: str) -> str:
+    """``http://host/flavors/3`` → ``3``; a bare id is returned as it is."""
+    return ref.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_counts(server: NewServer) -> None:
+    if server.min_count > server.max_count:
+        raise BadRequest("min_count must be <= max_count")
+    if server.max_count > 1:
+        raise BadRequest(
+            "keel creates one server per request: min_count and max_count must be 1 "
+            f"(got min_count={server.min_count}, max_count={server.max_count})."
+        )
+
+
+async def _flavor(conn: Connection, ref: str) -> Flavor:
+    flavor_id = last_segment(ref)
+    try:
+        flavor = await flavors.get(conn, flavor_id)
+    except FlavorNotFound:
+        raise BadRequest(f"Flavor {flavor_id} could not be found.") from None
+    if flavor.disabled:
+        raise BadRequest(f"Flavor {flavor_id} is disabled.")
+    return flavor
+
+
+async def _image(conn: Connection, ref: str, ctx: RequestContext) -> Image:
+    raw = last_segment(ref)
+    try:
+        image = await images.get(conn, UUID(raw))
+    except (ValueError, ImageNotFound):
+        raise BadRequest(f"Image {raw} could not be found.") from None
+    visible = ctx.is_admin or image.visibility in ("public", "community")
+    if not (visible or image.owner == ctx.project_id):
+        raise BadRequest(f"Image {raw} could not be found.")
+    if image.status != "active":
+        raise BadRequest(f"Image {raw} is not active (status {image.status}).")
+    return image
+
+
+def check_fits(flavor: Flavor, image: Image) -> None:
+    if flavor.memory_mb < image.min_ram:
+        raise BadRequest(
+            f"Flavor's memory is too small for requested image: "
+            f"{flavor.memory_mb} MB < {image.min_ram} MB."
+        )
+    if flavor.root_gb and flavor.root_gb < image.min_disk:
+        raise BadRequest(
+            f"Flavor's disk is too small for requested image: "
+            f"{flavor.root_gb} GB < {image.min_disk} GB."
+        )
+
+
+async def _check_zone(conn: Connection, zone: str | None) -> None:
+    if zone is None:
+        return
+    if ":" in zone:
+        raise BadRequest(
+            f"Invalid availability_zone {zone!r}: naming a host in the zone is not supported."
+        )
+    if zone not in await compute_nodes.availability_zones(conn):
+        raise BadRequest(f"The requested availability zone {zone!r} is not available.")
+
+
+async def _validate(
+    conn: Connection, ctx: RequestContext, server: NewServer
+) -> tuple[Flavor, Image]:
+    check_counts(server)
+    if server.key_name is not None:
+        raise BadRequest(f"Invalid key_name provided: keel has no key pair {server.key_name!r}.")
+    flavor = await _flavor(conn, server.flavor_ref)
+    image = await _image(conn, server.image_ref, ctx)
+    check_fits(flavor, image)
+    await _check_zone(conn, server.availability_zone)
+    return flavor, image
+
+
+async def _record(
+    conn: Connection, ctx: RequestContext, server: NewServer, flavor: Flavor, image: Image
+) -> Instance:
+    project_id, user_id = ctx.project_id or "", ctx.user_id or ""
+    snapshot = flavor.snapshot()
+    async with conn.transaction():
+        instance = await instances.create(
+            conn,
+            instance_uuid=uuid.uuid4(),
+            project_id=project_id,
+            user_id=user_id,
+            display_name=server.name,
+            flavor=snapshot,
+            image_ref=str(image.id),
+            availability_zone=server.availability_zone,
+        )
+        spec = RequestSpec(
+            instance_uuid=instance.uuid,
+            project_id=project_id,
+            user_id=user_id,
+            flavor=snapshot,
+            image_ref=str(image.id),
+            availability_zone=server.availability_zone,
+        )
+        await request_specs.create(conn, spec)
+        await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
+    return instance
+
+
+async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await instances.soft_delete(conn, instance.uuid)
+        await instance_actions.finish(conn, instance.uuid, CREATE_ACTION, reason)
+
+
+async def create_server(
+    pool: asyncpg.Pool, conductor: ConductorAPI, ctx: RequestContext, server: NewServer
+) -> Instance:
+    """Record the server and ask the conductor to build it; see the module docstring."""
+    async with pool.acquire() as conn:
+        flavor, image = await _validate(conn, ctx, server)
+        instance = await _record(conn, ctx, server, flavor, image)
+    extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
+    try:
+        await conductor.build_instances(ctx, instance.uuid)
+    except MessagingError as exc:
+        reason = f"keel-conductor could not be reached: {exc.message}"
+        LOG.error("withdrawing new server %s: %s", instance.uuid, reason, extra=extra)
+        await _withdraw(pool, instance, reason)
+        raise ServiceUnavailable(
+            f"The server was not created: {reason}. Check that keel-conductor and RabbitMQ "
+            "are running, then retry."
+        ) from None
+    LOG.info(
+        "server %s (%s) accepted: flavor %s, image %s",
+        instance.uuid,
+        instance.display_name,
+        flavor.flavorid,
+        image.id,
+        extra=extra,
+    )
+    return instance

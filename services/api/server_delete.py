@@ -1,0 +1,142 @@
+"""Deleting a server: by its compute agent when that agent is up, locally otherwise.
+
+* Never placed on a host (still scheduling, or no valid host was found): a *local
+  delete*: its claims are released and the row soft-deleted in one transaction.
+* On a host whose compute service is up: task state ``deleting`` and
+  ``terminate_instance`` cast to ``compute.<service-uuid>``. The agent destroys the guest
+  and tells the conductor, which releases the claims and soft-deletes the row.
+* On a host whose service is down, gone, or has no queue on the broker: a local delete,
+  with a WARNING naming the host, because the guest's files remain there until the
+  agent comes back and cleans up.
+
+If the broker itself cannot be reached the delete fails with 503 and nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from services.api.faults import ServiceUnavailable
+from services.compute.rpcapi import ComputeAPI
+from shared.context import RequestContext
+from shared.db import allocations, compute_nodes, instance_actions, instances, services
+from shared.exceptions import ComputeNodeNotFound, MessagingError, ServiceNotFound, Unroutable
+from shared.objects.instance import Instance
+from shared.objects.service import Service
+from shared.objects.states import TaskState
+
+LOG = logging.getLogger(__name__)
+
+DELETE_ACTION = "delete"
+
+
+async def local_delete(
+    pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID, reason: str, *, started: bool
+) -> None:
+    """Release the claims and soft-delete, in one transaction (idempotent)."""
+    async with pool.acquire() as conn, conn.transaction():
+        if not started:
+            await instance_actions.start(conn, ctx, instance_uuid, DELETE_ACTION)
+        released = await allocations.release(conn, instance_uuid)
+        await instances.soft_delete(conn, instance_uuid)
+        await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason)
+    LOG.info(
+        "deleted server %s locally (%s); released %d claim(s)",
+        instance_uuid,
+        reason,
+        len(released),
+        extra={"instance_uuid": str(instance_uuid), "decision": "local_delete"},
+    )
+
+
+async def host_service(pool: asyncpg.Pool, instance: Instance, down_time: float) -> Service | None:
+    """The compute service of the instance's node, or ``None`` if it no longer exists."""
+    assert instance.host is not None
+    try:
+        async with pool.acquire() as conn:
+            node = await compute_nodes.get_by_host_node(conn, instance.host, instance.node or "")
+            if node.service_id is None:
+                return None
+            return await services.get_by_id(conn, node.service_id, down_time)
+    except (ComputeNodeNotFound, ServiceNotFound):
+        return None
+
+
+def _warn_files_remain(instance: Instance, why: str) -> None:
+    LOG.warning(
+        "deleting server %s without its compute agent (%s): the guest's files remain on "
+        "host %s until its agent runs again",
+        instance.uuid,
+        why,
+        instance.host,
+        extra={"instance_uuid": str(instance.uuid), "decision": "local_delete"},
+    )
+
+
+async def delete_server(
+    pool: asyncpg.Pool,
+    compute: ComputeAPI,
+    ctx: RequestContext,
+    instance: Instance,
+    down_time: float,
+) -> None:
+    """Delete ``instance``; see the module docstring for who does the work."""
+    if not instance.host:
+        await local_delete(pool, ctx, instance.uuid, "never scheduled to a host", started=False)
+        return
+    service = await host_service(pool, instance, down_time)
+    if service is None or not service.is_up:
+        why = "its compute service is gone" if service is None else "its compute service is down"
+        _warn_files_remain(instance, why)
+        await local_delete(pool, ctx, instance.uuid, why, started=False)
+        return
+    await _terminate_on_host(pool, compute, ctx, instance, service)
+
+
+async def _terminate_on_host(
+    pool: asyncpg.Pool,
+    compute: ComputeAPI,
+    ctx: RequestContext,
+    instance: Instance,
+    service: Service,
+) -> None:
+    extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
+    async with pool.acquire() as conn, conn.transaction():
+        await instances.set_task_state(conn, instance.uuid, TaskState.DELETING)
+        await instance_actions.start(conn, ctx, instance.uuid, DELETE_ACTION)
+    try:
+        await compute.terminate_instance(ctx, service.uuid, instance.uuid)
+    except Unroutable:
+        why = f"no queue for its compute service {service.uuid}"
+        _warn_files_remain(instance, why)
+        await local_delete(pool, ctx, instance.uuid, why, started=True)
+        return
+    except MessagingError as exc:
+        async with pool.acquire() as conn, conn.transaction():
+            await instances.set_task_state(conn, instance.uuid, instance_task(instance))
+            await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, exc.message)
+        raise ServiceUnavailable(
+            f"The server was not deleted: the message bus could not be reached ({exc.message}). "
+            "Retry once RabbitMQ is available."
+        ) from None
+    LOG.info(
+        "asked compute service %s on %s to delete server %s",
+        service.uuid,
+        service.host,
+        instance.uuid,
+        extra=extra,
+    )
+
+
+def instance_task(instance: Instance) -> TaskState | None:
+    """The task state to restore after a failed delete request."""
+    if instance.task_state in (None, TaskState.DELETING):
+        return None
+    try:
+        return TaskState(instance.task_state)
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Response bodies: each module shapes one resource for a given microversion."""

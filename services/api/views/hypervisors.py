@@ -1,0 +1,56 @@
+"""os-hypervisors bodies, from a compute node and its service.
+
+Ids are integers below 2.53 and node UUIDs from 2.53 (the embedded service's id
+follows the same rule). ``cpu_info`` is a JSON string below 2.28 and an object from 2.28.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.api.microversion import APIVersion
+from shared.objects.compute_node import HostState
+
+HYPERVISOR_VERSION = 1
+
+
+def hypervisor_id(state: HostState, version: APIVersion) -> int | str:
+    return str(state.node.uuid) if version.at_least("2.53") else state.node.id
+
+
+def hypervisor_view(state: HostState, version: APIVersion, *, detail: bool) -> dict[str, Any]:
+    node, service = state.node, state.service
+    body: dict[str, Any] = {
+        "id": hypervisor_id(state, version),
+        "hypervisor_hostname": node.hypervisor_hostname,
+        "state": "up" if service.is_up else "down",
+        "status": "disabled" if service.disabled else "enabled",
+    }
+    if not detail:
+        return body
+    uuid_ids = version.at_least("2.53")
+    body.update(
+        {
+            "hypervisor_type": node.hypervisor_type,
+            "hypervisor_version": HYPERVISOR_VERSION,
+            "host_ip": None,
+            "vcpus": node.vcpus,
+            "vcpus_used": node.vcpus_used,
+            "memory_mb": node.memory_mb,
+            "memory_mb_used": node.memory_mb_used,
+            "local_gb": node.local_gb,
+            "local_gb_used": node.local_gb_used,
+            "free_ram_mb": node.memory_mb - node.memory_mb_used,
+            "free_disk_gb": node.local_gb - node.local_gb_used,
+            "running_vms": node.running_vms,
+            "current_workload": 0,
+            "disk_available_least": node.local_gb - node.local_gb_used,
+            "cpu_info": {} if version.at_least("2.28") else "{}",
+            "service": {
+                "host": service.host,
+                "id": str(service.uuid) if uuid_ids else service.id,
+                "disabled_reason": service.disabled_reason,
+            },
+        }
+    )
+    return body

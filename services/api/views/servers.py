@@ -1,0 +1,220 @@
+"""Server bodies: the summary of a list, the detail at a microversion, the create answer.
+
+What the client reads most: ``status`` (from the vm state), ``image`` (an object, or
+``""`` for none, never null) and ``flavor`` (``{"id", "links"}`` below 2.47, the
+embedded flavor from 2.47). Fields an admin sees and a member does not: the
+``OS-EXT-SRV-ATTR:*`` placement details, ``host_status`` (from 2.16) and the details of
+a 500 fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.api.links import Links
+from services.api.microversion import APIVersion
+from services.api.views.timestamps import isotime, naive_isotime
+from shared.objects.instance import Instance
+from shared.objects.states import VmState
+
+_STATUS: dict[str, str] = {
+    VmState.BUILDING: "BUILD",
+    VmState.ACTIVE: "ACTIVE",
+    VmState.STOPPED: "SHUTOFF",
+    VmState.ERROR: "ERROR",
+    VmState.DELETED: "DELETED",
+}
+
+#: Status filters a client may send, and the vm states they select here. Statuses keel
+#: never produces are valid filters that match nothing.
+STATUS_FILTERS: dict[str, tuple[str, ...]] = {
+    **{status: (vm_state,) for vm_state, status in _STATUS.items()},
+    **{
+        status: ()
+        for status in (
+            "REBOOT",
+            "HARD_REBOOT",
+            "PASSWORD",
+            "REBUILD",
+            "MIGRATING",
+            "RESIZE",
+            "VERIFY_RESIZE",
+            "REVERT_RESIZE",
+            "PAUSED",
+            "SUSPENDED",
+            "RESCUE",
+            "SHELVED",
+            "SHELVED_OFFLOADED",
+            "SOFT_DELETED",
+            "UNKNOWN",
+        )
+    },
+}
+
+_PROGRESS = {"BUILD": 0, "ACTIVE": 100}
+_DEFAULT_SECURITY_GROUPS = ({"name": "default"},)
+
+
+def server_status(vm_state: str) -> str:
+    return _STATUS.get(vm_state, "UNKNOWN")
+
+
+def host_id(project_id: str, host: str | None) -> str:
+    """An opaque id of the host, the same for one project's servers on one host."""
+    if not host:
+        return ""
+    return hashlib.sha224((project_id + host).encode()).hexdigest()
+
+
+def instance_name(instance: Instance) -> str:
+    return f"instance-{instance.id:08x}"
+
+
+def created_body(instance: Instance, links: Links) -> dict[str, Any]:
+    """The answer to a create: enough to find the new server."""
+    return {
+        "id": str(instance.uuid),
+        "links": links.resource("servers", str(instance.uuid)),
+        "OS-DCF:diskConfig": "MANUAL",
+        "security_groups": [dict(group) for group in _DEFAULT_SECURITY_GROUPS],
+    }
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """Shapes servers for one request: its microversion, links and caller."""
+
+    version: APIVersion
+    links: Links
+    is_admin: bool
+    #: compute host → ``UP``/``DOWN``/``MAINTENANCE``/``UNKNOWN``, for ``host_status``.
+    host_statuses: Mapping[str, str] = field(default_factory=dict)
+
+    def summary(self, instance: Instance) -> dict[str, Any]:
+        uuid = str(instance.uuid)
+        return {
+            "id": uuid,
+            "name": instance.display_name,
+            "links": self.links.resource("servers", uuid),
+        }
+
+    def image(self, instance: Instance) -> dict[str, Any] | str:
+        if not instance.image_ref:
+            return ""
+        ref = instance.image_ref
+        return {
+            "id": ref,
+            "links": [{"rel": "bookmark", "href": self.links.bookmark("images", ref)}],
+        }
+
+    def flavor(self, instance: Instance) -> dict[str, Any]:
+        flavor = instance.flavor
+        if not self.version.at_least("2.47"):
+            href = self.links.bookmark("flavors", flavor.flavorid)
+            return {"id": flavor.flavorid, "links": [{"rel": "bookmark", "href": href}]}
+        return {
+            "vcpus": flavor.vcpus,
+            "ram": flavor.memory_mb,
+            "disk": flavor.root_gb,
+            "ephemeral": flavor.ephemeral_gb,
+            "swap": flavor.swap,
+            "original_name": flavor.name,
+            "extra_specs": dict(flavor.extra_specs),
+        }
+
+    def fault(self, instance: Instance) -> dict[str, Any] | None:
+        fault = instance.fault
+        if fault is None or instance.vm_state not in (VmState.ERROR, VmState.DELETED):
+            return None
+        body: dict[str, Any] = {
+            "code": fault.code,
+            "created": isotime(fault.created),
+            "message": fault.message,
+        }
+        if self.is_admin or fault.code != 500:
+            body["details"] = fault.details
+        return body
+
+    def detail(self, instance: Instance, *, show: bool = False) -> dict[str, Any]:
+        """The full server at this request's microversion (``show``: a single server)."""
+        body = self._base(instance)
+        fault = self.fault(instance)
+        if fault is not None:
+            body["fault"] = fault
+        if body["status"] in _PROGRESS:
+            body["progress"] = _PROGRESS[body["status"]]
+        if self.is_admin:
+            body.update(self._admin_fields(instance))
+        body.update(self._versioned_fields(instance, show=show))
+        return body
+
+    def _base(self, instance: Instance) -> dict[str, Any]:
+        return {
+            **self.summary(instance),
+            "status": server_status(instance.vm_state),
+            "tenant_id": instance.project_id,
+            "user_id": instance.user_id,
+            "metadata": {},
+            "hostId": host_id(instance.project_id, instance.host),
+            "image": self.image(instance),
+            "flavor": self.flavor(instance),
+            "created": isotime(instance.created_at),
+            "updated": isotime(instance.updated_at or instance.created_at),
+            "addresses": {},
+            "accessIPv4": "",
+            "accessIPv6": "",
+            "key_name": None,
+            "config_drive": "",
+            "OS-DCF:diskConfig": "MANUAL",
+            "OS-EXT-AZ:availability_zone": instance.availability_zone or "",
+            "OS-EXT-STS:vm_state": instance.vm_state,
+            "OS-EXT-STS:task_state": instance.task_state,
+            "OS-EXT-STS:power_state": instance.power_state,
+            "OS-SRV-USG:launched_at": naive_isotime(instance.launched_at),
+            "OS-SRV-USG:terminated_at": naive_isotime(instance.terminated_at),
+            "security_groups": [dict(group) for group in _DEFAULT_SECURITY_GROUPS],
+            "os-extended-volumes:volumes_attached": [],
+        }
+
+    def _admin_fields(self, instance: Instance) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "OS-EXT-SRV-ATTR:host": instance.host,
+            "OS-EXT-SRV-ATTR:hypervisor_hostname": instance.node,
+            "OS-EXT-SRV-ATTR:instance_name": instance_name(instance),
+        }
+        if self.version.at_least("2.3"):
+            fields.update(
+                {
+                    "OS-EXT-SRV-ATTR:reservation_id": "",
+                    "OS-EXT-SRV-ATTR:launch_index": 0,
+                    "OS-EXT-SRV-ATTR:hostname": instance.display_name,
+                    "OS-EXT-SRV-ATTR:kernel_id": "",
+                    "OS-EXT-SRV-ATTR:ramdisk_id": "",
+                    "OS-EXT-SRV-ATTR:root_device_name": None,
+                    "OS-EXT-SRV-ATTR:user_data": None,
+                }
+            )
+        if self.version.at_least("2.16"):
+            fields["host_status"] = (
+                self.host_statuses.get(instance.host, "UNKNOWN") if instance.host else ""
+            )
+        return fields
+
+    def _versioned_fields(self, instance: Instance, *, show: bool) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.version.at_least("2.9"):
+            fields["locked"] = False
+        if self.version.at_least("2.19"):
+            fields["description"] = None
+        if self.version.at_least("2.26"):
+            fields["tags"] = []
+        if self.version.at_least("2.63"):
+            fields["trusted_image_certificates"] = None
+        if show and self.version.at_least("2.71"):
+            fields["server_groups"] = []
+        if self.version.at_least("2.73"):
+            fields["locked_reason"] = None
+        return fields

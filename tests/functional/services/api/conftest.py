@@ -1,0 +1,218 @@
+"""keel-api against a real PostgreSQL and RabbitMQ, driven in-process over ASGI.
+
+The API publishes through a real :class:`AmqpTransport` on the test's own exchange.
+:class:`Recorder` stands in for keel-conductor (and, where a test serves its queue, for
+a compute agent): it records the casts the API sends, so a test can see them arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+import aio_pika
+import asyncpg
+import httpx
+import pytest
+
+from services.api.app import create_app
+from services.compute.rpcapi import ComputeAPI, TerminateInstance, topic_for
+from services.conductor.rpcapi import BuildInstances, ConductorAPI
+from shared.config import AuthSettings, RpcSettings, Settings, TokenInfo
+from shared.context import RequestContext
+from shared.db import compute_nodes, images, services
+from shared.objects.compute_node import ComputeNode, NodeResources
+from shared.objects.service import Service
+from shared.rpc.amqp import AmqpTransport
+from shared.rpc.server import RPCServer
+
+#: Bound on waiting for a cast that should arrive almost at once.
+SOON = 10.0
+
+ADMIN = {"X-Auth-Token": "admin-token"}
+MEMBER = {"X-Auth-Token": "member-token"}
+OTHER_MEMBER = {"X-Auth-Token": "other-token"}
+IMAGE_ID = UUID("11111111-2222-3333-4444-555555555555")
+
+
+def at(version: str, headers: dict[str, str] = ADMIN) -> dict[str, str]:
+    """``headers`` asking for compute microversion ``version``."""
+    return {**headers, "OpenStack-API-Version": f"compute {version}"}
+
+
+class Recorder:
+    """What the API cast to the conductor or to compute agents, in arrival order."""
+
+    def __init__(self) -> None:
+        self.builds: asyncio.Queue[tuple[RequestContext, UUID]] = asyncio.Queue()
+        self.terminations: asyncio.Queue[UUID] = asyncio.Queue()
+
+    async def next_build(self) -> tuple[RequestContext, UUID]:
+        return await asyncio.wait_for(self.builds.get(), SOON)
+
+    async def next_termination(self) -> UUID:
+        return await asyncio.wait_for(self.terminations.get(), SOON)
+
+
+class _ConductorEndpoint:
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    async def build_instances(self, ctx: RequestContext, req: BuildInstances) -> None:
+        await self._recorder.builds.put((ctx, req.instance_uuid))
+
+
+class _ComputeEndpoint:
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    async def terminate_instance(self, ctx: RequestContext, req: TerminateInstance) -> None:
+        await self._recorder.terminations.put(req.instance_uuid)
+
+
+class StandInAgents:
+    """Compute agents reduced to their queues: they record what they are asked to do."""
+
+    def __init__(self, transport: AmqpTransport, queues: list[str]) -> None:
+        self.recorder = Recorder()
+        self._transport = transport
+        self._queues = queues
+        self._servers: list[RPCServer] = []
+
+    async def serve(self, service_uuid: UUID) -> None:
+        topic = topic_for(service_uuid)
+        server = RPCServer(self._transport, topic, _ComputeEndpoint(self.recorder), version="1.0")
+        self._queues.append(topic)
+        await server.start()
+        self._servers.append(server)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            await server.stop(1)
+
+
+@pytest.fixture
+def settings(database_url: str, amqp_url: str, exchange: str) -> Settings:
+    tokens = {
+        "admin-token": TokenInfo(user_id="root", project_id="ops", roles=["admin", "member"]),
+        "member-token": TokenInfo(user_id="alice", project_id="team"),
+        "other-token": TokenInfo(user_id="bob", project_id="elsewhere"),
+    }
+    return Settings(
+        database_url=database_url,
+        transport_url=amqp_url,
+        exchange=exchange,
+        auth=AuthSettings(tokens=tokens),
+        rpc=RpcSettings(queue_expires=60, connect_timeout=10),
+    )
+
+
+async def _forget_exchange(url: str, exchange: str, queues: list[str]) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for name in (exchange, f"{exchange}.dlx"):
+            await channel.exchange_delete(name)
+        for queue in ["dead-letter", *queues]:
+            await channel.queue_delete(f"{exchange}.{queue}")
+
+
+@pytest.fixture
+async def queues(amqp_url: str, exchange: str) -> AsyncIterator[list[str]]:
+    """Topics a test serves; their queues are deleted with the exchange afterwards."""
+    served: list[str] = []
+    yield served
+    await _forget_exchange(amqp_url, exchange, served)
+
+
+@pytest.fixture
+async def transport(
+    amqp_url: str, exchange: str, queues: list[str]
+) -> AsyncIterator[AmqpTransport]:
+    """The API's transport; also used by the recorders, as the other processes."""
+    amqp = AmqpTransport(amqp_url, exchange, queue_expires=60, connect_timeout=10)
+    await amqp.connect()
+    yield amqp
+    await amqp.close()
+
+
+@pytest.fixture
+async def conductor(transport: AmqpTransport, queues: list[str]) -> AsyncIterator[Recorder]:
+    """A stand-in keel-conductor consuming the ``conductor`` queue."""
+    recorder = Recorder()
+    server = RPCServer(transport, "conductor", _ConductorEndpoint(recorder), version="1.0")
+    queues.append("conductor")
+    await server.start()
+    yield recorder
+    await server.stop(1)
+
+
+@pytest.fixture
+async def agents(transport: AmqpTransport, queues: list[str]) -> AsyncIterator[StandInAgents]:
+    stand_ins = StandInAgents(transport, queues)
+    yield stand_ins
+    await stand_ins.stop()
+
+
+@pytest.fixture
+async def client(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, db_pool, ConductorAPI(transport), ComputeAPI(transport))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as http:
+        yield http
+
+
+async def add_image(
+    pool: asyncpg.Pool,
+    name: str = "cirros",
+    image_id: UUID = IMAGE_ID,
+    *,
+    visibility: str = "public",
+    owner: str | None = None,
+    min_ram: int = 0,
+) -> UUID:
+    async with pool.acquire() as conn:
+        image = await images.create(
+            conn,
+            image_id=image_id,
+            name=name,
+            visibility=visibility,
+            owner=owner,
+            min_ram=min_ram,
+        )
+    return image.id
+
+
+async def add_compute(
+    pool: asyncpg.Pool, host: str, *, up: bool = True, zone: str = "nova"
+) -> tuple[Service, ComputeNode]:
+    """A registered compute service and its node; ``up`` if it has just heartbeaten."""
+    async with pool.acquire() as conn:
+        service = await services.get_or_create(
+            conn, host=host, binary="keel-compute", topic="compute", version=1, down_time=60
+        )
+        if up:
+            await services.heartbeat(conn, service.uuid, 1)
+        node = await compute_nodes.upsert(
+            conn,
+            node_uuid=uuid.uuid4(),
+            service_id=service.id,
+            host=host,
+            resources=NodeResources(
+                hypervisor_hostname=host,
+                vcpus=8,
+                memory_mb=16384,
+                local_gb=200,
+                cpu_allocation_ratio=4.0,
+                ram_allocation_ratio=1.0,
+                disk_allocation_ratio=1.0,
+                availability_zone=zone,
+            ),
+        )
+        service = await services.get(conn, service.uuid, 60)
+    return service, node

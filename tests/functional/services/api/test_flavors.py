@@ -1,0 +1,97 @@
+"""Flavors through the API."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.functional.services.api.conftest import ADMIN, MEMBER, at
+
+pytestmark = pytest.mark.functional
+
+SEEDED = ["1", "2", "3", "4", "5"]
+
+
+async def test_list_and_detail_show_the_seeded_flavors(client: httpx.AsyncClient) -> None:
+    listed = await client.get("/v2.1/flavors", headers=MEMBER)
+    assert [f["id"] for f in listed.json()["flavors"]] == SEEDED
+    detail = await client.get(
+        "/v2.1/flavors/detail", headers=at("2.61", MEMBER), params={"is_public": "None"}
+    )
+    tiny = detail.json()["flavors"][0]
+    assert (tiny["name"], tiny["ram"], tiny["vcpus"], tiny["disk"]) == ("m1.tiny", 512, 1, 1)
+    assert tiny["extra_specs"] == {}
+    assert tiny["swap"] == ""
+
+
+async def test_filters_and_paging(client: httpx.AsyncClient) -> None:
+    big = await client.get("/v2.1/flavors", headers=MEMBER, params={"minRam": 8192})
+    assert [f["name"] for f in big.json()["flavors"]] == ["m1.large", "m1.xlarge"]
+    page = await client.get("/v2.1/flavors", headers=MEMBER, params={"limit": 2, "marker": "2"})
+    assert [f["id"] for f in page.json()["flavors"]] == ["3", "4"]
+    assert "marker=4" in page.json()["flavors_links"][0]["href"]
+
+
+async def test_show(client: httpx.AsyncClient) -> None:
+    shown = await client.get("/v2.1/flavors/3", headers=MEMBER)
+    assert shown.json()["flavor"]["name"] == "m1.medium"
+    missing = await client.get("/v2.1/flavors/m1.medium", headers=MEMBER)
+    assert missing.status_code == 404
+    specs = await client.get("/v2.1/flavors/3/os-extra_specs", headers=MEMBER)
+    assert specs.json() == {"extra_specs": {}}
+
+
+async def test_admin_creates_and_deletes_a_flavor(client: httpx.AsyncClient) -> None:
+    body = {
+        "flavor": {
+            "name": "c1.private",
+            "id": None,
+            "ram": 1024,
+            "vcpus": 2,
+            "disk": 10,
+            "OS-FLV-EXT-DATA:ephemeral": 5,
+            "swap": 256,
+            "rxtx_factor": 1.0,
+            "os-flavor-access:is_public": False,
+            "description": "for tests",
+        }
+    }
+    created = await client.post("/v2.1/flavors", headers=at("2.55"), json=body)
+    assert created.status_code == 200, created.text
+    flavor = created.json()["flavor"]
+    assert flavor["id"]
+    assert flavor["OS-FLV-EXT-DATA:ephemeral"] == 5
+    assert flavor["swap"] == 256
+    assert flavor["description"] == "for tests"
+
+    public = await client.get("/v2.1/flavors", headers=ADMIN)
+    assert flavor["id"] not in [f["id"] for f in public.json()["flavors"]]
+    everything = await client.get("/v2.1/flavors", headers=ADMIN, params={"is_public": "none"})
+    assert flavor["id"] in [f["id"] for f in everything.json()["flavors"]]
+
+    duplicate = await client.post("/v2.1/flavors", headers=at("2.55"), json=body)
+    assert duplicate.status_code == 409
+
+    deleted = await client.delete(f"/v2.1/flavors/{flavor['id']}", headers=ADMIN)
+    assert deleted.status_code == 202
+    assert (await client.get(f"/v2.1/flavors/{flavor['id']}", headers=ADMIN)).status_code == 404
+
+
+async def test_members_cannot_manage_flavors(client: httpx.AsyncClient) -> None:
+    body = {"flavor": {"name": "x", "ram": 1, "vcpus": 1, "disk": 1}}
+    assert (await client.post("/v2.1/flavors", headers=MEMBER, json=body)).status_code == 403
+    assert (await client.delete("/v2.1/flavors/1", headers=MEMBER)).status_code == 403
+
+
+async def test_bad_flavor_bodies_are_400(client: httpx.AsyncClient) -> None:
+    for flavor in (
+        {"name": "x", "ram": "lots", "vcpus": 1, "disk": 1},
+        {"name": "x", "ram": 1, "vcpus": 0, "disk": 1},
+        {"ram": 1, "vcpus": 1, "disk": 1},
+        {"name": "x", "ram": 1, "vcpus": 1, "disk": 1, "colour": "red"},
+    ):
+        response = await client.post("/v2.1/flavors", headers=ADMIN, json={"flavor": flavor})
+        assert response.status_code == 400, flavor
+    described = {"name": "x", "ram": 1, "vcpus": 1, "disk": 1, "description": "too early"}
+    early = await client.post("/v2.1/flavors", headers=at("2.54"), json={"flavor": described})
+    assert early.status_code == 400
