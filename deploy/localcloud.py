@@ -1,0 +1,374 @@
+"""Run a whole keel cloud on this machine, in the foreground: what ``make run`` does.
+
+Steps: check that PostgreSQL and RabbitMQ answer (and say how to start them if not);
+create and migrate the database (``keel-manage db sync``); register the ``cirros`` image
+unless it is there; make fresh admin and member tokens and write them, with the
+endpoints, to ``<workdir>/clouds.yaml``; start keel-conductor, keel-scheduler, two
+keel-compute agents (hosts ``compute1`` and ``compute2``, state in ``<workdir>/compute1``
+...) and keel-api, each logging to ``<workdir>/logs/``; wait until the API answers and
+both agents are up; print how to use the cloud. Ctrl-C or SIGTERM stops every process
+(SIGTERM, then SIGKILL after a bound) and exits 0. If a process dies, the tail of its
+log is printed and the rest are stopped.
+
+Settings come from the same ``KEEL_*`` variables as the services themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from urllib.parse import urlsplit
+
+from services.manage.database import connect
+from shared.config import Settings, load_settings
+from shared.db import images, services
+from shared.exceptions import ConfigError, ImageNotFound, KeelError
+
+CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
+COMPUTE_HOSTS = ("compute1", "compute2")
+READY_TIMEOUT = 90.0
+STOP_TIMEOUT = 20.0
+LOG_TAIL_LINES = 25
+BIN = Path(sys.executable).parent
+
+
+def say(message: str) -> None:
+    print(f"keel: {message}", flush=True)
+
+
+# --- prerequisites ------------------------------------------------------------------
+
+
+def _reachable(url: str, default_port: int) -> tuple[str, str | None]:
+    parts = urlsplit(url)
+    where = f"{parts.hostname or 'localhost'}:{parts.port or default_port}"
+    try:
+        with socket.create_connection(
+            (parts.hostname or "localhost", parts.port or default_port), 3
+        ):
+            return where, None
+    except OSError as exc:
+        return where, exc.strerror or str(exc)
+
+
+def _postgres_start_hint() -> str:
+    clusters = sorted(p.name for p in Path("/etc/postgresql").glob("*") if p.is_dir())
+    version = clusters[-1] if clusters else "<version>"
+    return (
+        f"  pg_ctlcluster --skip-systemctl-redirect {version} main start   (as root)\n"
+        "  docker compose up -d postgres\n"
+        "or point KEEL_DATABASE_URL at a running server."
+    )
+
+
+def check_prerequisites(settings: Settings) -> bool:
+    """True if both servers answer; otherwise explain how to start the missing ones."""
+    ok = True
+    where, error = _reachable(settings.database_url, 5432)
+    if error:
+        say(f"PostgreSQL is not reachable at {where} ({error}). Start it with one of:")
+        print(_postgres_start_hint())
+        ok = False
+    where, error = _reachable(settings.transport_url, 5672)
+    if error:
+        say(f"RabbitMQ is not reachable at {where} ({error}). Start it with one of:")
+        print(
+            "  rabbitmq-server -detached   (as root)\n"
+            "  docker compose up -d rabbitmq\n"
+            "or point KEEL_TRANSPORT_URL at a running broker."
+        )
+        ok = False
+    return ok
+
+
+def check_port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            say(
+                f"cannot listen on {host}:{port} ({exc.strerror}): is another keel-api "
+                "running? Stop it, or choose another address with KEEL_API_BIND."
+            )
+            return False
+    return True
+
+
+async def seed_image(database_url: str) -> bool:
+    """Register the cirros image unless it exists; True if it was added."""
+    async with connect(database_url) as conn:
+        try:
+            await images.get(conn, CIRROS_ID)
+        except ImageNotFound:
+            await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
+            return True
+    return False
+
+
+# --- the client configuration --------------------------------------------------------
+
+
+def _cloud(api_url: str, token: str) -> list[str]:
+    q = json.dumps  # a JSON string is a valid YAML scalar
+    return [
+        "    auth_type: admin_token",
+        "    auth:",
+        f"      endpoint: {q(api_url + '/v2.1/')}",
+        f"      token: {q(token)}",
+        "    identity_api_version: 3",
+        f"    identity_endpoint_override: {q(api_url + '/v2.1/')}",
+        f"    image_endpoint_override: {q(api_url + '/image/')}",
+        "    region_name: RegionOne",
+    ]
+
+
+def write_clouds_yaml(path: Path, api_url: str, admin_token: str, member_token: str) -> None:
+    lines = [
+        "# Written by `make run`. The tokens are new on every run and valid only for it.",
+        "clouds:",
+        "  keel:",
+        *_cloud(api_url, admin_token),
+        "  keel-member:",
+        *_cloud(api_url, member_token),
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.chmod(0o600)
+
+
+def token_config(admin_token: str, member_token: str) -> str:
+    """The ``KEEL_AUTH__TOKENS`` value for keel-api."""
+    return json.dumps(
+        {
+            admin_token: {"user_id": "admin", "project_id": "admin", "roles": ["admin", "member"]},
+            member_token: {"user_id": "demo", "project_id": "demo", "roles": ["member"]},
+        }
+    )
+
+
+# --- the processes -------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def tail(self) -> str:
+        try:
+            lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join("    " + line for line in lines[-LOG_TAIL_LINES:])
+
+    def stop(self) -> None:
+        """SIGTERM, wait up to STOP_TIMEOUT, then SIGKILL."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            say(f"{self.name} did not stop within {STOP_TIMEOUT:.0f}s: killing it")
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class Cloud:
+    """The running processes, started in order and stopped in reverse."""
+
+    children: list[Child] = field(default_factory=list)
+    stop_requested: bool = False
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stop_requested:
+            say(f"{signal.Signals(signum).name} received: stopping")
+        self.stop_requested = True
+
+    def start(self, child: Child) -> None:
+        self.children.append(child)
+        child.start()
+
+    def dead(self) -> Child | None:
+        return next((c for c in self.children if c.exit_code() is not None), None)
+
+    def stop_all(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+
+
+def plan(settings: Settings, workdir: Path, env: Mapping[str, str]) -> list[Child]:
+    """The processes of the cloud, in start order: agents need the conductor first."""
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def child(name: str, binary: str, **extra: str) -> Child:
+        return Child(name, [str(BIN / binary)], {**env, **extra}, logs / f"{name}.log")
+
+    children = [child("conductor", "keel-conductor"), child("scheduler", "keel-scheduler")]
+    for host in COMPUTE_HOSTS:
+        state_dir = workdir / host
+        state_dir.mkdir(parents=True, exist_ok=True)
+        children.append(
+            child(host, "keel-compute", KEEL_HOST=host, KEEL_STATE_DIR=str(state_dir.resolve()))
+        )
+    children.append(child("api", "keel-api"))
+    return children
+
+
+async def _computes_up(settings: Settings) -> set[str]:
+    async with connect(settings.database_url) as conn:
+        found = await services.list_services(
+            conn, settings.service_down_time, binary="keel-compute"
+        )
+    return {s.host for s in found if s.is_up}
+
+
+def _api_answers(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(api_url + "/", timeout=2) as response:
+            return bool(response.status < 500)
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500
+    except OSError:
+        return False
+
+
+def wait_until_ready(cloud: Cloud, settings: Settings, api_url: str) -> bool:
+    """Poll until the API answers and every agent is up; False if a process died."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not cloud.stop_requested:
+        if (died := cloud.dead()) is not None:
+            report_death(died, "during start-up")
+            return False
+        if _api_answers(api_url) and set(COMPUTE_HOSTS) <= asyncio.run(_computes_up(settings)):
+            return True
+        if time.monotonic() > deadline:
+            say(f"the cloud was not ready within {READY_TIMEOUT:.0f}s; see the logs")
+            for child in cloud.children:
+                print(f"  {child.name}: {child.log}\n{child.tail()}")
+            return False
+        time.sleep(0.5)
+    return False
+
+
+def report_death(child: Child, when: str) -> None:
+    say(f"{child.name} exited with code {child.exit_code()} {when}; last lines of {child.log}:")
+    print(child.tail(), flush=True)
+
+
+def print_banner(api_url: str, clouds: Path) -> None:
+    print(
+        f"""
+keel is running.
+  compute API:  {api_url}/v2.1/
+  image API:    {api_url}/image/
+  clouds.yaml:  {clouds}   (clouds: keel = admin, keel-member = member)
+  logs:         {clouds.parent / "logs"}/
+
+Try:
+  OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel server create \\
+      --flavor m1.tiny --image cirros --wait demo
+  OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel compute service list
+
+Press Ctrl-C to stop.
+""",
+        flush=True,
+    )
+
+
+def run(settings: Settings, workdir: Path) -> int:
+    api_host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
+    api_url = f"http://{api_host}:{settings.api_port}"
+    if not check_prerequisites(settings) or not check_port_free(
+        settings.api_host, settings.api_port
+    ):
+        return 1
+    if subprocess.run([str(BIN / "keel-manage"), "db", "sync"], check=False).returncode != 0:
+        return 1
+    if asyncio.run(seed_image(settings.database_url)):
+        say(f"registered image cirros ({CIRROS_ID})")
+    workdir.mkdir(parents=True, exist_ok=True)
+    admin_token, member_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    clouds = workdir / "clouds.yaml"
+    write_clouds_yaml(clouds, api_url, admin_token, member_token)
+    env = {**os.environ, "KEEL_AUTH__TOKENS": token_config(admin_token, member_token)}
+    env.setdefault("KEEL_LOG_FORMAT", "text")
+    cloud = Cloud()
+    signal.signal(signal.SIGINT, cloud.request_stop)
+    signal.signal(signal.SIGTERM, cloud.request_stop)
+    try:
+        for child in plan(settings, workdir, env):
+            say(f"starting {child.name} (log: {child.log})")
+            cloud.start(child)
+        if not wait_until_ready(cloud, settings, api_url):
+            return 0 if cloud.stop_requested else 1
+        print_banner(api_url, clouds)
+        while not cloud.stop_requested:
+            if (died := cloud.dead()) is not None:
+                report_death(died, "unexpectedly")
+                return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        cloud.stop_all()
+        say("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".keel"),
+        help="where clouds.yaml, logs and agent state go (default: .keel)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(None)
+        return run(settings, args.workdir)
+    except ConfigError as exc:
+        say(exc.message)
+        return 2
+    except KeelError as exc:
+        say(exc.message)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""A whole keel cloud for end-to-end tests: real processes, real broker, real database.
+
+:func:`running_cloud` creates a fresh, migrated database with the ``cirros`` image, picks
+an exchange no one else uses, starts keel-conductor, the schedulers, the compute agents
+and keel-api from their console scripts, writes a ``clouds.yaml`` for the stock
+``openstack`` client, and waits until every service reports up. On the way out every
+process gets SIGTERM, a bounded wait, then SIGKILL, and the database is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from shared.config import DatabaseSettings
+from shared.db import images, migrate, services
+from shared.db.pool import create_pool
+
+PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("KEEL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+BIN = Path(sys.executable).parent
+CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
+CONTROLLER = "controller"
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+CLI_TIMEOUT = 120.0
+LOG_TAIL_LINES = 80
+
+ADMIN = {"user_id": "admin", "project_id": "admin-project", "roles": ["admin", "member"]}
+MEMBER = {"user_id": "demo", "project_id": "demo-project", "roles": ["member"]}
+
+
+class CloudError(Exception):
+    """The cloud could not be started; the message carries the processes' logs."""
+
+
+@dataclass(frozen=True)
+class CloudConfig:
+    schedulers: int = 1
+    computes: tuple[str, ...] = ("compute1", "compute2")
+    #: ``KEEL_COMPUTE__*`` settings of every agent, so capacity is known.
+    vcpus: int = 4
+    memory_mb: int = 8192
+    local_gb: int = 100
+    service_down_time: int = 4
+
+
+@dataclass
+class Process:
+    name: str
+    binary: str
+    host: str
+    log: Path
+    popen: subprocess.Popen[bytes]
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL; return the exit code."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        return self.popen.returncode
+
+
+@dataclass
+class Cloud:
+    config: CloudConfig
+    workdir: Path
+    database_url: str
+    exchange: str
+    api_url: str
+    admin_token: str
+    member_token: str
+    pool: asyncpg.Pool
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    @property
+    def clouds_yaml(self) -> Path:
+        return self.workdir / "clouds.yaml"
+
+    def state_dir(self, host: str) -> Path:
+        return self.workdir / "state" / host
+
+    def openstack(self, *args: str, cloud: str = "keel", as_json: bool = True) -> Any:
+        """Run the real ``openstack`` CLI; parse its JSON output; fail with its stderr."""
+        result = self.openstack_raw(*args, cloud=cloud, as_json=as_json)
+        if result.returncode != 0:
+            raise AssertionError(
+                f"openstack {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+            )
+        return json.loads(result.stdout) if as_json else result.stdout
+
+    def openstack_raw(
+        self, *args: str, cloud: str = "keel", as_json: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OS_", "KEEL_"))}
+        env["OS_CLIENT_CONFIG_FILE"] = str(self.clouds_yaml)
+        argv = [str(BIN / "openstack"), "--os-cloud", cloud, *args]
+        if as_json:
+            argv += ["-f", "json"]
+        return subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False
+        )
+
+    def http(self, token: str | None = None) -> httpx.AsyncClient:
+        """An HTTP client for the compute API (base ``/v2.1/``) with ``token`` if given."""
+        headers = {"X-Auth-Token": token} if token else {}
+        return httpx.AsyncClient(base_url=self.api_url + "/v2.1/", headers=headers, timeout=30)
+
+    def log_tails(self) -> list[tuple[str, str]]:
+        return [(name, p.tail()) for name, p in self.processes.items()]
+
+    def stop_all(self) -> None:
+        for process in reversed(self.processes.values()):
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        for process in reversed(self.processes.values()):
+            process.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def with_database(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+def clouds_yaml(api_url: str, admin_token: str, member_token: str) -> str:
+    def cloud(token: str) -> str:
+        return (
+            "    auth_type: admin_token\n"
+            f"    auth: {{endpoint: '{api_url}/v2.1/', token: '{token}'}}\n"
+            "    identity_api_version: 3\n"
+            f"    identity_endpoint_override: '{api_url}/v2.1/'\n"
+            f"    image_endpoint_override: '{api_url}/image/'\n"
+            "    region_name: RegionOne\n"
+        )
+
+    return f"clouds:\n  keel:\n{cloud(admin_token)}  keel-member:\n{cloud(member_token)}"
+
+
+async def create_database() -> str:
+    name = f"keel_e2e_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(PG_SERVER)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return with_database(PG_SERVER, name)
+
+
+async def drop_database(url: str) -> None:
+    name = url.rpartition("/")[2]
+    admin = await asyncpg.connect(PG_SERVER)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def prepare_database(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await migrate.sync(conn)
+        await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
+
+
+def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+    config = cloud.config
+    env.update(
+        KEEL_DATABASE_URL=cloud.database_url,
+        KEEL_TRANSPORT_URL=AMQP_URL,
+        KEEL_EXCHANGE=cloud.exchange,
+        KEEL_RPC__QUEUE_EXPIRES="60",
+        KEEL_RPC__CONNECT_TIMEOUT="20",
+        KEEL_DATABASE__CONNECT_TIMEOUT="20",
+        KEEL_REPORT_INTERVAL="1",
+        KEEL_SERVICE_DOWN_TIME=str(config.service_down_time),
+        KEEL_API_BIND=cloud.api_url.removeprefix("http://"),
+        KEEL_AUTH__TOKENS=json.dumps(tokens),
+        KEEL_LOG_FORMAT="text",
+        KEEL_LOG_LEVEL="INFO",
+        KEEL_HOST=CONTROLLER,
+        KEEL_COMPUTE__VCPUS=str(config.vcpus),
+        KEEL_COMPUTE__MEMORY_MB=str(config.memory_mb),
+        KEEL_COMPUTE__LOCAL_GB=str(config.local_gb),
+        KEEL_COMPUTE__CPU_ALLOCATION_RATIO="1",
+        KEEL_COMPUTE__RAM_ALLOCATION_RATIO="1",
+        KEEL_COMPUTE__DISK_ALLOCATION_RATIO="1",
+        KEEL_COMPUTE__DRAIN_TIMEOUT="10",
+    )
+    return env
+
+
+def start_process(cloud: Cloud, name: str, binary: str, env: dict[str, str]) -> None:
+    log = cloud.workdir / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [str(BIN / binary)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    cloud.processes[name] = Process(name, binary, env["KEEL_HOST"], log, popen)
+
+
+def start_all(cloud: Cloud, base_env: dict[str, str]) -> None:
+    """Start in dependency order: conductor, schedulers, agents, API."""
+    start_process(cloud, "conductor", "keel-conductor", base_env)
+    for i in range(1, cloud.config.schedulers + 1):
+        host = CONTROLLER if i == 1 else f"{CONTROLLER}-{i}"
+        start_process(cloud, f"scheduler{i}", "keel-scheduler", {**base_env, "KEEL_HOST": host})
+    for host in cloud.config.computes:
+        state = cloud.state_dir(host)
+        state.mkdir(parents=True)
+        env = {**base_env, "KEEL_HOST": host, "KEEL_STATE_DIR": str(state)}
+        start_process(cloud, host, "keel-compute", env)
+    start_process(cloud, "api", "keel-api", base_env)
+
+
+def describe(cloud: Cloud) -> str:
+    return "\n".join(
+        f"----- {name} (exit code {cloud.processes[name].popen.poll()}) -----\n{text}"
+        for name, text in cloud.log_tails()
+    )
+
+
+async def _api_answers(api_url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=2) as client:
+            response = await client.get(api_url + "/")
+    except httpx.HTTPError:
+        return False
+    return response.status_code < 500
+
+
+async def up_services(cloud: Cloud) -> set[tuple[str, str]]:
+    """``(binary, host)`` of every service the database considers up."""
+    async with cloud.pool.acquire() as conn:
+        found = await services.list_services(conn, cloud.config.service_down_time)
+    return {(s.binary, s.host) for s in found if s.is_up}
+
+
+async def wait_until_ready(cloud: Cloud) -> None:
+    expected = {(p.binary, p.host) for p in cloud.processes.values() if p.binary != "keel-api"}
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        dead = [p.name for p in cloud.processes.values() if p.popen.poll() is not None]
+        if dead:
+            raise CloudError(f"{', '.join(dead)} exited during start-up\n{describe(cloud)}")
+        missing = expected - await up_services(cloud)
+        if not missing and await _api_answers(cloud.api_url):
+            return
+        if time.monotonic() > deadline:
+            raise CloudError(
+                f"not ready after {READY_TIMEOUT:.0f}s (not up: {sorted(missing)})\n"
+                + describe(cloud)
+            )
+        await asyncio.sleep(0.25)
+
+
+@asynccontextmanager
+async def running_cloud(workdir: Path, config: CloudConfig | None = None) -> AsyncIterator[Cloud]:
+    config = config or CloudConfig()
+    database_url = await create_database()
+    pool = await create_pool(database_url, DatabaseSettings(pool_max_size=4, connect_timeout=5))
+    admin_token, member_token = f"admin-{uuid.uuid4().hex}", f"member-{uuid.uuid4().hex}"
+    cloud = Cloud(
+        config=config,
+        workdir=workdir,
+        database_url=database_url,
+        exchange=f"keel-e2e-{uuid.uuid4().hex[:12]}",
+        api_url=f"http://127.0.0.1:{free_port()}",
+        admin_token=admin_token,
+        member_token=member_token,
+        pool=pool,
+    )
+    try:
+        await prepare_database(pool)
+        cloud.clouds_yaml.write_text(clouds_yaml(cloud.api_url, admin_token, member_token))
+        start_all(cloud, process_env(cloud, {admin_token: ADMIN, member_token: MEMBER}))
+        await wait_until_ready(cloud)
+        yield cloud
+    finally:
+        await asyncio.to_thread(cloud.stop_all)
+        await pool.close()
+        await drop_database(database_url)

@@ -1,0 +1,176 @@
+"""``make run``: the local-cloud launcher brings a cloud up, and Ctrl-C takes it down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.cloud import AMQP_URL, BIN, PG_SERVER, drop_database, free_port, with_database
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "deploy" / "localcloud.py"
+READY_TIMEOUT = 120.0
+STOP_TIMEOUT = 90.0
+
+
+def launcher_env(database_url: str, exchange: str, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KEEL_", "OS_"))}
+    env.update(
+        KEEL_DATABASE_URL=database_url,
+        KEEL_TRANSPORT_URL=AMQP_URL,
+        KEEL_EXCHANGE=exchange,
+        KEEL_RPC__QUEUE_EXPIRES="60",
+        KEEL_API_BIND=f"127.0.0.1:{port}",
+        KEEL_REPORT_INTERVAL="1",
+        KEEL_SERVICE_DOWN_TIME="10",
+        KEEL_COMPUTE__VCPUS="2",
+        KEEL_COMPUTE__MEMORY_MB="4096",
+        KEEL_COMPUTE__LOCAL_GB="20",
+    )
+    return env
+
+
+def processes_in(exchange: str) -> list[int]:
+    """Pids of live processes whose environment names ``exchange``."""
+    needle = f"KEEL_EXCHANGE={exchange}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def read_until_ready(launcher: subprocess.Popen[str]) -> str:
+    assert launcher.stdout is not None
+    seen = []
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith("Press Ctrl-C"):
+            return "".join(seen)
+    launcher.send_signal(signal.SIGINT)
+    rest, _ = launcher.communicate(timeout=STOP_TIMEOUT)
+    pytest.fail("launcher never became ready:\n" + "".join(seen) + rest)
+
+
+def openstack(clouds: Path, cloud: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KEEL_", "OS_"))}
+    env["OS_CLIENT_CONFIG_FILE"] = str(clouds)
+    return subprocess.run(
+        [str(BIN / "openstack"), "--os-cloud", cloud, *args, "-f", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+async def fresh_database_url() -> AsyncIterator[str]:
+    """The URL of a database that does not exist yet; dropped afterwards if it was made."""
+    url = with_database(PG_SERVER, f"keel_run_{uuid.uuid4().hex[:12]}")
+    yield url
+    await drop_database(url)
+
+
+def test_make_run_starts_a_usable_cloud_and_stops_it_on_ctrl_c(
+    tmp_path: Path, fresh_database_url: str
+) -> None:
+    database_url = fresh_database_url
+    exchange = f"keel-run-{uuid.uuid4().hex[:12]}"
+    workdir = tmp_path / "keel"
+    launcher = subprocess.Popen(
+        [sys.executable, str(LAUNCHER), "--workdir", str(workdir)],
+        env=launcher_env(database_url, exchange, free_port()),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        banner = read_until_ready(launcher)
+        clouds = workdir / "clouds.yaml"
+        assert f"OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel" in banner
+        config = yaml.safe_load(clouds.read_text())
+        assert set(config["clouds"]) == {"keel", "keel-member"}
+        assert config["clouds"]["keel"]["auth_type"] == "admin_token"
+
+        services = openstack(clouds, "keel", "compute", "service", "list")
+        assert services.returncode == 0, services.stderr
+        assert {"compute1", "compute2"} <= {s["Host"] for s in json.loads(services.stdout)}
+        images = openstack(clouds, "keel", "image", "list")
+        assert [i["Name"] for i in json.loads(images.stdout)] == ["cirros"]
+        as_member = openstack(clouds, "keel-member", "hypervisor", "list")
+        assert as_member.returncode != 0
+
+        launcher.send_signal(signal.SIGINT)
+        output, _ = launcher.communicate(timeout=STOP_TIMEOUT)
+        assert launcher.returncode == 0, output
+        assert processes_in(exchange) == []
+        assert (workdir / "logs" / "api.log").stat().st_size > 0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid in processes_in(exchange):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_make_run_explains_how_to_start_a_missing_database(tmp_path: Path) -> None:
+    env = launcher_env("postgresql://postgres@127.0.0.1:1/keel", "keel-unused", free_port())
+    result = subprocess.run(
+        [sys.executable, str(LAUNCHER), "--workdir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "PostgreSQL is not reachable at 127.0.0.1:1" in result.stdout
+    assert "pg_ctlcluster" in result.stdout
+    assert "docker compose up -d postgres" in result.stdout
+    assert not (tmp_path / "clouds.yaml").exists()
+
+
+def test_make_run_stops_everything_when_a_process_dies_at_start_up(
+    tmp_path: Path, fresh_database_url: str
+) -> None:
+    exchange = f"keel-run-{uuid.uuid4().hex[:12]}"
+    (tmp_path / "compute1").mkdir()
+    (tmp_path / "compute1" / "compute_id").write_text("not a uuid\n")
+    result = subprocess.run(
+        [sys.executable, str(LAUNCHER), "--workdir", str(tmp_path)],
+        env=launcher_env(fresh_database_url, exchange, free_port()),
+        capture_output=True,
+        text=True,
+        timeout=READY_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "compute1 exited with code 1 during start-up" in result.stdout
+    assert "compute_id" in result.stdout.split("during start-up", 1)[1]
+    assert "keel is running" not in result.stdout
+    assert processes_in(exchange) == []
