@@ -1,20 +1,27 @@
-"""A database-backed service's own row in ``services``, kept alive by heartbeats.
+"""What the services with database access (conductor, scheduler) run the same way.
 
-keel-conductor and keel-scheduler have database access, so they stamp their own rows
-directly; compute agents heartbeat through the conductor instead. Several copies of one
-service on one host share one row.
+Their own row in ``services``, stamped directly in the database (compute agents
+heartbeat through the conductor instead; several copies of one service on one host
+share one row), the pool and transport they are built on, and the serve-then-drain loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import asyncpg
 
 from shared.config import Settings
 from shared.db import services
+from shared.db.pool import create_pool
 from shared.exceptions import ServiceNotFound
 from shared.objects.service import Binary, Service
+from shared.rpc.amqp import AmqpTransport
+from shared.rpc.server import RPCServer
+from shared.runtime import Lifecycle, repeat
 from shared.versions import SERVICE_VERSION
 
 LOG = logging.getLogger(__name__)
@@ -68,3 +75,34 @@ class ServiceRecord:
             service = await self.register()
             async with self.pool.acquire() as conn:
                 await services.heartbeat(conn, service.uuid, self.version)
+
+
+@asynccontextmanager
+async def connected(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, AmqpTransport]]:
+    """The database pool and the broker transport, closed in reverse order on exit."""
+    async with AsyncExitStack() as stack:
+        pool = await create_pool(settings.database_url, settings.database)
+        stack.push_async_callback(pool.close)
+        transport = AmqpTransport.from_settings(settings)
+        await transport.connect()
+        stack.push_async_callback(transport.close)
+        yield pool, transport
+
+
+async def serve_until_stopped(
+    record: ServiceRecord, server: RPCServer, lifecycle: Lifecycle, *, drain_timeout: float
+) -> None:
+    """Register, heartbeat and serve until stopping; then drain in-flight work (bounded)."""
+    settings = record.settings
+    await record.register()
+    heartbeats = asyncio.create_task(
+        repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
+    )
+    try:
+        await server.start(prefetch=settings.rpc.prefetch)
+        await lifecycle.stopping.wait()
+    finally:
+        LOG.info("stopping: draining work in flight (at most %.0fs)", drain_timeout)
+        await server.stop(drain_timeout=drain_timeout)
+        lifecycle.stopping.set()
+        await heartbeats

@@ -10,10 +10,7 @@ on the same transport. On SIGTERM it stops consuming, lets work in flight finish
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Sequence
-from contextlib import AsyncExitStack
 
 import asyncpg
 
@@ -22,15 +19,11 @@ from services.conductor.manager import ConductorManager
 from services.conductor.rpcapi import RPC_VERSION, TOPIC
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.config import Settings
-from shared.db.pool import create_pool
 from shared.objects.service import Binary
-from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
 from shared.rpc.transport import Transport
-from shared.runtime import Lifecycle, repeat, run
-from shared.service_record import ServiceRecord
-
-LOG = logging.getLogger(__name__)
+from shared.runtime import Lifecycle, run
+from shared.service_record import ServiceRecord, connected, serve_until_stopped
 
 
 async def run_conductor(
@@ -38,7 +31,6 @@ async def run_conductor(
 ) -> None:
     """Serve until ``lifecycle.stopping`` is set, then drain."""
     record = ServiceRecord(pool, settings, binary=Binary.CONDUCTOR, topic=TOPIC)
-    await record.register()
     timeout = settings.rpc.call_timeout
     manager = ConductorManager(
         pool,
@@ -47,27 +39,12 @@ async def run_conductor(
         service_down_time=settings.service_down_time,
     )
     server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION)
-    heartbeats = asyncio.create_task(
-        repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
-    )
-    try:
-        await server.start(prefetch=settings.rpc.prefetch)
-        await lifecycle.stopping.wait()
-    finally:
-        LOG.info("stopping: draining work in flight")
-        # A build waits at most one scheduler call; give it that long, and a little more.
-        await server.stop(drain_timeout=timeout + 5.0)
-        lifecycle.stopping.set()
-        await heartbeats
+    # A build waits at most one scheduler call; give it that long, and a little more.
+    await serve_until_stopped(record, server, lifecycle, drain_timeout=timeout + 5.0)
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
-    async with AsyncExitStack() as stack:
-        pool = await create_pool(settings.database_url, settings.database)
-        stack.push_async_callback(pool.close)
-        transport = AmqpTransport.from_settings(settings)
-        await transport.connect()
-        stack.push_async_callback(transport.close)
+    async with connected(settings) as (pool, transport):
         await run_conductor(settings, lifecycle, pool, transport)
 
 

@@ -10,10 +10,7 @@ them), then closes the transport and the pool.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Sequence
-from contextlib import AsyncExitStack
 
 import asyncpg
 
@@ -21,15 +18,11 @@ from services.scheduler.host_manager import HostManager
 from services.scheduler.manager import SchedulerManager
 from services.scheduler.rpcapi import RPC_VERSION, TOPIC
 from shared.config import Settings
-from shared.db.pool import create_pool
 from shared.objects.service import Binary
-from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
 from shared.rpc.transport import Transport
-from shared.runtime import Lifecycle, repeat, run
-from shared.service_record import ServiceRecord
-
-LOG = logging.getLogger(__name__)
+from shared.runtime import Lifecycle, run
+from shared.service_record import ServiceRecord, connected, serve_until_stopped
 
 
 async def run_scheduler(
@@ -37,29 +30,14 @@ async def run_scheduler(
 ) -> None:
     """Serve until ``lifecycle.stopping`` is set, then drain."""
     record = ServiceRecord(pool, settings, binary=Binary.SCHEDULER, topic=TOPIC)
-    await record.register()
     manager = SchedulerManager(pool, HostManager(service_down_time=settings.service_down_time))
     server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION)
-    heartbeats = asyncio.create_task(
-        repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
-    )
-    try:
-        await server.start(prefetch=settings.rpc.prefetch)
-        await lifecycle.stopping.wait()
-    finally:
-        LOG.info("stopping: draining requests in flight")
-        await server.stop(drain_timeout=settings.rpc.call_timeout)
-        lifecycle.stopping.set()
-        await heartbeats
+    # Nobody waits for a selection longer than one call timeout.
+    await serve_until_stopped(record, server, lifecycle, drain_timeout=settings.rpc.call_timeout)
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
-    async with AsyncExitStack() as stack:
-        pool = await create_pool(settings.database_url, settings.database)
-        stack.push_async_callback(pool.close)
-        transport = AmqpTransport.from_settings(settings)
-        await transport.connect()
-        stack.push_async_callback(transport.close)
+    async with connected(settings) as (pool, transport):
         await run_scheduler(settings, lifecycle, pool, transport)
 
 
