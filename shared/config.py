@@ -14,7 +14,14 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -130,6 +137,16 @@ class Settings(BaseSettings):
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8774")
         return value
 
+    @model_validator(mode="after")
+    def _down_after_several_beats(self) -> Settings:
+        if self.service_down_time <= self.report_interval:
+            raise ValueError(
+                f"KEEL_SERVICE_DOWN_TIME ({self.service_down_time:g}s) must be longer than "
+                f"KEEL_REPORT_INTERVAL ({self.report_interval:g}s), or every service "
+                "would look down between two heartbeats"
+            )
+        return self
+
     @property
     def api_host(self) -> str:
         return self.api_bind.rpartition(":")[0]
@@ -184,6 +201,8 @@ def load_settings(config_file: Path | None = None) -> Settings:
         error = exc.errors()[0]
         raise ConfigError(
             f"invalid setting {_setting_name(error['loc'])}: {error['msg']}"
+            if error["loc"]
+            else f"invalid settings: {error['msg'].removeprefix('Value error, ')}"
         ) from None
 
 

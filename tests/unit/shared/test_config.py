@@ -127,3 +127,14 @@ def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
     path = _toml(tmp_path, "report_interval = = 5\n")
     with pytest.raises(ConfigError, match="is not valid TOML"):
         load_settings(path)
+
+
+def test_down_time_must_outlast_the_report_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEEL_REPORT_INTERVAL", "30")
+    monkeypatch.setenv("KEEL_SERVICE_DOWN_TIME", "20")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "KEEL_SERVICE_DOWN_TIME (20s) must be longer than KEEL_REPORT_INTERVAL" in (
+        caught.value.message
+    )
+    assert "\n" not in caught.value.message
