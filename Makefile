@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := shared services deploy tests
+SOURCES := shared services deploy bench tests
 
 .DEFAULT_GOAL := all
 
@@ -29,11 +29,11 @@ fmt: $(BIN)/python ## format the code and apply safe lint fixes
 lint: $(BIN)/python ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
-	$(BIN)/mypy shared services deploy
+	$(BIN)/mypy shared services deploy bench
 
 .PHONY: typecheck
-typecheck: $(BIN)/python ## mypy --strict over shared, services and deploy
-	$(BIN)/mypy shared services deploy
+typecheck: $(BIN)/python ## mypy --strict over shared, services, deploy and bench
+	$(BIN)/mypy shared services deploy bench
 
 .PHONY: test
 test: $(BIN)/python ## the whole suite: unit, functional and end-to-end

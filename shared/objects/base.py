@@ -15,4 +15,5 @@ class KeelModel(BaseModel):
     @classmethod
     def from_row(cls, row: asyncpg.Record | Mapping[str, Any]) -> Self:
         """Build from an asyncpg ``Record``, ignoring columns the model does not name."""
-        return cls.model_validate({k: row[k] for k in row.keys() if k in cls.model_fields})
+        fields = cls.model_fields  # a computed class property: read it once
+        return cls.model_validate({k: row[k] for k in row.keys() if k in fields})
