@@ -12,16 +12,15 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
-import aio_pika
 import asyncpg
 import pytest
 
 from shared.config import DatabaseSettings
 from shared.db import migrate
 from shared.db.pool import create_pool
+from tests.broker import AMQP_URL, remove_exchange
 
 PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-AMQP_URL = os.environ.get("KEEL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 
 
 def _with_database(url: str, name: str) -> str:
@@ -42,12 +41,7 @@ async def exchange() -> AsyncIterator[str]:
     """
     name = f"keel-test-{uuid.uuid4().hex[:12]}"
     yield name
-    connection = await aio_pika.connect(AMQP_URL)
-    async with connection:
-        channel = await connection.channel()
-        for leftover in (name, f"{name}.dlx"):
-            await channel.exchange_delete(leftover)
-        await channel.queue_delete(f"{name}.dead-letter")
+    await remove_exchange(name)
 
 
 @pytest.fixture

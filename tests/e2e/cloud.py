@@ -30,9 +30,10 @@ import httpx
 from shared.config import DatabaseSettings
 from shared.db import images, migrate, services
 from shared.db.pool import create_pool
+from tests.broker import AMQP_URL, remove_exchange
 
 PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-AMQP_URL = os.environ.get("KEEL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+
 BIN = Path(sys.executable).parent
 CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
 CONTROLLER = "controller"
@@ -318,3 +319,4 @@ async def running_cloud(workdir: Path, config: CloudConfig | None = None) -> Asy
         await asyncio.to_thread(cloud.stop_all)
         await pool.close()
         await drop_database(database_url)
+        await remove_exchange(cloud.exchange)

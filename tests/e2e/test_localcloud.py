@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.broker import remove_exchange
 from tests.e2e.cloud import AMQP_URL, BIN, PG_SERVER, drop_database, free_port, with_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -88,6 +89,14 @@ def openstack(clouds: Path, cloud: str, *args: str) -> subprocess.CompletedProce
 
 
 @pytest.fixture
+async def run_exchange() -> AsyncIterator[str]:
+    """An exchange for one launcher run, removed from the broker afterwards."""
+    name = f"keel-run-{uuid.uuid4().hex[:12]}"
+    yield name
+    await remove_exchange(name)
+
+
+@pytest.fixture
 async def fresh_database_url() -> AsyncIterator[str]:
     """The URL of a database that does not exist yet; dropped afterwards if it was made."""
     url = with_database(PG_SERVER, f"keel_run_{uuid.uuid4().hex[:12]}")
@@ -96,10 +105,10 @@ async def fresh_database_url() -> AsyncIterator[str]:
 
 
 def test_make_run_starts_a_usable_cloud_and_stops_it_on_ctrl_c(
-    tmp_path: Path, fresh_database_url: str
+    tmp_path: Path, fresh_database_url: str, run_exchange: str
 ) -> None:
     database_url = fresh_database_url
-    exchange = f"keel-run-{uuid.uuid4().hex[:12]}"
+    exchange = run_exchange
     workdir = tmp_path / "keel"
     launcher = subprocess.Popen(
         [sys.executable, str(LAUNCHER), "--workdir", str(workdir)],
@@ -156,9 +165,9 @@ def test_make_run_explains_how_to_start_a_missing_database(tmp_path: Path) -> No
 
 
 def test_make_run_stops_everything_when_a_process_dies_at_start_up(
-    tmp_path: Path, fresh_database_url: str
+    tmp_path: Path, fresh_database_url: str, run_exchange: str
 ) -> None:
-    exchange = f"keel-run-{uuid.uuid4().hex[:12]}"
+    exchange = run_exchange
     (tmp_path / "compute1").mkdir()
     (tmp_path / "compute1" / "compute_id").write_text("not a uuid\n")
     result = subprocess.run(
