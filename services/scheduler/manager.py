@@ -77,7 +77,7 @@ class SchedulerManager:
                 spec.instance_uuid,
                 spec.flavor.vcpus,
                 spec.flavor.memory_mb,
-                spec.flavor.root_gb + spec.flavor.ephemeral_gb,
+                spec.flavor.disk_gb,
                 extra={**extra, "decision": "host_selected"},
             )
             return True

@@ -15,10 +15,6 @@ from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Allocation
 
 
-def _disk_gb(flavor: FlavorSnapshot) -> int:
-    return flavor.root_gb + flavor.ephemeral_gb
-
-
 async def claim(
     conn: Connection, node_id: int, instance_uuid: UUID, flavor: FlavorSnapshot
 ) -> bool:
@@ -26,7 +22,7 @@ async def claim(
 
     Idempotent: an instance that already holds a claim on the node keeps it.
     """
-    disk = _disk_gb(flavor)
+    disk = flavor.disk_gb
     async with conn.transaction():
         held = await conn.fetchval(
             "SELECT 1 FROM allocations WHERE instance_uuid = $1 AND compute_node_id = $2",

@@ -22,6 +22,11 @@ class FlavorSnapshot(KeelModel):
     swap: int = Field(default=0, ge=0)
     extra_specs: dict[str, str] = Field(default_factory=dict)
 
+    @property
+    def disk_gb(self) -> int:
+        """Local disk the flavor takes on a host: its root disk plus its ephemeral disk."""
+        return self.root_gb + self.ephemeral_gb
+
 
 class Flavor(KeelModel):
     id: int

@@ -19,7 +19,7 @@ class DiskFilter:
     name = "DiskFilter"
 
     def host_passes(self, host: HostState, spec: RequestSpec) -> bool:
-        needed = spec.flavor.root_gb + spec.flavor.ephemeral_gb
+        needed = spec.flavor.disk_gb
         free = host.node.free_disk_gb
         if free < needed:
             LOG.debug(
