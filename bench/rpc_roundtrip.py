@@ -13,8 +13,8 @@ path with a trivial echo endpoint, so the figures are the cost of the RPC layer 
 Client and server each have their own transport (their own connection), as two keel
 processes would. The server takes ``--prefetch`` messages at once (keel's default unless
 given). Everything lives on a fresh exchange ``keel-bench-<hex>`` whose queues expire on
-their own after 60 s; the exchange, its ``.dlx``, its dead-letter queue and the topic
-queue are deleted at the end, even on failure. Timing figures are printed, never judged.
+their own after 60 s; the exchanges, the dead-letter queues and the topic queue are
+deleted at the end, even on failure. Timing figures are printed, never judged.
 
 Run it with ``make bench`` (all benchmarks) or::
 
@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from shared.config import RpcSettings
 from shared.context import RequestContext
 from shared.rpc.amqp import AmqpTransport
+from shared.rpc.amqp_topology import Topology
 from shared.rpc.client import RPCClient
 from shared.rpc.server import RPCServer
 
@@ -131,11 +132,7 @@ async def delete_exchange(amqp_url: str, exchange: str) -> None:
     """Remove what the transports declared under ``exchange``."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        channel = await connection.channel()
-        await channel.queue_delete(f"{exchange}.{TOPIC}")
-        await channel.queue_delete(f"{exchange}.dead-letter")
-        for name in (exchange, f"{exchange}.dlx"):
-            await channel.exchange_delete(name)
+        await Topology(exchange).delete(await connection.channel(), (TOPIC,))
 
 
 @asynccontextmanager

@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from shared.exceptions import ConfigError
+from shared.faults import POINTS
 
 ENV_PREFIX = "KEEL_"
 ENV_NESTED_DELIMITER = "__"
@@ -61,6 +62,12 @@ class RpcSettings(_Group):
     queue_expires: float | None = Field(default=None, gt=0)
     #: Seconds to keep retrying the first connection to the broker.
     connect_timeout: float = Field(default=60.0, gt=0)
+    #: Deliveries of a message after the first before RabbitMQ dead-letters it (quorum
+    #: queues' ``x-delivery-limit``).
+    delivery_limit: int = Field(default=5, ge=1, le=1000)
+    #: Seconds a handler meeting transient failures is retried within one delivery before
+    #: its message is returned to the queue.
+    handler_retry_timeout: float = Field(default=10.0, gt=0)
 
 
 class DatabaseSettings(_Group):
@@ -109,6 +116,11 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     #: ``auto`` logs JSON unless standard error is a terminal.
     log_format: Literal["auto", "json", "text"] = "auto"
+    #: Seconds an instance may stay in BUILD before the conductor puts it in ERROR; 0 never.
+    build_timeout: float = Field(default=600.0, ge=0)
+    #: For tests and rehearsals only: the process kills itself (SIGKILL) on reaching this
+    #: fault-injection point (see README, "Fault injection").
+    fault_inject: str | None = None
 
     rpc: RpcSettings = Field(default_factory=RpcSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
@@ -135,6 +147,13 @@ class Settings(BaseSettings):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8774")
+        return value
+
+    @field_validator("fault_inject")
+    @classmethod
+    def _known_fault_point(cls, value: str | None) -> str | None:
+        if value is not None and value not in POINTS:
+            raise ValueError(f"unknown point; one of: {', '.join(sorted(POINTS))}")
         return value
 
     @model_validator(mode="after")

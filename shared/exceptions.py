@@ -14,6 +14,7 @@
     ├── HostRenameDetected          an agent's node belongs to a service on another host
     ├── ServiceTooOld               this release is too old for the deployment
     ├── BuildFailed                 the virt driver could not build a guest
+    ├── TransientError              a temporary failure: the same request may succeed later
     └── MessagingError
         ├── MessagingTimeout        no reply to a call within its timeout
         ├── Unroutable              no queue is bound for the call's topic
@@ -97,6 +98,15 @@ class BuildFailed(KeelError):
     pass
 
 
+class TransientError(KeelError):
+    """A failure that says nothing about the request: the same request may succeed later.
+
+    A handler raises it to have its message delivered again; a server answers a call
+    with it when the handler kept meeting transient failures (see
+    :mod:`shared.rpc.settlement`).
+    """
+
+
 class MessagingError(KeelError):
     pass
 
@@ -145,6 +155,7 @@ REMOTE_ALLOWED: dict[str, type[KeelError]] = {
         HostRenameDetected,
         ServiceTooOld,
         BuildFailed,
+        TransientError,
         NoSuchMethod,
         UnsupportedVersion,
         InvalidMessage,

@@ -68,7 +68,7 @@ class Lifecycle:
 
 
 async def repeat(
-    what: str, action: Callable[[], Awaitable[None]], interval: float, lifecycle: Lifecycle
+    what: str, action: Callable[[], Awaitable[object]], interval: float, lifecycle: Lifecycle
 ) -> None:
     """Run ``action`` every ``interval`` seconds until stopping; a failure is logged, not fatal."""
     while not lifecycle.stopping.is_set():

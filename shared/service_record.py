@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -89,20 +90,43 @@ async def connected(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, Amq
         yield pool, transport
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """Work a service repeats while it runs, e.g. the conductor's build deadline."""
+
+    what: str
+    action: Callable[[], Awaitable[object]]
+    interval: float
+
+
 async def serve_until_stopped(
-    record: ServiceRecord, server: RPCServer, lifecycle: Lifecycle, *, drain_timeout: float
+    record: ServiceRecord,
+    server: RPCServer,
+    lifecycle: Lifecycle,
+    *,
+    drain_timeout: float,
+    periodic: Sequence[Periodic] = (),
 ) -> None:
-    """Register, heartbeat and serve until stopping; then drain in-flight work (bounded)."""
+    """Register, serve, then heartbeat until stopping; then drain in-flight work (bounded).
+
+    The service is reported up by its first heartbeat, once its queue is consumed: nobody
+    is told to send work to a service before it can take it.
+    """
     settings = record.settings
     await record.register()
-    heartbeats = asyncio.create_task(
-        repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
-    )
+    tasks: list[asyncio.Task[None]] = []
     try:
         await server.start(prefetch=settings.rpc.prefetch)
+        tasks.append(
+            asyncio.create_task(
+                repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
+            )
+        )
+        for job in periodic:
+            tasks.append(asyncio.create_task(repeat(job.what, job.action, job.interval, lifecycle)))
         await lifecycle.stopping.wait()
     finally:
         LOG.info("stopping: draining work in flight (at most %.0fs)", drain_timeout)
         await server.stop(drain_timeout=drain_timeout)
         lifecycle.stopping.set()
-        await heartbeats
+        await asyncio.gather(*tasks)

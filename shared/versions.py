@@ -9,6 +9,8 @@ History:
 
 * 0 — never used: a row with version 0 was written by something that did not report.
 * 1 — first release: compute 1.0, conductor 1.0, scheduler 1.0.
+* 2 — delivery semantics: conductor 1.1 (``check_build``: an agent asks whether a build
+  it was sent is still wanted before and after creating the guest).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class ReleaseApis(BaseModel):
 SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     None,
     ReleaseApis(compute="1.0", conductor="1.0", scheduler="1.0"),
+    ReleaseApis(compute="1.0", conductor="1.1", scheduler="1.0"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1

@@ -1,7 +1,9 @@
 """Deleting a server: by its compute agent when that agent is up, locally otherwise.
 
 * Never placed on a host (still scheduling, or no valid host was found): a *local
-  delete*: its claims are released and the row soft-deleted in one transaction.
+  delete*: its claims are released and the row soft-deleted in one transaction — but
+  only while no host is recorded for it. If the conductor placed it in the meantime,
+  the delete goes to that host's agent instead, since a guest may be on its way there.
 * On a host whose compute service is up: task state ``deleting`` and
   ``terminate_instance`` cast to ``compute.<service-uuid>``. The agent destroys the guest
   and tells the conductor, which releases the claims and soft-deletes the row.
@@ -24,7 +26,13 @@ from services.api.faults import ServiceUnavailable
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, services
-from shared.exceptions import ComputeNodeNotFound, MessagingError, ServiceNotFound, Unroutable
+from shared.exceptions import (
+    ComputeNodeNotFound,
+    InstanceNotFound,
+    MessagingError,
+    ServiceNotFound,
+    Unroutable,
+)
 from shared.objects.instance import Instance
 from shared.objects.service import Service
 from shared.objects.states import TaskState
@@ -35,14 +43,27 @@ DELETE_ACTION = "delete"
 
 
 async def local_delete(
-    pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID, reason: str, *, started: bool
-) -> None:
-    """Release the claims and soft-delete, in one transaction (idempotent)."""
+    pool: asyncpg.Pool,
+    ctx: RequestContext,
+    instance_uuid: UUID,
+    reason: str,
+    *,
+    started: bool,
+    unplaced_only: bool = False,
+) -> bool:
+    """Release the claims and soft-delete, in one transaction (idempotent).
+
+    With ``unplaced_only``, nothing happens (False) if a host was recorded meanwhile.
+    """
     async with pool.acquire() as conn, conn.transaction():
+        if unplaced_only:
+            if not await instances.soft_delete_unplaced(conn, instance_uuid):
+                return False
+        else:
+            await instances.soft_delete(conn, instance_uuid)
         if not started:
             await instance_actions.start(conn, ctx, instance_uuid, DELETE_ACTION)
-        released = await allocations.release(conn, instance_uuid)
-        await instances.soft_delete(conn, instance_uuid)
+        released = await allocations.release_instance(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason)
     LOG.info(
         "deleted server %s locally (%s); released %d claim(s)",
@@ -51,6 +72,7 @@ async def local_delete(
         len(released),
         extra={"instance_uuid": str(instance_uuid), "decision": "local_delete"},
     )
+    return True
 
 
 async def host_service(pool: asyncpg.Pool, instance: Instance, down_time: float) -> Service | None:
@@ -86,8 +108,16 @@ async def delete_server(
 ) -> None:
     """Delete ``instance``; see the module docstring for who does the work."""
     if not instance.host:
-        await local_delete(pool, ctx, instance.uuid, "never scheduled to a host", started=False)
-        return
+        reason = "never scheduled to a host"
+        if await local_delete(pool, ctx, instance.uuid, reason, started=False, unplaced_only=True):
+            return
+        async with pool.acquire() as conn:
+            try:
+                instance = await instances.get(conn, instance.uuid)
+            except InstanceNotFound:
+                return
+        if not instance.host:
+            return
     service = await host_service(pool, instance, down_time)
     if service is None or not service.is_up:
         why = "its compute service is gone" if service is None else "its compute service is down"
@@ -117,7 +147,9 @@ async def _terminate_on_host(
         return
     except MessagingError as exc:
         async with pool.acquire() as conn, conn.transaction():
-            await instances.set_task_state(conn, instance.uuid, instance_task(instance))
+            await instances.swap_task_state(
+                conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
+            )
             await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, exc.message)
         raise ServiceUnavailable(
             f"The server was not deleted: the message bus could not be reached ({exc.message}). "

@@ -8,8 +8,9 @@ Start-up (:func:`start_agent`):
    no conductor answers yet, for at most ``settings.rpc.connect_timeout`` seconds. A
    refusal (e.g. :class:`~shared.exceptions.HostRenameDetected`) is not retried: it
    stops the agent with the conductor's message;
-4. let the driver tidy the host, start consuming ``compute.<service uuid>``, start
-   heartbeats.
+4. let the driver tidy the host, start consuming ``compute.<service uuid>``, then start
+   heartbeats: registration does not mark the service up, its first heartbeat does, so
+   the scheduler never picks a host whose queue does not exist yet.
 
 Shutdown (:meth:`Agent.stop`): stop taking messages, let in-flight operations finish
 for up to ``settings.compute.drain_timeout`` seconds, stop heartbeats, disconnect.
@@ -40,8 +41,10 @@ from services.conductor.rpcapi import ConductorAPI, Registration
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.exceptions import MessagingTimeout, Unroutable
+from shared.faults import FaultPoints
 from shared.objects.compute_node import NodeResources
 from shared.rpc.server import RPCServer
+from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, repeat
 from shared.versions import SERVICE_VERSION, apis_for
@@ -215,9 +218,18 @@ async def start_agent(
         resources = await node_resources(driver, settings.compute)
         registration = await register(conductor, settings, node_uuid, service_version, resources)
         await driver.init_host()
-        manager = ComputeManager(driver, conductor)
+        manager = ComputeManager(
+            driver,
+            conductor,
+            node_uuid=registration.node_uuid,
+            faults=FaultPoints(settings.fault_inject),
+        )
         server = RPCServer(
-            transport, topic_for(registration.service_uuid), manager, version=apis.compute
+            transport,
+            topic_for(registration.service_uuid),
+            manager,
+            version=apis.compute,
+            policy=RetryPolicy.from_settings(settings.rpc),
         )
         await server.start(prefetch=settings.rpc.prefetch)
     except BaseException:

@@ -5,6 +5,12 @@ guest that already exists reports success again, a terminate of a guest that is 
 reports it deleted again. Operations on one guest run one at a time
 (:class:`~services.compute.inflight.InFlight`). Results go back to the conductor, the
 agent's only path to the database.
+
+A build message may arrive late: redelivered after the instance was deleted, or after
+the build deadline gave up on it. So the agent asks the conductor whether the build is
+still wanted on this node before it creates the guest and again after, and removes what
+it created if the answer changed (``check_build``; a conductor too old to answer is
+taken as a yes).
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from uuid import UUID
 from services.compute.inflight import InFlight
 from services.compute.rpcapi import BuildAndRunInstance, InstanceSpec, TerminateInstance
 from services.compute.virt.driver import Driver
-from services.conductor.rpcapi import ConductorAPI
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI
 from shared.context import RequestContext
 from shared.exceptions import KeelError
+from shared.faults import FaultPoints
 
 LOG = logging.getLogger(__name__)
 
@@ -27,9 +34,18 @@ def _extra(instance_uuid: UUID) -> dict[str, str]:
 
 
 class ComputeManager:
-    def __init__(self, driver: Driver, conductor: ConductorAPI) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        conductor: ConductorAPI,
+        *,
+        node_uuid: UUID,
+        faults: FaultPoints | None = None,
+    ) -> None:
         self._driver = driver
         self._conductor = conductor
+        self._node_uuid = node_uuid
+        self._faults = faults or FaultPoints()
         self._in_flight = InFlight()
 
     def in_flight(self) -> dict[UUID, str]:
@@ -39,22 +55,47 @@ class ComputeManager:
     async def build_and_run_instance(self, ctx: RequestContext, req: BuildAndRunInstance) -> None:
         spec = req.instance
         async with self._in_flight.hold(spec.uuid, "build"):
-            if spec.uuid in await self._driver.list_instances():
+            existed = spec.uuid in await self._driver.list_instances()
+            verdict = await self._verdict(ctx, spec.uuid, "before building")
+            if verdict is BuildVerdict.ABANDON and existed:
+                await self._discard(spec.uuid, "a build nobody wants any more left it")
+            if verdict is not BuildVerdict.BUILD:
+                return
+            if existed:
                 LOG.info(
                     "guest %s already exists: the build was repeated; reporting success again",
                     spec.uuid,
                     extra=_extra(spec.uuid),
                 )
-                await self._conductor.instance_build_result(ctx, spec.uuid, success=True)
-                return
-            error = await self._spawn(spec)
-            if error is not None:
-                await self._conductor.instance_build_result(
-                    ctx, spec.uuid, success=False, message=error
-                )
-                return
-            LOG.info("guest %s is running", spec.uuid, extra=_extra(spec.uuid))
+            else:
+                self._faults.reached("compute.build.before_spawn")
+                error = await self._spawn(spec)
+                if error is not None:
+                    await self._conductor.instance_build_result(
+                        ctx, spec.uuid, success=False, message=error
+                    )
+                    return
+                self._faults.reached("compute.build.after_spawn")
+                if await self._verdict(ctx, spec.uuid, "after building") is not BuildVerdict.BUILD:
+                    await self._discard(spec.uuid, "its build was given up while it ran")
+                    return
+                LOG.info("guest %s is running", spec.uuid, extra=_extra(spec.uuid))
             await self._conductor.instance_build_result(ctx, spec.uuid, success=True)
+
+    async def _verdict(self, ctx: RequestContext, instance_uuid: UUID, when: str) -> BuildVerdict:
+        """Ask the conductor whether this node should (still) build the guest."""
+        check = await self._conductor.check_build(ctx, instance_uuid, self._node_uuid)
+        if check is None:
+            return BuildVerdict.BUILD
+        if check.verdict is not BuildVerdict.BUILD:
+            LOG.info(
+                "not building guest %s (checked %s): %s",
+                instance_uuid,
+                when,
+                check.reason,
+                extra={**_extra(instance_uuid), "decision": f"build_{check.verdict.value}"},
+            )
+        return check.verdict
 
     async def _spawn(self, spec: InstanceSpec) -> str | None:
         """Build the guest; on failure remove what was made and return why it failed."""
@@ -79,25 +120,19 @@ class ComputeManager:
             LOG.exception("build of %s failed unexpectedly", spec.uuid, extra=_extra(spec.uuid))
         else:
             return None
-        await self._discard(spec.uuid)
+        await self._discard(spec.uuid, "its build failed")
         return message
 
-    async def _discard(self, instance_uuid: UUID) -> None:
-        """Remove what a failed build left; a failure here is logged, not raised."""
+    async def _discard(self, instance_uuid: UUID, why: str) -> None:
+        """Remove a guest this agent built for nothing; a failure is logged, not raised."""
         try:
             await self._driver.destroy(instance_uuid)
         except Exception:
             LOG.exception(
-                "could not remove what the failed build of %s left behind",
-                instance_uuid,
-                extra=_extra(instance_uuid),
+                "could not remove guest %s (%s)", instance_uuid, why, extra=_extra(instance_uuid)
             )
         else:
-            LOG.info(
-                "removed what the failed build of %s left behind",
-                instance_uuid,
-                extra=_extra(instance_uuid),
-            )
+            LOG.info("removed guest %s: %s", instance_uuid, why, extra=_extra(instance_uuid))
 
     async def terminate_instance(self, ctx: RequestContext, req: TerminateInstance) -> None:
         instance_uuid = req.instance_uuid

@@ -1,8 +1,10 @@
-"""What agents report about instances: a build finished or failed, a guest was deleted.
+"""What agents report about instances, and what they ask before they build.
 
-Both arrive as casts, delivered at least once, so each handler is idempotent: a result
-for an instance that is no longer building is a repeat and changes nothing; releasing a
-claim or soft-deleting twice is harmless.
+Reports arrive as casts, delivered at least once and possibly twice at the same time, so
+each handler is a compare-and-swap on the state it expects: a build result for an
+instance that is no longer building/spawning is a repeat (or lost a race with a delete or
+the build deadline) and changes nothing; releasing claims and soft-deleting are
+idempotent.
 """
 
 from __future__ import annotations
@@ -12,50 +14,57 @@ from uuid import UUID
 
 import asyncpg
 
-from services.conductor.rpcapi import InstanceBuildResult
+from services.conductor.rpcapi import (
+    BuildCheck,
+    BuildVerdict,
+    CheckBuild,
+    InstanceBuildResult,
+)
 from services.conductor.tasks.build import CREATE_ACTION
-from shared.db import allocations, instance_actions, instances
+from shared.db import allocations, compute_nodes, instance_actions, instances
 from shared.db.pool import Connection
-from shared.exceptions import InstanceNotFound
-from shared.objects.states import VmState
+from shared.objects.states import TaskState, VmState
 
 LOG = logging.getLogger(__name__)
 
 DELETE_ACTION = "delete"
 
 
-async def _release_for_deleted(conn: Connection, instance_uuid: UUID) -> None:
-    released = await allocations.release(conn, instance_uuid)
-    await instance_actions.finish(conn, instance_uuid, CREATE_ACTION, "Instance was deleted.")
-    LOG.info(
-        "instance %s was deleted during its build; released %d claim(s)",
-        instance_uuid,
-        len(released),
-        extra={"instance_uuid": str(instance_uuid), "decision": "claim_released"},
-    )
+async def _release_if_deleted(conn: Connection, instance_uuid: UUID) -> bool:
+    """If the instance is gone, make sure its claims are too; True if it was gone."""
+    instance = await instances.find(conn, instance_uuid)
+    if instance is not None and instance.deleted_at is None:
+        return False
+    released = await allocations.release_instance(conn, instance_uuid)
+    if released:
+        LOG.info(
+            "instance %s was deleted during its build; released %d claim(s)",
+            instance_uuid,
+            len(released),
+            extra={"instance_uuid": str(instance_uuid), "decision": "claim_released"},
+        )
+    return True
 
 
 async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> None:
-    """ACTIVE on success; on failure ERROR with the agent's message and the claim released."""
+    """ACTIVE on success; on failure ERROR with the agent's message and claims released."""
     extra = {"instance_uuid": str(req.instance_uuid)}
     async with pool.acquire() as conn, conn.transaction():
-        try:
-            instance = await instances.get(conn, req.instance_uuid)
-        except InstanceNotFound:
-            await _release_for_deleted(conn, req.instance_uuid)
-            return
-        if instance.vm_state != VmState.BUILDING:
-            LOG.info(
-                "ignoring build result for instance %s: it is %s, its build was already recorded",
-                req.instance_uuid,
-                instance.vm_state,
-                extra=extra,
-            )
+        if req.success:
+            instance = await instances.set_active(conn, req.instance_uuid)
+        else:
+            message = req.message or f"Build of instance {req.instance_uuid} failed."
+            instance = await instances.set_build_failed(conn, req.instance_uuid, message=message)
+        if instance is None:
+            if not await _release_if_deleted(conn, req.instance_uuid):
+                LOG.info(
+                    "ignoring a build result for instance %s: it is no longer spawning "
+                    "(already handled)",
+                    req.instance_uuid,
+                    extra=extra,
+                )
             return
         if req.success:
-            if await instances.set_active(conn, req.instance_uuid) is None:
-                await _release_for_deleted(conn, req.instance_uuid)
-                return
             await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION)
             LOG.info(
                 "instance %s is ACTIVE on host %s",
@@ -64,9 +73,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
                 extra={**extra, "decision": "build_succeeded"},
             )
             return
-        message = req.message or f"Build of instance {req.instance_uuid} failed on {instance.host}."
-        await instances.set_error(conn, req.instance_uuid, message=message, code=500)
-        released = await allocations.release(conn, req.instance_uuid)
+        released = await allocations.release_instance(conn, req.instance_uuid)
         await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION, message)
     LOG.info(
         "build of instance %s failed on host %s: %s; released %d claim(s)",
@@ -81,7 +88,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
 async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
     """Release the instance's claims, soft-delete it and close its delete action."""
     async with pool.acquire() as conn, conn.transaction():
-        released = await allocations.release(conn, instance_uuid)
+        released = await allocations.release_instance(conn, instance_uuid)
         deleted = await instances.soft_delete(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION)
     if deleted or released:
@@ -93,3 +100,32 @@ async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
         )
     else:
         LOG.debug("instance %s was already deleted", instance_uuid)
+
+
+async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
+    """Whether the agent of node ``req.compute_node_uuid`` should build the instance."""
+    async with pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
+        instance = await instances.find(conn, req.instance_uuid)
+    if instance is None or instance.deleted_at is not None:
+        return BuildCheck(verdict=BuildVerdict.ABANDON, reason="the instance was deleted")
+    if (instance.host, instance.node) != (node.host, node.hypervisor_hostname):
+        where = f"{instance.host}/{instance.node}" if instance.host else "no host yet"
+        return BuildCheck(
+            verdict=BuildVerdict.LEAVE, reason=f"the instance is placed elsewhere ({where})"
+        )
+    if instance.vm_state == VmState.BUILDING:
+        if instance.task_state == TaskState.SPAWNING:
+            return BuildCheck(verdict=BuildVerdict.BUILD, reason="the instance is spawning here")
+        return BuildCheck(
+            verdict=BuildVerdict.ABANDON,
+            reason=f"its task is now {instance.task_state or 'none'}, not spawning",
+        )
+    if instance.vm_state == VmState.ERROR and instance.launched_at is None:
+        return BuildCheck(
+            verdict=BuildVerdict.ABANDON,
+            reason="the build already failed or ran out of time",
+        )
+    return BuildCheck(
+        verdict=BuildVerdict.LEAVE, reason=f"the instance is already {instance.vm_state} here"
+    )

@@ -4,8 +4,9 @@ Connects to PostgreSQL and RabbitMQ, registers this conductor's own service row
 (binary ``keel-conductor``; two conductors on one host share it), heartbeats it in the
 database every report interval, and serves the conductor RPC API on the ``conductor``
 topic as one of possibly many competing consumers, with scheduler and compute clients
-on the same transport. On SIGTERM it stops consuming, lets work in flight finish
-(bounded), then closes the transport and the pool.
+on the same transport. It also sweeps for builds that overran ``KEEL_BUILD_TIMEOUT``.
+On SIGTERM it stops consuming, lets work in flight finish (bounded), then closes the
+transport and the pool.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ from collections.abc import Sequence
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
+from services.conductor.build_deadline import BuildDeadline
 from services.conductor.manager import ConductorManager
 from services.conductor.rpcapi import RPC_VERSION, TOPIC
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.config import Settings
+from shared.faults import FaultPoints
 from shared.objects.service import Binary
 from shared.rpc.server import RPCServer
+from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, run
-from shared.service_record import ServiceRecord, connected, serve_until_stopped
+from shared.service_record import Periodic, ServiceRecord, connected, serve_until_stopped
 
 
 async def run_conductor(
@@ -37,10 +41,18 @@ async def run_conductor(
         SchedulerAPI(transport, timeout=timeout),
         ComputeAPI(transport, timeout=timeout),
         service_down_time=settings.service_down_time,
+        faults=FaultPoints(settings.fault_inject),
     )
-    server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION)
+    policy = RetryPolicy.from_settings(settings.rpc)
+    server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION, policy=policy)
+    periodic = []
+    deadline = BuildDeadline(pool, settings.build_timeout)
+    if deadline.enabled:
+        periodic.append(Periodic("build deadline", deadline.sweep, deadline.interval))
     # A build waits at most one scheduler call; give it that long, and a little more.
-    await serve_until_stopped(record, server, lifecycle, drain_timeout=timeout + 5.0)
+    await serve_until_stopped(
+        record, server, lifecycle, drain_timeout=timeout + 5.0, periodic=periodic
+    )
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:

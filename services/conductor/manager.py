@@ -1,7 +1,7 @@
 """The conductor's RPC endpoint: one thin method per RPC of ``services.conductor.rpcapi``.
 
 Workflows live in ``tasks/``, agent registration in ``registration.py``, what agents
-report about instances in ``instance_events.py``.
+report and ask about instances in ``instance_events.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from services.compute.rpcapi import ComputeAPI
 from services.conductor import instance_events
 from services.conductor.registration import ComputeRegistry
 from services.conductor.rpcapi import (
+    BuildCheck,
     BuildInstances,
+    CheckBuild,
     InstanceBuildResult,
     InstanceDeleted,
     RegisterCompute,
@@ -22,6 +24,7 @@ from services.conductor.rpcapi import (
 from services.conductor.tasks.build import BuildInstanceTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
+from shared.faults import FaultPoints
 
 
 class ConductorManager:
@@ -34,10 +37,13 @@ class ConductorManager:
         compute: ComputeAPI,
         *,
         service_down_time: float,
+        faults: FaultPoints | None = None,
     ) -> None:
         self._pool = pool
         self._scheduler = scheduler
         self._compute = compute
+        self._service_down_time = service_down_time
+        self._faults = faults or FaultPoints()
         self._registry = ComputeRegistry(pool, service_down_time=service_down_time)
 
     async def build_instances(self, ctx: RequestContext, req: BuildInstances) -> None:
@@ -47,6 +53,8 @@ class ConductorManager:
             pool=self._pool,
             scheduler=self._scheduler,
             compute=self._compute,
+            service_down_time=self._service_down_time,
+            faults=self._faults,
         )
         await task.run()
 
@@ -61,3 +69,6 @@ class ConductorManager:
 
     async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
         await instance_events.record_deleted(self._pool, req.instance_uuid)
+
+    async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
+        return await instance_events.check_build(self._pool, req)

@@ -75,7 +75,8 @@ class ComputeRegistry:
                 version=req.version,
                 down_time=self.service_down_time,
             )
-            await services.heartbeat(conn, service.uuid, req.version)
+            # Not marked up here: the agent's first heartbeat does that, once it consumes
+            # its queue.
             node = await compute_nodes.upsert(
                 conn,
                 node_uuid=req.node_uuid,

@@ -4,10 +4,12 @@ Conductor RPC API history:
 
 * 1.0 — build_instances (cast), register_compute (call), service_heartbeat (call),
   instance_build_result (cast), instance_deleted (cast).
+* 1.1 — check_build (call): whether a build an agent was sent is still wanted there.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from uuid import UUID
 
 from pydantic import Field
@@ -61,6 +63,27 @@ class InstanceDeleted(KeelModel):
     instance_uuid: UUID
 
 
+class CheckBuild(KeelModel):
+    instance_uuid: UUID
+    #: The node of the agent asking.
+    compute_node_uuid: UUID
+
+
+class BuildVerdict(StrEnum):
+    #: The instance waits for this node to build it: build (or keep) the guest.
+    BUILD = "build"
+    #: The instance is past its build here, or lives elsewhere: touch nothing.
+    LEAVE = "leave"
+    #: Nobody wants this build any more (deleted, failed, timed out): remove the guest.
+    ABANDON = "abandon"
+
+
+class BuildCheck(KeelModel):
+    verdict: BuildVerdict
+    #: Why, for the agent's log.
+    reason: str = ""
+
+
 class ConductorAPI:
     def __init__(
         self, transport: Transport, *, version_cap: str = RPC_VERSION, timeout: float = 60.0
@@ -105,6 +128,15 @@ class ConductorAPI:
     ) -> None:
         req = InstanceBuildResult(instance_uuid=instance_uuid, success=success, message=message)
         await self.client.cast(ctx, "instance_build_result", req, version="1.0")
+
+    async def check_build(
+        self, ctx: RequestContext, instance_uuid: UUID, compute_node_uuid: UUID
+    ) -> BuildCheck | None:
+        """Whether the build is still wanted; ``None`` if the conductor is too old to say."""
+        if not self.client.can_send_version("1.1"):
+            return None
+        req = CheckBuild(instance_uuid=instance_uuid, compute_node_uuid=compute_node_uuid)
+        return await self.client.call(ctx, "check_build", req, version="1.1", returns=BuildCheck)
 
     async def instance_deleted(self, ctx: RequestContext, instance_uuid: UUID) -> None:
         req = InstanceDeleted(instance_uuid=instance_uuid)

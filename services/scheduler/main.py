@@ -18,8 +18,10 @@ from services.scheduler.host_manager import HostManager
 from services.scheduler.manager import SchedulerManager
 from services.scheduler.rpcapi import RPC_VERSION, TOPIC
 from shared.config import Settings
+from shared.faults import FaultPoints
 from shared.objects.service import Binary
 from shared.rpc.server import RPCServer
+from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, run
 from shared.service_record import ServiceRecord, connected, serve_until_stopped
@@ -30,8 +32,13 @@ async def run_scheduler(
 ) -> None:
     """Serve until ``lifecycle.stopping`` is set, then drain."""
     record = ServiceRecord(pool, settings, binary=Binary.SCHEDULER, topic=TOPIC)
-    manager = SchedulerManager(pool, HostManager(service_down_time=settings.service_down_time))
-    server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION)
+    manager = SchedulerManager(
+        pool,
+        HostManager(service_down_time=settings.service_down_time),
+        FaultPoints(settings.fault_inject),
+    )
+    policy = RetryPolicy.from_settings(settings.rpc)
+    server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION, policy=policy)
     # Nobody waits for a selection longer than one call timeout.
     await serve_until_stopped(record, server, lifecycle, drain_timeout=settings.rpc.call_timeout)
 

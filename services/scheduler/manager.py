@@ -4,20 +4,29 @@
 memory, then claims the flavor on the best candidate with one atomic ``UPDATE`` in
 PostgreSQL. If another scheduler filled that host in the meantime, the claim fails and
 the next candidate is tried; two schedulers can never over-commit a host.
+
+It is also idempotent per consumer: a request is served under a transaction-scoped
+advisory lock on its consumer, and a consumer that already holds a claim gets that claim
+back instead of a second one. A repeated or concurrent request for the same build —
+a redelivered cast, or a conductor that crashed after the claim — therefore ends with
+one claim on one host.
 """
 
 from __future__ import annotations
 
 import logging
+from uuid import UUID
 
 import asyncpg
 
 from services.scheduler.host_manager import HostManager, WeighedHost
 from services.scheduler.rpcapi import SelectDestinations, Selection
 from shared.context import RequestContext
-from shared.db import allocations
+from shared.db import allocations, compute_nodes
 from shared.db.pool import Connection
 from shared.exceptions import NoValidHost
+from shared.faults import FaultPoints
+from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
 
 LOG = logging.getLogger(__name__)
@@ -25,10 +34,10 @@ LOG = logging.getLogger(__name__)
 NOT_ENOUGH_HOSTS = "There are not enough hosts available."
 
 
-def _selection(candidate: WeighedHost) -> Selection:
-    node = candidate.host.node
+def _selection(host: HostState) -> Selection:
+    node = host.node
     return Selection(
-        service_uuid=candidate.host.service.uuid,
+        service_uuid=host.service.uuid,
         compute_node_id=node.id,
         compute_node_uuid=node.uuid,
         host=node.host,
@@ -36,25 +45,60 @@ def _selection(candidate: WeighedHost) -> Selection:
     )
 
 
+async def lock_consumer(conn: Connection, consumer_uuid: UUID) -> None:
+    """Serialise, until the transaction ends, every request for one consumer."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))", str(consumer_uuid)
+    )
+
+
 class SchedulerManager:
     """Served on the ``scheduler`` topic; several may run at once as competing consumers."""
 
-    def __init__(self, pool: asyncpg.Pool, host_manager: HostManager) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, host_manager: HostManager, faults: FaultPoints | None = None
+    ) -> None:
         self.pool = pool
         self.host_manager = host_manager
+        self.faults = faults or FaultPoints()
 
     async def select_destinations(self, ctx: RequestContext, req: SelectDestinations) -> Selection:
         """Filter, weigh and claim; raises NoValidHost when no host has room."""
         spec = req.spec
-        async with self.pool.acquire() as conn:
-            hosts = await self.host_manager.get_host_states(conn)
-            passed = self.host_manager.filter_hosts(hosts, spec)
-            if not passed:
-                raise NoValidHost(NOT_ENOUGH_HOSTS)
-            candidates = self.host_manager.weigh_hosts(passed, spec)
-            for candidate in candidates:
-                if await self._claim(conn, candidate, spec):
-                    return _selection(candidate)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await lock_consumer(conn, spec.instance_uuid)
+            selection = await self._claimed_before(conn, spec)
+            if selection is None:
+                selection = await self._select(conn, spec)
+        self.faults.reached("scheduler.select.after_claim")
+        return selection
+
+    async def _claimed_before(self, conn: Connection, spec: RequestSpec) -> Selection | None:
+        """The host the consumer already holds a claim on, if any."""
+        held = await allocations.for_consumer(conn, spec.instance_uuid)
+        if not held:
+            return None
+        down_time = self.host_manager.service_down_time
+        host = await compute_nodes.host_state_by_id(conn, held[0].compute_node_id, down_time)
+        LOG.info(
+            "instance %s already holds a claim on host %s (node %s): a repeated request; "
+            "returning that host",
+            spec.instance_uuid,
+            host.node.host,
+            host.node.hypervisor_hostname,
+            extra={"instance_uuid": str(spec.instance_uuid), "decision": "claim_reused"},
+        )
+        return _selection(host)
+
+    async def _select(self, conn: Connection, spec: RequestSpec) -> Selection:
+        hosts = await self.host_manager.get_host_states(conn)
+        passed = self.host_manager.filter_hosts(hosts, spec)
+        if not passed:
+            raise NoValidHost(NOT_ENOUGH_HOSTS)
+        candidates = self.host_manager.weigh_hosts(passed, spec)
+        for candidate in candidates:
+            if await self._claim(conn, candidate, spec):
+                return _selection(candidate.host)
         LOG.info(
             "no host left with room for instance %s: all %d candidates were claimed by "
             "other requests first",

@@ -106,6 +106,15 @@ async def host_state(conn: Connection, node_uuid: UUID, down_time: float) -> Hos
     )
 
 
+async def host_state_by_id(conn: Connection, node_id: int, down_time: float) -> HostState:
+    row = await conn.fetchrow(_HOST_STATES + " AND n.id = $2", down_time, node_id)
+    if row is None:
+        raise ComputeNodeNotFound(f"compute node {node_id} not found")
+    return HostState(
+        node=ComputeNode.from_row(row["node"]), service=Service.from_row(row["service"])
+    )
+
+
 async def availability_zones(conn: Connection) -> set[str]:
     """The availability zones of live nodes whose compute service is enabled."""
     rows = await conn.fetch(

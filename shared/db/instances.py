@@ -1,4 +1,11 @@
-"""Queries on ``instances``. Deleted instances are soft-deleted and hidden by default."""
+"""Queries on ``instances``. Deleted instances are soft-deleted and hidden by default.
+
+Every write that moves an instance from one state to another is a compare-and-swap: the
+``UPDATE`` names the state it expects (``vm_state``, ``task_state``, and the host where
+that matters) and changes nothing if the instance is no longer in it. The caller that
+gets ``None`` back lost the swap — another delivery of the same message, or another
+workflow, got there first — and must do nothing else.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +57,12 @@ async def get(conn: Connection, instance_uuid: UUID) -> Instance:
     return Instance.from_row(row)
 
 
+async def find(conn: Connection, instance_uuid: UUID) -> Instance | None:
+    """The instance, deleted or not; ``None`` if it never existed."""
+    row = await conn.fetchrow("SELECT * FROM instances WHERE uuid = $1", instance_uuid)
+    return None if row is None else Instance.from_row(row)
+
+
 async def list_instances(
     conn: Connection,
     *,
@@ -75,36 +88,50 @@ async def list_instances(
     return [Instance.from_row(row) for row in rows]
 
 
-async def set_scheduled(conn: Connection, instance_uuid: UUID, *, host: str, node: str) -> Instance:
-    """Record where the scheduler placed the instance; it is now spawning there."""
+async def set_scheduled(
+    conn: Connection, instance_uuid: UUID, *, host: str, node: str
+) -> Instance | None:
+    """building/scheduling → building/spawning on ``host``/``node``; ``None`` if lost.
+
+    Setting the same placement again is a success (a repeated build), so a redelivered
+    build finds the instance where its first delivery put it.
+    """
     row = await conn.fetchrow(
         """UPDATE instances SET host = $2, node = $3, task_state = $4, updated_at = now()
-            WHERE uuid = $1 AND deleted_at IS NULL RETURNING *""",
+            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $5
+              AND (task_state = $6 OR (task_state = $4 AND host = $2 AND node = $3))
+        RETURNING *""",
         instance_uuid,
         host,
         node,
         TaskState.SPAWNING.value,
-    )
-    if row is None:
-        raise InstanceNotFound(f"Instance {instance_uuid} could not be found.")
-    return Instance.from_row(row)
-
-
-async def set_active(conn: Connection, instance_uuid: UUID) -> Instance | None:
-    """Mark a build finished; ``None`` if the instance was deleted meanwhile."""
-    row = await conn.fetchrow(
-        """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
-                  launched_at = now(), updated_at = now()
-            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 RETURNING *""",
-        instance_uuid,
-        VmState.ACTIVE.value,
-        int(PowerState.RUNNING),
         VmState.BUILDING.value,
+        TaskState.SCHEDULING.value,
     )
     return None if row is None else Instance.from_row(row)
 
 
-async def set_error(
+async def set_active(conn: Connection, instance_uuid: UUID) -> Instance | None:
+    """building/spawning → active/running; ``None`` if lost (deleted, or not spawning)."""
+    row = await conn.fetchrow(
+        """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
+                  launched_at = now(), updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 AND task_state = $5
+        RETURNING *""",
+        instance_uuid,
+        VmState.ACTIVE.value,
+        int(PowerState.RUNNING),
+        VmState.BUILDING.value,
+        TaskState.SPAWNING.value,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+def new_fault(message: str, *, code: int = 500, details: str = "") -> InstanceFault:
+    return InstanceFault(code=code, message=message, details=details, created=datetime.now(UTC))
+
+
+async def set_build_failed(
     conn: Connection,
     instance_uuid: UUID,
     *,
@@ -112,30 +139,94 @@ async def set_error(
     code: int = 500,
     details: str = "",
 ) -> Instance | None:
-    """Put the instance in ERROR with a fault the API shows; ``None`` if it is gone."""
-    fault = InstanceFault(code=code, message=message, details=details, created=datetime.now(UTC))
+    """building → error with a fault the API shows; ``None`` if lost (not building)."""
+    fault = new_fault(message, code=code, details=details)
     row = await conn.fetchrow(
         """UPDATE instances SET vm_state = $2, task_state = NULL, fault = $3, updated_at = now()
-            WHERE uuid = $1 AND deleted_at IS NULL RETURNING *""",
+            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 RETURNING *""",
         instance_uuid,
         VmState.ERROR.value,
         fault.model_dump(mode="json"),
+        VmState.BUILDING.value,
     )
     return None if row is None else Instance.from_row(row)
 
 
+async def expire_builds(conn: Connection, timeout: float, *, batch: int = 100) -> list[Instance]:
+    """Put instances building for longer than ``timeout`` seconds in ERROR.
+
+    Rows another transaction holds are skipped (it is about to change them anyway), so
+    several conductors can run this at once without waiting on each other.
+    """
+    fault = new_fault(
+        f"Build of instance aborted: it did not finish within {timeout:g} seconds "
+        "(KEEL_BUILD_TIMEOUT)."
+    )
+    rows = await conn.fetch(
+        """UPDATE instances SET vm_state = $2, task_state = NULL, fault = $3, updated_at = now()
+            WHERE id IN (SELECT id FROM instances
+                          WHERE vm_state = $4 AND deleted_at IS NULL
+                            AND created_at < now() - make_interval(secs => $1)
+                          ORDER BY created_at LIMIT $5
+                          FOR UPDATE SKIP LOCKED)
+              AND vm_state = $4
+        RETURNING *""",
+        timeout,
+        VmState.ERROR.value,
+        fault.model_dump(mode="json"),
+        VmState.BUILDING.value,
+        batch,
+    )
+    return [Instance.from_row(row) for row in rows]
+
+
 async def set_task_state(
     conn: Connection, instance_uuid: UUID, task_state: TaskState | None
-) -> Instance:
+) -> Instance | None:
+    """Set the task state whatever it was (deleting wins over any task); ``None`` if gone."""
     row = await conn.fetchrow(
         """UPDATE instances SET task_state = $2, updated_at = now()
             WHERE uuid = $1 AND deleted_at IS NULL RETURNING *""",
         instance_uuid,
         None if task_state is None else task_state.value,
     )
-    if row is None:
-        raise InstanceNotFound(f"Instance {instance_uuid} could not be found.")
-    return Instance.from_row(row)
+    return None if row is None else Instance.from_row(row)
+
+
+async def swap_task_state(
+    conn: Connection,
+    instance_uuid: UUID,
+    *,
+    expected: TaskState | None,
+    new: TaskState | None,
+) -> Instance | None:
+    """``expected`` → ``new`` task state; ``None`` if lost (gone, or in another state)."""
+    row = await conn.fetchrow(
+        """UPDATE instances SET task_state = $2, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND task_state IS NOT DISTINCT FROM $3
+        RETURNING *""",
+        instance_uuid,
+        None if new is None else new.value,
+        None if expected is None else expected.value,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def soft_delete_unplaced(conn: Connection, instance_uuid: UUID) -> bool:
+    """Soft-delete the instance only while no host is recorded for it.
+
+    False if it is gone or was placed meanwhile: a guest may then be on its way to a
+    host, and only that host's agent can remove it.
+    """
+    status = await conn.execute(
+        """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
+                  terminated_at = now(), deleted_at = now(), updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND host IS NULL""",
+        instance_uuid,
+        VmState.DELETED.value,
+        int(PowerState.NOSTATE),
+    )
+    return status != "UPDATE 0"
 
 
 async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:

@@ -54,6 +54,9 @@ class RequestSpec(KeelModel):
 
 
 class Allocation(KeelModel):
+    """What one consumer (an instance, or a migration during a move) holds on one node."""
+
+    consumer_uuid: UUID
     instance_uuid: UUID
     compute_node_id: int
     vcpus: int

@@ -1,24 +1,22 @@
 """The RabbitMQ transport: keel's RPC over one topic exchange, with aio-pika.
 
-Layout on the broker, for an exchange named ``E``:
-
-* ``E``: a durable topic exchange; every RPC message is published to it with the topic
-  (``conductor``, ``scheduler``, ``compute.<service-uuid>``) as the routing key;
-* ``E.<topic>``: the durable queue a topic's servers consume, bound to ``E`` by the
-  topic, dead-lettering to ``E.dlx``. Naming queues under the exchange keeps two
-  deployments (or two test runs) on one broker apart;
-* ``E.dlx`` → ``E.dead-letter``: a fanout exchange and the queue behind it, where
-  rejected and expired messages wait for an operator (at most
-  ``DEAD_LETTER_MAX_LENGTH``; the oldest are dropped first, so calls that expire on the
-  queue of a stopped agent can never fill the broker);
-* ``E.reply.<uuid>``: one exclusive reply queue per transport, where answers to its
-  calls arrive, matched to the waiting caller by correlation id.
+The exchanges and queues are laid out as :mod:`shared.rpc.amqp_topology` describes:
+quorum queues per topic with a delivery limit, casts and calls told apart by their
+routing keys, and dead letters kept by kind. Each transport also has one exclusive reply
+queue ``E.reply.<uuid>``, where answers to its calls arrive, matched to the waiting
+caller by correlation id.
 
 Calls and casts are published ``mandatory`` on a channel with publisher confirms, so a
 topic nobody serves fails at once with :class:`~shared.exceptions.Unroutable` instead
-of after the call timeout. The connection is robust: after a broker restart or a network
-cut it reconnects and re-declares queues, bindings and consumers by itself; calls that
-were waiting when the connection dropped fail with a ``MessagingError``.
+of after the call timeout, and a cast has been taken by the broker (persisted) when
+``cast`` returns. The connection is robust: after a broker restart or a network cut it
+reconnects and re-declares queues, bindings and consumers by itself; calls that were
+waiting when the connection dropped fail with a ``MessagingError``, and messages being
+handled when it dropped are delivered again (handlers are idempotent).
+
+Each consumed message is settled as its handler's :class:`~shared.rpc.transport.Settlement`
+says: acknowledged, returned to the queue, or dead-lettered — published to the
+dead-letter exchange with the reason, then acknowledged.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
 
 import aio_pika
 from aio_pika.abc import (
@@ -37,14 +34,12 @@ from aio_pika.abc import (
     AbstractRobustChannel,
     AbstractRobustConnection,
     DeliveryMode,
-    ExchangeType,
 )
 from aiormq.exceptions import (
     AMQPConnectionError,
     AMQPError,
     AuthenticationError,
     ChannelInvalidStateError,
-    ChannelPreconditionFailed,
     DeliveryError,
     ProbableAuthenticationError,
     PublishError,
@@ -60,13 +55,28 @@ from yarl import URL
 
 from shared.config import Settings
 from shared.exceptions import MessagingError, MessagingTimeout, Unroutable
+from shared.rpc.amqp_topology import (
+    CALL,
+    CAST,
+    DELIVERIES_HEADER,
+    REASON_HEADER,
+    TOPIC_HEADER,
+    Topology,
+    delivery_count,
+    routing_key,
+)
 from shared.rpc.envelope import CONTENT_TYPE
-from shared.rpc.transport import Consumer, Handler, IncomingMessage, RejectMessage, Transport
+from shared.rpc.transport import (
+    Consumer,
+    DeadLetter,
+    Handler,
+    IncomingMessage,
+    Settle,
+    Settlement,
+    Transport,
+)
 
 LOG = logging.getLogger(__name__)
-
-#: Messages kept on the dead-letter queue before the oldest are dropped.
-DEAD_LETTER_MAX_LENGTH = 10_000
 
 #: Broker-side failures of an operation on a channel or connection that is going away.
 _CHANNEL_ERRORS = (AMQPError, ChannelInvalidStateError, OSError)
@@ -93,6 +103,7 @@ def _incoming(message: AbstractIncomingMessage) -> IncomingMessage:
         correlation_id=message.correlation_id,
         reply_to=message.reply_to,
         redelivered=bool(message.redelivered),
+        delivery_count=delivery_count(message),
     )
 
 
@@ -100,11 +111,12 @@ class _AmqpConsumer(Consumer):
     """One topic queue consumed on its own channel; each message in its own task."""
 
     def __init__(
-        self, transport: AmqpTransport, channel: AbstractChannel, queue: AbstractQueue
+        self, transport: AmqpTransport, channel: AbstractChannel, queue: AbstractQueue, topic: str
     ) -> None:
         self._transport = transport
         self._channel = channel
         self._queue = queue
+        self._topic = topic
         self._handler: Handler | None = None
         self._tag: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -124,35 +136,37 @@ class _AmqpConsumer(Consumer):
 
     async def _process(self, message: AbstractIncomingMessage) -> None:
         assert self._handler is not None
+        incoming = _incoming(message)
         try:
-            reply = await self._handler(_incoming(message))
-        except RejectMessage as exc:
-            await self._transport.send_reply(message, exc.reply)
-            await self._settle(message, ack=False)
-            return
-        except Exception:
+            settlement = await self._handler(incoming)
+        except Exception as exc:
             LOG.exception(
                 "handler for %s failed on message %s; dead-lettering it",
                 self._queue.name,
                 message.message_id,
             )
-            await self._settle(message, ack=False)
-            return
-        await self._transport.send_reply(message, reply)
-        await self._settle(message, ack=True)
+            settlement = Settlement(Settle.DEAD_LETTER, None, f"{type(exc).__name__}: {exc}")
+        await self._transport.send_reply(message, settlement.reply)
+        await self._settle(message, incoming, settlement)
 
-    async def _settle(self, message: AbstractIncomingMessage, *, ack: bool) -> None:
+    async def _settle(
+        self, message: AbstractIncomingMessage, incoming: IncomingMessage, settlement: Settlement
+    ) -> None:
         try:
-            if ack:
+            if settlement.settle is Settle.ACK:
+                await message.ack()
+            elif settlement.settle is Settle.REQUEUE:
+                await message.nack(requeue=True)
+            elif await self._transport.dead_letter(self._topic, incoming, settlement.reason):
                 await message.ack()
             else:
                 await message.reject(requeue=False)
         except _CHANNEL_ERRORS as exc:
             LOG.warning(
-                "could not %s message %s on %s (the broker will redeliver it): %r",
-                "acknowledge" if ack else "reject",
+                "could not settle message %s on %s (%s; the broker will deliver it again): %r",
                 message.message_id,
                 self._queue.name,
+                settlement.settle.value,
                 exc,
             )
 
@@ -201,16 +215,20 @@ class AmqpTransport(Transport):
         *,
         queue_expires: float | None = None,
         connect_timeout: float = 60.0,
+        delivery_limit: int = 5,
     ) -> None:
         self.url = url
         self.exchange = exchange
         self.queue_expires = queue_expires
         self.connect_timeout = connect_timeout
+        self.topology = Topology(
+            exchange, delivery_limit=delivery_limit, queue_expires=queue_expires
+        )
         self.reply_queue = f"{exchange}.reply.{uuid.uuid4()}"
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractRobustChannel | None = None
         self._exchange: AbstractExchange | None = None
-        self._dead_letter: AbstractQueue | None = None
+        self._dead_exchange: AbstractExchange | None = None
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._consumers: set[_AmqpConsumer] = set()
 
@@ -222,15 +240,8 @@ class AmqpTransport(Transport):
             settings.exchange,
             queue_expires=settings.rpc.queue_expires,
             connect_timeout=settings.rpc.connect_timeout,
+            delivery_limit=settings.rpc.delivery_limit,
         )
-
-    def _queue_arguments(self, dead_letter_exchange: str | None) -> dict[str, Any]:
-        arguments: dict[str, Any] = {}
-        if dead_letter_exchange is not None:
-            arguments["x-dead-letter-exchange"] = dead_letter_exchange
-        if self.queue_expires is not None:
-            arguments["x-expires"] = int(self.queue_expires * 1000)
-        return arguments
 
     def _log_retry(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -290,34 +301,13 @@ class AmqpTransport(Transport):
 
     async def _declare(self, connection: AbstractRobustConnection) -> None:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        dlx_name = f"{self.exchange}.dlx"
-        try:
-            exchange = await channel.declare_exchange(
-                self.exchange, ExchangeType.TOPIC, durable=True
-            )
-            dlx = await channel.declare_exchange(dlx_name, ExchangeType.FANOUT, durable=True)
-            dead_letter = await channel.declare_queue(
-                f"{self.exchange}.dead-letter",
-                durable=True,
-                arguments={
-                    **self._queue_arguments(None),
-                    "x-max-length": DEAD_LETTER_MAX_LENGTH,
-                },
-            )
-            await dead_letter.bind(dlx, routing_key="")
-            replies = await channel.declare_queue(
-                self.reply_queue, exclusive=True, auto_delete=True
-            )
-        except ChannelPreconditionFailed as exc:
-            raise MessagingError(
-                f"exchange {self.exchange} or its dead-letter queue exists on the broker with "
-                f"other settings: {exc}; delete it or choose another KEEL_EXCHANGE"
-            ) from None
+        exchange, dead = await self.topology.declare_exchanges(channel)
+        replies = await channel.declare_queue(self.reply_queue, exclusive=True, auto_delete=True)
         await replies.consume(self._on_reply, no_ack=True)
         channel.close_callbacks.add(self._on_channel_closed)
         self._channel = channel
         self._exchange = exchange
-        self._dead_letter = dead_letter
+        self._dead_exchange = dead
 
     def _on_channel_closed(self, _sender: object, exc: BaseException | None = None) -> None:
         reason = f"connection to RabbitMQ lost: {exc}" if exc else "channel to RabbitMQ closed"
@@ -356,10 +346,10 @@ class AmqpTransport(Transport):
                 ) from None
         return exchange
 
-    async def _publish(self, topic: str, message: aio_pika.Message) -> None:
+    async def _publish(self, kind: str, topic: str, message: aio_pika.Message) -> None:
         exchange = await self._ready()
         try:
-            await exchange.publish(message, routing_key=topic, mandatory=True)
+            await exchange.publish(message, routing_key=routing_key(kind, topic), mandatory=True)
         except PublishError:
             raise Unroutable(
                 f"no queue is bound for topic {topic!r} on exchange {self.exchange}: "
@@ -385,7 +375,7 @@ class AmqpTransport(Transport):
         )
         try:
             async with asyncio.timeout(timeout):
-                await self._publish(topic, message)
+                await self._publish(CALL, topic, message)
                 return await future
         except TimeoutError:
             raise MessagingTimeout(f"no reply from {topic} within {timeout:g}s") from None
@@ -399,7 +389,44 @@ class AmqpTransport(Transport):
             message_id=message_id,
             delivery_mode=DeliveryMode.PERSISTENT,
         )
-        await self._publish(topic, message)
+        await self._publish(CAST, topic, message)
+
+    async def dead_letter(self, topic: str, message: IncomingMessage, reason: str) -> bool:
+        """Publish a copy of ``message`` to the dead-letter exchange with ``reason``.
+
+        False if that failed; the caller then rejects the message so RabbitMQ
+        dead-letters it (without keel's reason) instead.
+        """
+        kind = CALL if message.is_call else CAST
+        copy = aio_pika.Message(
+            message.body,
+            content_type=CONTENT_TYPE,
+            message_id=message.message_id,
+            delivery_mode=DeliveryMode.PERSISTENT,
+            headers={
+                REASON_HEADER: reason[:2000],
+                DELIVERIES_HEADER: message.delivery_count + 1,
+                TOPIC_HEADER: topic,
+            },
+        )
+        try:
+            await self._ready()
+            assert self._dead_exchange is not None
+            await self._dead_exchange.publish(copy, routing_key=routing_key(kind, topic))
+        except (MessagingError, *_CHANNEL_ERRORS) as exc:
+            LOG.warning(
+                "could not dead-letter message %s with its reason: %r", message.message_id, exc
+            )
+            return False
+        LOG.info(
+            "dead-lettered %s message %s from %s: %s",
+            kind,
+            message.message_id,
+            topic,
+            reason,
+            extra={"decision": "dead_lettered"},
+        )
+        return True
 
     async def send_reply(self, request: AbstractIncomingMessage, body: bytes | None) -> None:
         """Answer ``request`` on its reply queue, if it has one and there is an answer."""
@@ -425,51 +452,41 @@ class AmqpTransport(Transport):
     async def serve(self, topic: str, handler: Handler, *, prefetch: int) -> Consumer:
         if self._connection is None:
             raise MessagingError("the RabbitMQ transport is not connected")
-        name = f"{self.exchange}.{topic}"
+        await self.topology.ensure_topic_queue(self._connection, topic)
         channel = await self._connection.channel(publisher_confirms=False)
         try:
             await channel.set_qos(prefetch_count=prefetch)
-            queue = await channel.declare_queue(
-                name, durable=True, arguments=self._queue_arguments(f"{self.exchange}.dlx")
-            )
-            await queue.bind(self.exchange, routing_key=topic)
-            consumer = _AmqpConsumer(self, channel, queue)
+            queue = await self.topology.bind_topic_queue(channel, topic)
+            consumer = _AmqpConsumer(self, channel, queue, topic)
             await consumer.start(handler)
-        except BaseException as exc:
+        except BaseException:
             if not channel.is_closed:
                 await channel.close()
-            if isinstance(exc, ChannelPreconditionFailed):
-                raise MessagingError(
-                    f"queue {name} exists on the broker with other settings: {exc}; "
-                    "delete it so keel can declare it again"
-                ) from None
             raise
         self._consumers.add(consumer)
-        LOG.info("consuming %s (prefetch %d)", name, prefetch)
+        LOG.info("consuming %s (prefetch %d)", queue.name, prefetch)
         return consumer
 
     def forget(self, consumer: _AmqpConsumer) -> None:
         """Called by a consumer once it has stopped."""
         self._consumers.discard(consumer)
 
-    async def dead_letters(self, limit: int = 100) -> list[bytes]:
+    async def dead_letters(self, limit: int = 100, *, calls: bool = False) -> list[DeadLetter]:
         self._connected()
-        assert self._dead_letter is not None
-        taken: list[bytes] = []
-        while len(taken) < limit:
-            message = await self._dead_letter.get(fail=False)
-            if message is None:
-                break
-            await message.ack()
-            taken.append(message.body)
-        return taken
+        assert self._connection is not None
+        return await self.topology.browse(self._connection, calls=calls, limit=limit)
+
+    async def purge_dead_letters(self, *, calls: bool = False) -> int:
+        self._connected()
+        assert self._connection is not None
+        return await self.topology.purge(self._connection, calls=calls)
 
     async def close(self) -> None:
         for consumer in list(self._consumers):
             await consumer.stop(0)
         self._fail_waiting("transport closed")
         connection, self._connection = self._connection, None
-        self._channel = self._exchange = self._dead_letter = None
+        self._channel = self._exchange = self._dead_exchange = None
         if connection is not None:
             await connection.close()
             LOG.info("disconnected from RabbitMQ at %s", _where(self.url))

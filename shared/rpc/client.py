@@ -9,7 +9,6 @@ older receivers.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import TypeVar, overload
 
@@ -52,7 +51,7 @@ class RPCClient:
         return RPCClient(self.transport, topic, version_cap=self.version_cap, timeout=self.timeout)
 
     def _envelope(
-        self, ctx: RequestContext, method: str, req: BaseModel, version: str, deadline: float | None
+        self, ctx: RequestContext, method: str, req: BaseModel, version: str, timeout: float | None
     ) -> bytes:
         if not self.can_send_version(version):
             raise UnsupportedVersion(
@@ -64,7 +63,7 @@ class RPCClient:
             version=version,
             context=ctx,
             args=req.model_dump(mode="json"),
-            deadline=deadline,
+            timeout=timeout,
         )
         return envelope.model_dump_json().encode()
 
@@ -104,7 +103,7 @@ class RPCClient:
     ) -> M | None:
         """Send ``req`` and wait for the reply; remote errors are raised here, typed."""
         wait = self.timeout if timeout is None else timeout
-        body = self._envelope(ctx, method, req, version, time.time() + wait)
+        body = self._envelope(ctx, method, req, version, wait)
         raw = await self.transport.call(
             self.topic, body, message_id=str(uuid.uuid4()), timeout=wait
         )

@@ -2,7 +2,9 @@
 
 Requests carry the method, the RPC version the sender speaks, the request context, the
 method's arguments (validated against the handler's own pydantic model on arrival) and,
-for calls, the deadline after which nobody waits for the answer. Nothing is pickled.
+for calls, how many seconds the caller waits for the answer. That is a duration, not a
+point in time: hosts' clocks differ, so the receiver counts it from the message's arrival
+on its own monotonic clock. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ class Envelope(BaseModel):
     version: str = Field(pattern=r"^\d{1,4}\.\d{1,4}$")
     context: RequestContext
     args: dict[str, Any] = Field(default_factory=dict)
-    #: Unix time after which the reply is no longer awaited; ``None`` for casts.
-    deadline: float | None = None
+    #: Seconds the caller waits for the reply, from when it sent the call; ``None`` for casts.
+    timeout: float | None = Field(default=None, gt=0)
 
 
 class ErrorInfo(BaseModel):

@@ -6,15 +6,16 @@ pydantic model or ``None``: the signature is the contract, read once at start-up
 
 Dispatch rules:
 
-* a body that is not a valid envelope, arguments that do not validate, an unknown method
-  (:class:`NoSuchMethod`) or a version this server does not speak
-  (:class:`UnsupportedVersion`: same major and a higher minor, or another major) is
-  logged, answered with the typed error if the sender waits for a reply, and
-  dead-lettered; the server keeps serving;
-* a business error (:class:`~shared.exceptions.KeelError`) raised by the handler is
-  logged without a traceback and sent back by name;
-* anything else is logged with its traceback and sent back as a generic error;
-* a call whose deadline has passed is dropped: nobody waits for its answer.
+* a body that is not a valid envelope, a version this server does not speak
+  (:class:`UnsupportedVersion`: same major and a higher minor, or another major; checked
+  before the method, as oslo.messaging does), an unknown method (:class:`NoSuchMethod`)
+  or arguments that do not validate is logged, answered with the typed error if the
+  sender waits for a reply, and dead-lettered; the server keeps serving;
+* a call that waited longer than its caller's timeout is dropped: nobody waits for its
+  answer any more. The timeout travels as a duration and counts from the message's
+  arrival on this process's monotonic clock, never from another host's wall clock;
+* what the handler's outcome becomes is the settlement policy of
+  :mod:`shared.rpc.settlement`.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ from shared.exceptions import (
     KeelError,
     MessagingError,
     NoSuchMethod,
+    TransientError,
     UnsupportedVersion,
 )
 from shared.rpc.envelope import Envelope, ErrorInfo, Reply
-from shared.rpc.transport import Consumer, IncomingMessage, RejectMessage, Transport
+from shared.rpc.settlement import Outcome, RetryPolicy, classify, describe
+from shared.rpc.transport import Consumer, IncomingMessage, Settle, Settlement, Transport
 from shared.versions import is_compatible, parse_version
 
 LOG = logging.getLogger(__name__)
@@ -64,22 +67,38 @@ def _routes(endpoint: object) -> dict[str, _Route]:
             raise TypeError(f"RPC method {name} must take (ctx, req), not {params}")
         request = hints.get(params[1])
         if not (isinstance(request, type) and issubclass(request, BaseModel)):
-            raise TypeError(f"RPC method {name}: {params[1]} must be a pydantic model")
+            raise TypeError(f"RPC method {name} must take a pydantic model as {params[1]}")
         routes[name] = _Route(func=func, request=request)
     return routes
 
 
-def _error_reply(exc: KeelError) -> bytes:
-    reply = Reply(error=ErrorInfo(type=type(exc).__name__, message=exc.message))
-    return reply.model_dump_json().encode()
+def _error_reply(exc_type: str, message: str) -> bytes:
+    return Reply(error=ErrorInfo(type=exc_type, message=message)).model_dump_json().encode()
+
+
+class _Unservable(Exception):
+    """A message this server can never handle, and the error its caller gets."""
+
+    def __init__(self, error: MessagingError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class RPCServer:
-    def __init__(self, transport: Transport, topic: str, endpoint: object, *, version: str) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        topic: str,
+        endpoint: object,
+        *,
+        version: str,
+        policy: RetryPolicy | None = None,
+    ) -> None:
         parse_version(version)
         self.transport = transport
         self.topic = topic
         self.version = version
+        self.policy = policy or RetryPolicy()
         self._routes = _routes(endpoint)
         self._consumer: Consumer | None = None
 
@@ -96,53 +115,142 @@ class RPCServer:
             await self._consumer.stop(drain_timeout)
             self._consumer = None
 
-    def _reject(self, message: IncomingMessage, error: MessagingError) -> RejectMessage:
-        LOG.warning("dead-lettering message %s on %s: %s", message.message_id, self.topic, error)
-        reply = _error_reply(error) if message.reply_to else None
-        return RejectMessage(error.message, reply)
-
     def _parse(self, message: IncomingMessage) -> tuple[Envelope, _Route, BaseModel]:
         try:
             envelope = Envelope.model_validate_json(message.body)
         except ValidationError as exc:
-            raise self._reject(message, InvalidMessage(f"malformed envelope: {exc}")) from None
+            raise _Unservable(InvalidMessage(f"malformed envelope: {exc}")) from None
+        if not is_compatible(envelope.version, self.version):
+            raise _Unservable(
+                UnsupportedVersion(
+                    f"{self.topic} speaks {self.version}; cannot serve "
+                    f"{envelope.method} at {envelope.version}"
+                )
+            )
         route = self._routes.get(envelope.method)
         if route is None:
-            error: MessagingError = NoSuchMethod(
-                f"{self.topic} has no RPC method {envelope.method!r}"
-            )
-            raise self._reject(message, error)
-        if not is_compatible(envelope.version, self.version):
-            error = UnsupportedVersion(
-                f"{self.topic} speaks {self.version}; cannot serve "
-                f"{envelope.method} at {envelope.version}"
-            )
-            raise self._reject(message, error)
+            raise _Unservable(NoSuchMethod(f"{self.topic} has no RPC method {envelope.method!r}"))
         try:
             request = route.request.model_validate(envelope.args)
         except ValidationError as exc:
-            error = InvalidMessage(f"bad arguments for {envelope.method}: {exc}")
-            raise self._reject(message, error) from None
+            raise _Unservable(
+                InvalidMessage(f"bad arguments for {envelope.method}: {exc}")
+            ) from None
         return envelope, route, request
 
-    async def handle(self, message: IncomingMessage) -> bytes | None:
-        envelope, route, request = self._parse(message)
-        token = current_request_id.set(envelope.context.request_id)
-        extra: dict[str, Any] = {"rpc_method": envelope.method, "rpc_version": envelope.version}
+    async def handle(self, message: IncomingMessage) -> Settlement:
         try:
-            if envelope.deadline is not None and envelope.deadline < time.time():
-                LOG.warning("dropping %s: its deadline has passed", envelope.method, extra=extra)
-                return None
-            try:
-                result = await route.func(envelope.context, request)
-                data = None if result is None else result.model_dump(mode="json")
-                return Reply(result=data).model_dump_json().encode()
-            except KeelError as exc:
-                LOG.warning("%s failed: %s", envelope.method, exc.message, extra=extra)
-                return _error_reply(exc)
-            except Exception as exc:
-                LOG.exception("%s failed unexpectedly", envelope.method, extra=extra)
-                reply = Reply(error=ErrorInfo(type=type(exc).__name__, message=str(exc)))
-                return reply.model_dump_json().encode()
+            envelope, route, request = self._parse(message)
+        except _Unservable as unservable:
+            error = unservable.error
+            LOG.warning(
+                "dead-lettering message %s on %s: %s", message.message_id, self.topic, error
+            )
+            reply = _error_reply(type(error).__name__, error.message) if message.is_call else None
+            return Settlement(Settle.DEAD_LETTER, reply, f"{type(error).__name__}: {error}")
+        token = current_request_id.set(envelope.context.request_id)
+        try:
+            return await self._dispatch(message, envelope, route, request)
         finally:
             current_request_id.reset(token)
+
+    async def _dispatch(
+        self, message: IncomingMessage, envelope: Envelope, route: _Route, request: BaseModel
+    ) -> Settlement:
+        extra: dict[str, Any] = {
+            "rpc_method": envelope.method,
+            "rpc_version": envelope.version,
+            **_instance_of(request),
+        }
+        if envelope.timeout is not None:
+            waited = time.monotonic() - message.received_at
+            if waited > envelope.timeout:
+                LOG.warning(
+                    "dropping %s: its caller stopped waiting %.1fs ago",
+                    envelope.method,
+                    waited - envelope.timeout,
+                    extra=extra,
+                )
+                return Settlement(Settle.ACK)
+        if message.delivery_count:
+            LOG.info(
+                "%s delivered again (delivery %d of at most %d)",
+                envelope.method,
+                message.delivery_count + 1,
+                self.policy.delivery_limit + 1,
+                extra=extra,
+            )
+        what = f"{envelope.method} on {self.topic}"
+        try:
+            result = await self.policy.run(
+                what, lambda: route.func(envelope.context, request), extra
+            )
+        except Exception as exc:
+            return self._settle_failure(message, envelope, exc, extra)
+        if not message.is_call:
+            return Settlement(Settle.ACK)
+        data = None if result is None else result.model_dump(mode="json")
+        return Settlement(Settle.ACK, Reply(result=data).model_dump_json().encode())
+
+    def _settle_failure(
+        self,
+        message: IncomingMessage,
+        envelope: Envelope,
+        exc: Exception,
+        extra: dict[str, Any],
+    ) -> Settlement:
+        outcome = classify(exc)
+        reason = describe(exc)
+        if outcome is Outcome.DONE:
+            assert isinstance(exc, KeelError)
+            LOG.warning("%s failed: %s", envelope.method, exc.message, extra=extra)
+            reply = _error_reply(type(exc).__name__, exc.message) if message.is_call else None
+            return Settlement(Settle.ACK, reply)
+        if outcome is Outcome.POISON:
+            LOG.exception(
+                "%s failed unexpectedly; dead-lettering message %s",
+                envelope.method,
+                message.message_id,
+                extra=extra,
+            )
+            reply = _error_reply(type(exc).__name__, str(exc)) if message.is_call else None
+            return Settlement(Settle.DEAD_LETTER, reply, reason)
+        if message.is_call:
+            LOG.warning(
+                "%s kept failing for %gs: %s; answering the caller with a transient error",
+                envelope.method,
+                self.policy.handler_retry_timeout,
+                reason,
+                extra=extra,
+            )
+            transient = TransientError(f"{envelope.method} failed temporarily: {reason}")
+            return Settlement(Settle.ACK, _error_reply("TransientError", transient.message))
+        if message.delivery_count >= self.policy.delivery_limit:
+            LOG.error(
+                "%s kept failing over %d deliveries: %s; dead-lettering message %s",
+                envelope.method,
+                message.delivery_count + 1,
+                reason,
+                message.message_id,
+                extra=extra,
+            )
+            deliveries = message.delivery_count + 1
+            return Settlement(Settle.DEAD_LETTER, None, f"after {deliveries} deliveries: {reason}")
+        LOG.warning(
+            "%s failed temporarily: %s; returning it to the queue (delivery %d of at most %d)",
+            envelope.method,
+            reason,
+            message.delivery_count + 1,
+            self.policy.delivery_limit + 1,
+            extra=extra,
+        )
+        return Settlement(Settle.REQUEUE, None, reason)
+
+
+def _instance_of(request: BaseModel) -> dict[str, str]:
+    """The instance a request is about, for log lines, if it names one."""
+    value = getattr(request, "instance_uuid", None)
+    for holder, name in (("instance", "uuid"), ("spec", "instance_uuid")):
+        if value is None:
+            value = getattr(getattr(request, holder, None), name, None)
+    return {} if value is None else {"instance_uuid": str(value)}

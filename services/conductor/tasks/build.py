@@ -1,10 +1,24 @@
 """The build workflow: schedule a new instance and hand it to the chosen compute agent.
 
-``build_instances`` is a cast, delivered at least once, so every step is safe to repeat:
-an instance that is no longer ``building``/``scheduling`` was already handled and is
-left alone, and claims a crashed earlier attempt left behind are released before
-scheduling again. Whatever goes wrong after the scheduler claimed a host, the claim is
-released and the instance ends in ERROR with a fault that says why.
+``build_instances`` is a cast, delivered at least once — possibly twice at the same time,
+or again after a conductor died half-way — so each step converges instead of repeating:
+
+1. an instance that is no longer building is left alone (already handled, deleted, or
+   put in ERROR by the build deadline);
+2. while it is still *scheduling*, the scheduler is asked for a host. The scheduler is
+   idempotent per instance: a twin or a retry gets the claim the first attempt made, so
+   there is never a second claim;
+3. the placement is recorded with a compare-and-swap (scheduling → spawning on that
+   host, or already spawning there). Losing the swap because the instance was deleted or
+   failed meanwhile releases the claim just made;
+4. the build is cast to the agent of the recorded host — again on every delivery that
+   finds the instance spawning, because a conductor that died between recording and
+   casting leaves exactly that. The agent builds a guest once however often it is asked.
+
+A business failure (no valid host, an agent whose queue is gone) releases the claims and
+puts the instance in ERROR with a fault that says why. A transient failure (database or
+broker trouble, a scheduler that did not answer) changes nothing: the message is tried
+again by the settlement policy, and the build deadline catches what never finishes.
 """
 
 from __future__ import annotations
@@ -18,8 +32,15 @@ from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
-from shared.db import allocations, instance_actions, instances, request_specs
-from shared.exceptions import InstanceNotFound, KeelError, MessagingError, NoValidHost
+from shared.db import allocations, compute_nodes, instance_actions, instances, request_specs
+from shared.exceptions import (
+    BuildFailed,
+    ComputeNodeNotFound,
+    KeelError,
+    NoValidHost,
+    Unroutable,
+)
+from shared.faults import FaultPoints
 from shared.objects.instance import Instance
 from shared.objects.states import TaskState, VmState
 
@@ -39,13 +60,17 @@ class BuildInstanceTask(TaskBase):
         pool: asyncpg.Pool,
         scheduler: SchedulerAPI,
         compute: ComputeAPI,
+        service_down_time: float,
+        faults: FaultPoints | None = None,
     ) -> None:
         self.ctx = ctx
         self.instance_uuid = instance_uuid
         self.pool = pool
         self.scheduler = scheduler
         self.compute = compute
-        #: Set once the scheduler has claimed a host: from then on a rollback releases it.
+        self.service_down_time = service_down_time
+        self.faults = faults or FaultPoints()
+        #: The host claimed for the instance, once known: a rollback names it.
         self.selection: Selection | None = None
         self._log_extra = {"instance_uuid": str(instance_uuid)}
 
@@ -53,54 +78,38 @@ class BuildInstanceTask(TaskBase):
         instance = await self._instance_to_build()
         if instance is None:
             return
-        async with self.pool.acquire() as conn:
-            spec = await request_specs.get(conn, self.instance_uuid)
-            stale = await allocations.release(conn, self.instance_uuid)
-        if stale:
+        if instance.task_state == TaskState.SCHEDULING:
+            self.selection = await self._schedule()
+            self.faults.reached("conductor.build.after_claim")
+            instance = await self._record_placement(self.selection)
+            if instance is None:
+                return
+            self.faults.reached("conductor.build.after_placement")
+        else:
             LOG.info(
-                "released %d claim(s) left by an earlier attempt to build instance %s",
-                len(stale),
+                "instance %s is already placed on %s; sending its build there again",
                 self.instance_uuid,
-                extra={**self._log_extra, "decision": "claim_released"},
+                instance.host,
+                extra=self._log_extra,
             )
-        self.selection = await self.scheduler.select_destinations(self.ctx, spec)
-        if not await self._record_placement(self.selection):
-            return
-        await self.compute.build_and_run_instance(
-            self.ctx,
-            self.selection.service_uuid,
-            InstanceSpec(
-                uuid=instance.uuid,
-                display_name=instance.display_name,
-                flavor=instance.flavor,
-                image_ref=instance.image_ref,
-                node=self.selection.nodename,
-            ),
-        )
-        LOG.info(
-            "sent instance %s to host %s (node %s, service %s) to build",
-            self.instance_uuid,
-            self.selection.host,
-            self.selection.nodename,
-            self.selection.service_uuid,
-            extra={**self._log_extra, "decision": "build_sent"},
-        )
+            self.selection = await self._recorded_selection(instance)
+        await self._send_build(instance, self.selection)
 
     async def _instance_to_build(self) -> Instance | None:
-        """The instance, if it still waits to be scheduled; None if it is gone or handled."""
-        try:
-            async with self.pool.acquire() as conn:
-                instance = await instances.get(conn, self.instance_uuid)
-        except InstanceNotFound:
+        """The instance, if it still waits to be scheduled or spawned; None otherwise."""
+        async with self.pool.acquire() as conn:
+            instance = await instances.find(conn, self.instance_uuid)
+        if instance is None or instance.deleted_at is not None:
             LOG.info(
-                "instance %s was deleted before it was scheduled; nothing to build",
+                "instance %s was deleted before it was built; nothing to build",
                 self.instance_uuid,
                 extra=self._log_extra,
             )
             return None
-        if instance.vm_state != VmState.BUILDING or instance.task_state != TaskState.SCHEDULING:
+        building = instance.vm_state == VmState.BUILDING
+        if not building or instance.task_state not in (TaskState.SCHEDULING, TaskState.SPAWNING):
             LOG.info(
-                "instance %s is %s/%s, not building/scheduling: already handled, skipping",
+                "instance %s is %s/%s, not building: already handled, skipping",
                 self.instance_uuid,
                 instance.vm_state,
                 instance.task_state,
@@ -109,46 +118,112 @@ class BuildInstanceTask(TaskBase):
             return None
         return instance
 
-    async def _record_placement(self, selection: Selection) -> bool:
-        """Store host and node on the instance; False (claim released) if it was deleted."""
+    async def _schedule(self) -> Selection:
+        async with self.pool.acquire() as conn:
+            spec = await request_specs.get(conn, self.instance_uuid)
+        return await self.scheduler.select_destinations(self.ctx, spec)
+
+    async def _record_placement(self, selection: Selection) -> Instance | None:
+        """Swap scheduling → spawning on the selected host; None if the swap was lost."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            placed = await instances.set_scheduled(
+                conn, self.instance_uuid, host=selection.host, node=selection.nodename
+            )
+            if placed is not None:
+                return placed
+            current = await instances.find(conn, self.instance_uuid)
+            orphaned = (
+                current is None
+                or current.deleted_at is not None
+                or (current.vm_state == VmState.ERROR and current.launched_at is None)
+            )
+            released = None
+            if orphaned:
+                released = await allocations.release(
+                    conn, self.instance_uuid, selection.compute_node_id
+                )
+        LOG.info(
+            "instance %s changed while it was scheduled (%s); %s",
+            self.instance_uuid,
+            "deleted" if current is None or current.deleted_at else current.vm_state,
+            f"released its claim on host {selection.host}" if released else "leaving it be",
+            extra={**self._log_extra, "decision": "placement_lost"},
+        )
+        self.selection = None
+        return None
+
+    async def _recorded_selection(self, instance: Instance) -> Selection:
+        """Where a spawning instance was placed, resolved to its agent's service."""
+        assert instance.host is not None
         async with self.pool.acquire() as conn:
             try:
-                await instances.set_scheduled(
-                    conn, self.instance_uuid, host=selection.host, node=selection.nodename
+                node = await compute_nodes.get_by_host_node(
+                    conn, instance.host, instance.node or ""
                 )
-            except InstanceNotFound:
-                released = await allocations.release(conn, self.instance_uuid)
-                self.selection = None
-                LOG.info(
-                    "instance %s was deleted while it was scheduled; released %d claim(s) "
-                    "on host %s",
-                    self.instance_uuid,
-                    len(released),
-                    selection.host,
-                    extra={**self._log_extra, "decision": "claim_released"},
-                )
-                return False
-        return True
+                host = await compute_nodes.host_state_by_id(conn, node.id, self.service_down_time)
+            except ComputeNodeNotFound:
+                raise BuildFailed(
+                    f"compute node {instance.node} of host {instance.host} no longer exists"
+                ) from None
+        return Selection(
+            service_uuid=host.service.uuid,
+            compute_node_id=host.node.id,
+            compute_node_uuid=host.node.uuid,
+            host=host.node.host,
+            nodename=host.node.hypervisor_hostname,
+        )
 
-    def _fault_message(self, exc: Exception) -> str:
+    async def _send_build(self, instance: Instance, selection: Selection) -> None:
+        spec = InstanceSpec(
+            uuid=instance.uuid,
+            display_name=instance.display_name,
+            flavor=instance.flavor,
+            image_ref=instance.image_ref,
+            node=selection.nodename,
+        )
+        try:
+            await self.compute.build_and_run_instance(self.ctx, selection.service_uuid, spec)
+        except Unroutable as exc:
+            raise BuildFailed(
+                f"compute host {selection.host} has no queue on the broker ({exc.message})"
+            ) from None
+        LOG.info(
+            "sent instance %s to host %s (node %s, service %s) to build",
+            self.instance_uuid,
+            selection.host,
+            selection.nodename,
+            selection.service_uuid,
+            extra={**self._log_extra, "decision": "build_sent"},
+        )
+
+    def _fault_message(self, exc: KeelError) -> str:
         if isinstance(exc, NoValidHost):
             return exc.message
         if self.selection is None:
-            detail = exc.message if isinstance(exc, KeelError) else f"{type(exc).__name__}: {exc}"
-            return f"Failed to schedule the instance: {detail}."
-        if isinstance(exc, MessagingError):
-            return (
-                f"Build of instance {self.instance_uuid} could not start: compute host "
-                f"{self.selection.host} could not be reached ({exc.message})."
-            )
-        return f"Build of instance {self.instance_uuid} failed: {type(exc).__name__}: {exc}"
+            return f"Failed to schedule the instance: {exc.message}."
+        return (
+            f"Build of instance {self.instance_uuid} could not start on compute host "
+            f"{self.selection.host}: {exc.message}."
+        )
 
-    async def rollback(self, exc: Exception) -> None:
-        """Release any claim, put the instance in ERROR and close its create action."""
+    async def rollback(self, exc: KeelError) -> None:
+        """Put the instance in ERROR (if still building) and release its claims."""
         message = self._fault_message(exc)
         async with self.pool.acquire() as conn, conn.transaction():
-            released = await allocations.release(conn, self.instance_uuid)
-            await instances.set_error(conn, self.instance_uuid, message=message, code=500)
+            failed = await instances.set_build_failed(conn, self.instance_uuid, message=message)
+            if failed is None:
+                current = await instances.find(conn, self.instance_uuid)
+                if current is None or current.deleted_at is not None:
+                    await allocations.release_instance(conn, self.instance_uuid)
+                LOG.info(
+                    "build of instance %s failed (%s), but it is no longer building: "
+                    "leaving it as it is",
+                    self.instance_uuid,
+                    message,
+                    extra=self._log_extra,
+                )
+                return
+            released = await allocations.release_instance(conn, self.instance_uuid)
             await instance_actions.finish(conn, self.instance_uuid, CREATE_ACTION, message)
         LOG.info(
             "instance %s is in ERROR: %s (released %d claim(s))",

@@ -11,7 +11,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Literal
 
-import aio_pika
 import pytest
 from pydantic import BaseModel
 
@@ -28,7 +27,8 @@ from shared.rpc.amqp import AmqpTransport
 from shared.rpc.client import RPCClient
 from shared.rpc.fake import FakeBroker, FakeTransport
 from shared.rpc.server import RPCServer
-from shared.rpc.transport import Transport
+from shared.rpc.transport import DeadLetter, Transport
+from tests.broker import remove_exchange
 
 pytestmark = pytest.mark.functional
 
@@ -90,17 +90,6 @@ class Endpoint:
         return Answer(text="done", server=self.name)
 
 
-async def _forget_exchange(url: str, exchange: str) -> None:
-    """Delete what a test declared on the broker (unused queues would expire anyway)."""
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for name in (exchange, f"{exchange}.dlx"):
-            await channel.exchange_delete(name)
-        for queue in (f"{exchange}.dead-letter", f"{exchange}.{TOPIC}"):
-            await channel.queue_delete(queue)
-
-
 @pytest.fixture(params=["fake", "amqp"])
 async def transports(
     request: pytest.FixtureRequest, amqp_url: str, exchange: str
@@ -120,7 +109,7 @@ async def transports(
     for transport in pair:
         await transport.close()
     if request.param == "amqp":
-        await _forget_exchange(amqp_url, exchange)
+        await remove_exchange(exchange, (TOPIC,))
 
 
 @pytest.fixture
@@ -149,15 +138,14 @@ def ctx() -> RequestContext:
     return RequestContext(user_id="u1", project_id="p1")
 
 
-async def _dead_letters(transport: Transport, want: int = 1) -> list[bytes]:
-    """Poll the dead-letter queue until ``want`` messages arrived (rejection is async)."""
-    taken: list[bytes] = []
+async def _dead_letters(transport: Transport, want: int = 1) -> list[DeadLetter]:
+    """Poll the dead-letter queue until ``want`` casts arrived (rejection is async)."""
     async with asyncio.timeout(SOON):
-        while len(taken) < want:
-            taken += await transport.dead_letters()
-            if len(taken) < want:
-                await asyncio.sleep(0.05)
-    return taken
+        while True:
+            found = await transport.dead_letters()
+            if len(found) >= want:
+                return found
+            await asyncio.sleep(0.05)
 
 
 async def test_call_returns_the_typed_result(client: RPCClient, ctx: RequestContext) -> None:
@@ -231,7 +219,13 @@ async def test_malformed_message_is_dead_lettered_and_serving_goes_on(
 ) -> None:
     garbage = b"\x00\xffthis is not an envelope"
     await transports[1].cast(TOPIC, garbage, message_id="garbage-1")
-    assert await _dead_letters(transports[1]) == [garbage]
+    [dead] = await _dead_letters(transports[1])
+    assert (dead.body, dead.topic, dead.kind, dead.reason) == (garbage, TOPIC, "cast", "rejected")
+    assert "malformed envelope" in dead.detail
+    # Looking does not take it away; purging does.
+    assert [d.body for d in await transports[1].dead_letters()] == [garbage]
+    assert await transports[1].purge_dead_letters() == 1
+    assert await transports[1].dead_letters() == []
     answer = await client.call(ctx, "echo", Text(text="still here"), version="1.0", returns=Answer)
     assert answer.text == "still here"
 

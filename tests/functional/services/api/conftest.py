@@ -12,7 +12,6 @@ import uuid
 from collections.abc import AsyncIterator
 from uuid import UUID
 
-import aio_pika
 import asyncpg
 import httpx
 import pytest
@@ -27,6 +26,7 @@ from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.service import Service
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
+from tests.broker import remove_exchange
 
 #: Bound on waiting for a cast that should arrive almost at once.
 SOON = 10.0
@@ -109,22 +109,12 @@ def settings(database_url: str, amqp_url: str, exchange: str) -> Settings:
     )
 
 
-async def _forget_exchange(url: str, exchange: str, queues: list[str]) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for name in (exchange, f"{exchange}.dlx"):
-            await channel.exchange_delete(name)
-        for queue in ["dead-letter", *queues]:
-            await channel.queue_delete(f"{exchange}.{queue}")
-
-
 @pytest.fixture
 async def queues(amqp_url: str, exchange: str) -> AsyncIterator[list[str]]:
     """Topics a test serves; their queues are deleted with the exchange afterwards."""
     served: list[str] = []
     yield served
-    await _forget_exchange(amqp_url, exchange, served)
+    await remove_exchange(exchange, served)
 
 
 @pytest.fixture

@@ -235,7 +235,7 @@ async def test_error_servers_show_their_fault(
     await add_image(db_pool)
     server_id = await create(client)
     async with db_pool.acquire() as conn:
-        await instances.set_error(
+        await instances.set_build_failed(
             conn, UUID(server_id), message="No valid host was found.", details="filters: RAM"
         )
     server = (await client.get(f"/v2.1/servers/{server_id}", headers=MEMBER)).json()["server"]

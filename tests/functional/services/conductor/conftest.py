@@ -8,7 +8,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
-import aio_pika
 import pytest
 
 from services.conductor.main import serve as serve_conductor
@@ -23,20 +22,10 @@ from shared.objects.instance import RequestSpec
 from shared.rpc.amqp import AmqpTransport
 from shared.runtime import Lifecycle
 from shared.versions import SERVICE_VERSION
+from tests.broker import remove_exchange
 
 #: Bound on waiting for something that should happen almost at once.
 SOON = 20.0
-
-
-async def _forget_exchange(url: str, exchange: str) -> None:
-    """Delete what a test declared on the broker (unused queues would expire anyway)."""
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for name in (exchange, f"{exchange}.dlx"):
-            await channel.exchange_delete(name)
-        for queue in ("dead-letter", "conductor", "scheduler"):
-            await channel.queue_delete(f"{exchange}.{queue}")
 
 
 @pytest.fixture
@@ -58,7 +47,7 @@ async def agent_transport(amqp_url: str, exchange: str) -> AsyncIterator[AmqpTra
     await transport.connect()
     yield transport
     await transport.close()
-    await _forget_exchange(amqp_url, exchange)
+    await remove_exchange(exchange, ("conductor", "scheduler"))
 
 
 async def _wait_until_serving(transport: AmqpTransport) -> None:

@@ -79,13 +79,22 @@ async def register(conductor: ConductorAPI, host: str, *, memory_mb: int = 2048)
     )
 
 
+async def heartbeat(conductor: ConductorAPI, registration: Registration) -> None:
+    """Report the host up, as an agent's first heartbeat does once it consumes its queue."""
+    await conductor.service_heartbeat(
+        RequestContext.internal(), service_uuid=registration.service_uuid, version=SERVICE_VERSION
+    )
+
+
 async def serve_stand_in(
     transport: Transport, registration: Registration, stand_in: StandInCompute
 ) -> RPCServer:
+    """Consume the host's queue with ``stand_in``, then report the host up."""
     server = RPCServer(
         transport, topic_for(registration.service_uuid), stand_in, version=RPC_VERSION
     )
     await server.start(prefetch=4)
+    await heartbeat(stand_in.conductor, registration)
     return server
 
 

@@ -26,6 +26,7 @@ from tests.functional.services.conductor.stand_in import (
     StandInCompute,
     create_instance,
     eventually,
+    heartbeat,
     register,
     serve_stand_in,
 )
@@ -132,15 +133,16 @@ async def test_reported_build_failure_ends_in_error_and_releases_the_claim(
 async def test_unreachable_host_ends_in_error_and_releases_the_claim(
     db_pool: asyncpg.Pool, conductor: ConductorAPI
 ) -> None:
-    # Registered, but nothing consumes its compute.<service uuid> queue.
+    # Registered and reported up, but nothing consumes its compute.<service uuid> queue.
     registration = await register(conductor, "gone-host")
+    await heartbeat(conductor, registration)
     instance_uuid = await create_instance(db_pool)
 
     await conductor.build_instances(RequestContext(), instance_uuid)
 
     instance = await settled(db_pool, instance_uuid, "error")
     assert instance.fault is not None
-    assert "gone-host could not be reached" in instance.fault.message
+    assert "gone-host has no queue on the broker" in instance.fault.message
     assert await held(db_pool, instance_uuid) == 0
     async with db_pool.acquire() as conn:
         node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
@@ -164,12 +166,14 @@ async def test_repeated_build_request_changes_nothing(
         ComputeAPI(agent_transport, timeout=10),
         service_down_time=60,
     )
+    agent.built.clear()
     await manager.build_instances(RequestContext(), BuildInstances(instance_uuid=instance_uuid))
 
     async with db_pool.acquire() as conn:
         after = await instances.get(conn, instance_uuid)
         node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
     assert after == before
+    assert agent.built == []
     assert await held(db_pool, instance_uuid) == 1
     assert node.memory_mb_used == SMALL.memory_mb
 

@@ -56,8 +56,12 @@ async def test_register_compute_creates_service_and_node_and_is_idempotent(
         service = await services.get(conn, first.service_uuid, 60)
         node = await compute_nodes.get_by_uuid(conn, node_uuid)
     assert (service.host, service.binary, service.topic) == ("cn1", "keel-compute", "compute")
-    assert service.is_up
+    # Up only once the agent heartbeats, which it does after consuming its queue.
+    assert not service.is_up
     assert service.version == SERVICE_VERSION
+    await conductor.service_heartbeat(CTX, service_uuid=first.service_uuid, version=SERVICE_VERSION)
+    async with db_pool.acquire() as conn:
+        assert (await services.get(conn, first.service_uuid, 60)).is_up
     assert (node.id, node.service_id, node.hypervisor_hostname) == (
         first.node_id,
         first.service_id,

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aio_pika
 import pytest
 
 from shared.rpc.amqp import AmqpTransport
+from tests.broker import remove_exchange
 
 OpenTransport = Callable[[], Awaitable[AmqpTransport]]
-
-
-async def forget_exchange(url: str, exchange: str, topics: tuple[str, ...]) -> None:
-    """Delete what a test declared on the broker (unused queues would expire anyway)."""
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for name in (exchange, f"{exchange}.dlx"):
-            await channel.exchange_delete(name)
-        for queue in (f"{exchange}.dead-letter", *(f"{exchange}.{t}" for t in topics)):
-            await channel.queue_delete(queue)
 
 
 @pytest.fixture
@@ -37,4 +26,4 @@ async def open_transport(amqp_url: str, exchange: str) -> AsyncIterator[OpenTran
     yield _open
     for transport in opened:
         await transport.close()
-    await forget_exchange(amqp_url, exchange, ("scheduler",))
+    await remove_exchange(exchange, ("scheduler",))

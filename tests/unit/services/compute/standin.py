@@ -17,6 +17,9 @@ from uuid import UUID
 from services.compute.rpcapi import InstanceSpec
 from services.conductor import rpcapi as conductor_rpcapi
 from services.conductor.rpcapi import (
+    BuildCheck,
+    BuildVerdict,
+    CheckBuild,
     InstanceBuildResult,
     InstanceDeleted,
     RegisterCompute,
@@ -47,6 +50,10 @@ class StandInConductor:
         self.heartbeats: list[ServiceHeartbeat] = []
         self.build_results: list[InstanceBuildResult] = []
         self.deleted: list[UUID] = []
+        #: What ``check_build`` answers per instance (``build`` unless set); each answer
+        #: is taken in turn, the last one repeated.
+        self.verdicts: dict[UUID, list[BuildVerdict]] = {}
+        self.checks: list[CheckBuild] = []
 
     async def register_compute(self, ctx: RequestContext, req: RegisterCompute) -> Registration:
         self.registrations.append(req)
@@ -75,6 +82,12 @@ class StandInConductor:
 
     async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
         self.deleted.append(req.instance_uuid)
+
+    async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
+        self.checks.append(req)
+        answers = self.verdicts.get(req.instance_uuid, [BuildVerdict.BUILD])
+        verdict = answers.pop(0) if len(answers) > 1 else answers[0]
+        return BuildCheck(verdict=verdict, reason=f"the stand-in says {verdict.value}")
 
     def results_for(self, instance_uuid: UUID) -> list[InstanceBuildResult]:
         return [r for r in self.build_results if r.instance_uuid == instance_uuid]

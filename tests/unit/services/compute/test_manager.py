@@ -14,7 +14,8 @@ import pytest
 from services.compute.manager import ComputeManager
 from services.compute.rpcapi import RPC_VERSION, ComputeAPI, InstanceSpec, topic_for
 from services.compute.virt.local import LocalDriver
-from services.conductor.rpcapi import ConductorAPI
+from services.conductor.rpcapi import RPC_VERSION as RPC_CAP
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI
 from shared.context import RequestContext
 from shared.exceptions import BuildFailed
 from shared.rpc.fake import FakeBroker, FakeTransport
@@ -52,6 +53,7 @@ class Rig:
     compute: ComputeAPI
     service_uuid: uuid.UUID
     state_dir: Path
+    agent_side: FakeTransport
 
     def guest_dir(self, spec: InstanceSpec) -> Path:
         return self.state_dir / "instances" / str(spec.uuid)
@@ -64,7 +66,7 @@ class Rig:
 
 
 @asynccontextmanager
-async def _rig(driver: LocalDriver) -> AsyncIterator[Rig]:
+async def _rig(driver: LocalDriver, *, conductor_version: str | None = None) -> AsyncIterator[Rig]:
     broker = FakeBroker()
     transports = [FakeTransport(broker) for _ in range(3)]
     for transport in transports:
@@ -73,11 +75,12 @@ async def _rig(driver: LocalDriver) -> AsyncIterator[Rig]:
     standin = StandInConductor()
     await serve_standin(conductor_side, standin)
     service_uuid = uuid.uuid4()
-    manager = ComputeManager(driver, ConductorAPI(agent_side, timeout=5))
+    conductor = ConductorAPI(agent_side, timeout=5, version_cap=conductor_version or RPC_CAP)
+    manager = ComputeManager(driver, conductor, node_uuid=uuid.uuid4())
     server = RPCServer(agent_side, topic_for(service_uuid), manager, version=RPC_VERSION)
     await server.start(prefetch=8)
     try:
-        yield Rig(standin, ComputeAPI(caller_side), service_uuid, driver.state_dir)
+        yield Rig(standin, ComputeAPI(caller_side), service_uuid, driver.state_dir, agent_side)
     finally:
         for transport in transports:
             await transport.close()
@@ -171,3 +174,80 @@ async def test_terminate_during_a_build_waits_for_it_and_then_removes_the_guest(
         [result] = rig.conductor.results_for(spec.uuid)
         assert result.success
         assert not rig.guest_dir(spec).exists()
+
+
+async def test_twin_builds_delivered_at_once_make_one_guest(tmp_path: Path) -> None:
+    async with _rig(Slow(tmp_path, "host1")) as rig:
+        spec = make_spec()
+        await rig.build(spec)
+        await eventually(lambda: len(rig.conductor.checks) == 1)
+        # The agent's connection drops mid-build: the broker delivers the build again
+        # while the first delivery is still building.
+        rig.agent_side.lose_connection()
+
+        await eventually(lambda: len(rig.conductor.results_for(spec.uuid)) == 2)
+
+        assert all(r.success for r in rig.conductor.results_for(spec.uuid))
+        assert [p.name for p in (rig.state_dir / "instances").iterdir()] == [str(spec.uuid)]
+
+
+async def test_build_nobody_wants_any_more_is_not_made(rig: Rig) -> None:
+    spec = make_spec()
+    rig.conductor.verdicts[spec.uuid] = [BuildVerdict.ABANDON]
+
+    await rig.build(spec)
+    await eventually(lambda: len(rig.conductor.checks) == 1)
+    await rig.build(make_spec())  # handled after the first: its result marks the end
+    await eventually(lambda: len(rig.conductor.build_results) == 1)
+
+    assert rig.conductor.results_for(spec.uuid) == []
+    assert not rig.guest_dir(spec).exists()
+
+
+async def test_build_given_up_while_it_ran_removes_the_guest(rig: Rig) -> None:
+    spec = make_spec()
+    rig.conductor.verdicts[spec.uuid] = [BuildVerdict.BUILD, BuildVerdict.ABANDON]
+
+    await rig.build(spec)
+    await eventually(lambda: len(rig.conductor.checks) == 2)
+    await rig.terminate(uuid.uuid4())  # queued behind nothing; ends after the build's checks
+    await eventually(lambda: len(rig.conductor.deleted) == 1)
+
+    assert rig.conductor.results_for(spec.uuid) == []
+    assert not rig.guest_dir(spec).exists()
+
+
+async def test_repeated_build_of_a_guest_living_here_leaves_it_alone(rig: Rig) -> None:
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    rig.conductor.verdicts[spec.uuid] = [BuildVerdict.LEAVE]
+
+    await rig.build(spec)
+    await eventually(lambda: len(rig.conductor.checks) == 3)
+
+    assert (rig.guest_dir(spec) / "disk").is_file()
+    assert len(rig.conductor.results_for(spec.uuid)) == 1
+
+
+async def test_leftover_of_an_abandoned_build_is_removed(rig: Rig) -> None:
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    rig.conductor.verdicts[spec.uuid] = [BuildVerdict.ABANDON]
+
+    await rig.build(spec)
+    await eventually(lambda: not rig.guest_dir(spec).exists())
+
+    assert len(rig.conductor.results_for(spec.uuid)) == 1
+
+
+async def test_conductor_too_old_to_check_gets_the_build_done(tmp_path: Path) -> None:
+    async with _rig(LocalDriver(tmp_path, "host1"), conductor_version="1.0") as rig:
+        spec = make_spec()
+
+        await rig.build(spec)
+        await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+
+        assert rig.conductor.checks == []
+        assert (rig.guest_dir(spec) / "disk").is_file()

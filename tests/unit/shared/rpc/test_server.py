@@ -1,4 +1,8 @@
-"""RPCServer dispatch on the fake transport: routing, validation, errors, deadlines."""
+"""RPCServer dispatch on the fake transport: routing, validation, errors, caller timeouts.
+
+How each outcome is settled (retried, requeued, dead-lettered) is covered in
+``test_settlement.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,6 @@ from shared.context import RequestContext, current_request_id
 from shared.exceptions import (
     InstanceNotFound,
     InvalidMessage,
-    MessagingTimeout,
     NoSuchMethod,
     RemoteError,
 )
@@ -22,7 +25,7 @@ from shared.rpc.client import RPCClient
 from shared.rpc.envelope import Envelope, Reply
 from shared.rpc.fake import FakeTransport
 from shared.rpc.server import RPCServer
-from shared.rpc.transport import IncomingMessage, RejectMessage
+from shared.rpc.transport import IncomingMessage, Settle
 
 TOPIC = "unit"
 
@@ -78,20 +81,21 @@ def client(client_transport: FakeTransport, server: RPCServer) -> RPCClient:
     return RPCClient(client_transport, TOPIC, version_cap="1.3", timeout=5)
 
 
-async def _dead_letters(transport: FakeTransport, want: int = 1) -> list[bytes]:
-    """Wait until ``want`` messages were dead-lettered, and take them."""
-    taken: list[bytes] = []
+async def _dead_letters(
+    transport: FakeTransport, want: int = 1, *, calls: bool = False
+) -> list[bytes]:
+    """Wait until ``want`` casts (or calls) were dead-lettered; their bodies."""
     async with asyncio.timeout(5):
-        while len(taken) < want:
-            taken += await transport.dead_letters()
-            if len(taken) < want:
-                await asyncio.sleep(0)
-    return taken
+        while True:
+            found = await transport.dead_letters(calls=calls)
+            if len(found) >= want:
+                return [dead.body for dead in found]
+            await asyncio.sleep(0)
 
 
-def _envelope(method: str, args: dict[str, object], deadline: float | None = None) -> bytes:
+def _envelope(method: str, args: dict[str, object], timeout: float | None = None) -> bytes:
     envelope = Envelope(
-        method=method, version="1.0", context=RequestContext(), args=args, deadline=deadline
+        method=method, version="1.0", context=RequestContext(), args=args, timeout=timeout
     )
     return envelope.model_dump_json().encode()
 
@@ -125,14 +129,34 @@ async def test_method_returning_nothing_is_called(client: RPCClient, endpoint: E
     assert endpoint.handled == ["x"]
 
 
-async def test_call_past_its_deadline_is_dropped(
-    client_transport: FakeTransport, server: RPCServer, endpoint: Endpoint
+async def test_call_its_caller_stopped_waiting_for_is_dropped(
+    server: RPCServer, endpoint: Endpoint
 ) -> None:
-    stale = _envelope("greet", {"name": "late"}, deadline=time.time() - 1)
-    with pytest.raises(MessagingTimeout):
-        await client_transport.call(TOPIC, stale, message_id="stale-1", timeout=0.2)
+    # The timeout is a duration counted on this host's monotonic clock from arrival.
+    stale = IncomingMessage(
+        body=_envelope("greet", {"name": "late"}, timeout=5.0),
+        message_id="stale-1",
+        reply_to="r.1",
+        received_at=time.monotonic() - 6.0,
+    )
+    settlement = await server.handle(stale)
+    assert (settlement.settle, settlement.reply) == (Settle.ACK, None)
     assert endpoint.handled == []
-    assert await client_transport.dead_letters() == []
+
+
+async def test_call_within_its_timeout_is_served_whatever_the_clocks_say(
+    server: RPCServer, endpoint: Endpoint
+) -> None:
+    fresh = IncomingMessage(
+        body=_envelope("greet", {"name": "on time"}, timeout=5.0),
+        message_id="fresh-1",
+        reply_to="r.1",
+        received_at=time.monotonic() - 4.0,
+    )
+    settlement = await server.handle(fresh)
+    assert settlement.settle is Settle.ACK
+    assert settlement.reply is not None
+    assert endpoint.handled == ["on time"]
 
 
 async def test_bad_arguments_are_invalid_and_dead_lettered(
@@ -143,7 +167,7 @@ async def test_bad_arguments_are_invalid_and_dead_lettered(
 
     with pytest.raises(InvalidMessage, match="bad arguments for greet"):
         await client.call(RequestContext(), "greet", Wrong(age=3), version="1.0")
-    [dead] = await _dead_letters(client_transport)
+    [dead] = await _dead_letters(client_transport, calls=True)
     assert Envelope.model_validate_json(dead).args == {"age": 3}
     assert endpoint.handled == []
 
@@ -178,16 +202,28 @@ async def test_garbage_is_dead_lettered_and_serving_goes_on(
 
 
 async def test_rejection_answers_only_a_waiting_caller(server: RPCServer) -> None:
-    with pytest.raises(RejectMessage) as silent:
-        await server.handle(IncomingMessage(body=b"junk", message_id="m1"))
-    assert silent.value.reply is None
+    silent = await server.handle(IncomingMessage(body=b"junk", message_id="m1"))
+    assert (silent.settle, silent.reply) == (Settle.DEAD_LETTER, None)
 
-    with pytest.raises(RejectMessage) as answered:
-        await server.handle(IncomingMessage(body=b"junk", message_id="m2", reply_to="r.1"))
-    assert answered.value.reply is not None
-    reply = Reply.model_validate_json(answered.value.reply)
+    answered = await server.handle(IncomingMessage(body=b"junk", message_id="m2", reply_to="r.1"))
+    assert answered.settle is Settle.DEAD_LETTER
+    assert answered.reply is not None
+    reply = Reply.model_validate_json(answered.reply)
     assert reply.error is not None
     assert reply.error.type == "InvalidMessage"
+    assert "malformed envelope" in answered.reason
+
+
+async def test_version_is_checked_before_the_method(server: RPCServer) -> None:
+    envelope = Envelope(method="no_such_thing", version="2.0", context=RequestContext())
+    message = IncomingMessage(
+        body=envelope.model_dump_json().encode(), message_id="m3", reply_to="r.1"
+    )
+    settlement = await server.handle(message)
+    assert settlement.reply is not None
+    reply = Reply.model_validate_json(settlement.reply)
+    assert reply.error is not None
+    assert reply.error.type == "UnsupportedVersion"
 
 
 async def test_business_error_is_sent_back_and_logged_without_traceback(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.conductor.tasks import TaskBase
-from shared.exceptions import NoValidHost
+from shared.exceptions import KeelError, MessagingTimeout, NoValidHost
 
 
 class _Task(TaskBase):
@@ -13,7 +13,9 @@ class _Task(TaskBase):
 
     name = "test"
 
-    def __init__(self, failure: Exception | None, *, rollback_fails: bool = False) -> None:
+    def __init__(
+        self, failure: Exception | None, *, rollback_fails: Exception | None = None
+    ) -> None:
         self.failure = failure
         self.rollback_fails = rollback_fails
         self.done: list[str] = []
@@ -25,10 +27,10 @@ class _Task(TaskBase):
             raise self.failure
         self.done.append("sent")
 
-    async def rollback(self, exc: Exception) -> None:
+    async def rollback(self, exc: KeelError) -> None:
         self.rolled_back_for = exc
-        if self.rollback_fails:
-            raise RuntimeError("database went away")
+        if self.rollback_fails is not None:
+            raise self.rollback_fails
         self.done.clear()
 
 
@@ -54,7 +56,19 @@ async def test_unexpected_error_is_rolled_back_then_raised() -> None:
     assert task.done == []
 
 
-async def test_failed_rollback_does_not_hide_the_original_error() -> None:
-    task = _Task(ValueError("bug"), rollback_fails=True)
-    with pytest.raises(ValueError, match="bug"):
+async def test_transient_error_is_raised_untouched_for_another_delivery() -> None:
+    error = MessagingTimeout("no reply from scheduler within 60s")
+    task = _Task(error)
+    with pytest.raises(MessagingTimeout):
         await task.run()
+    assert task.done == ["claimed"]
+    assert task.rolled_back_for is None
+
+
+async def test_rollback_that_fails_is_raised_so_the_message_is_tried_again() -> None:
+    # The rollback could not reach the database: raising its error (transient) has the
+    # message delivered again, instead of leaving the instance half handled.
+    task = _Task(NoValidHost("full"), rollback_fails=OSError("connection refused"))
+    with pytest.raises(OSError, match="connection refused") as raised:
+        await task.run()
+    assert isinstance(raised.value.__context__, NoValidHost)
