@@ -50,8 +50,23 @@ async def agent_transport(amqp_url: str, exchange: str) -> AsyncIterator[AmqpTra
     await remove_exchange(exchange, ("conductor", "scheduler"))
 
 
-async def _wait_until_serving(transport: AmqpTransport) -> None:
+async def wait_for_conductor(transport: AmqpTransport) -> None:
+    """Until a conductor answers on the test's exchange."""
     conductor = ConductorAPI(transport, timeout=SOON)
+    async with asyncio.timeout(SOON):
+        while True:
+            try:
+                await conductor.service_heartbeat(
+                    RequestContext(), service_uuid=uuid.uuid4(), version=SERVICE_VERSION
+                )
+            except Unroutable:
+                await asyncio.sleep(0.05)
+            except ServiceNotFound:
+                return
+
+
+async def wait_for_scheduler(transport: AmqpTransport) -> None:
+    """Until a scheduler answers on the test's exchange."""
     scheduler = SchedulerAPI(transport, timeout=SOON)
     probe = RequestSpec(
         instance_uuid=uuid.uuid4(),
@@ -62,20 +77,11 @@ async def _wait_until_serving(transport: AmqpTransport) -> None:
     async with asyncio.timeout(SOON):
         while True:
             try:
-                await conductor.service_heartbeat(
-                    RequestContext(), service_uuid=uuid.uuid4(), version=SERVICE_VERSION
-                )
-            except Unroutable:
-                await asyncio.sleep(0.05)
-            except ServiceNotFound:
-                break
-        while True:
-            try:
                 await scheduler.select_destinations(RequestContext(), probe)
             except Unroutable:
                 await asyncio.sleep(0.05)
             except NoValidHost:
-                break
+                return
 
 
 @pytest.fixture
@@ -89,7 +95,8 @@ async def conductor(
         asyncio.create_task(serve_conductor(settings, lifecycle)),
     ]
     try:
-        await _wait_until_serving(agent_transport)
+        await wait_for_conductor(agent_transport)
+        await wait_for_scheduler(agent_transport)
         yield ConductorAPI(agent_transport, timeout=SOON)
     finally:
         lifecycle.stopping.set()

@@ -129,3 +129,12 @@ async def eventually(check: Callable[[], Awaitable[T | None]]) -> T:
             if result is not None:
                 return result
             await asyncio.sleep(0.05)
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Wait until ``predicate()`` holds, for at most ``SOON`` seconds."""
+
+    async def check() -> bool | None:
+        return True if predicate() else None
+
+    await eventually(check)
