@@ -23,7 +23,7 @@ import asyncpg
 from services.api.faults import ServiceUnavailable
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes, instance_actions, instances, services
+from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, services
 from shared.exceptions import ComputeNodeNotFound, MessagingError, ServiceNotFound, Unroutable
 from shared.objects.instance import Instance
 from shared.objects.service import Service
@@ -37,12 +37,13 @@ DELETE_ACTION = "delete"
 async def local_delete(
     pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID, reason: str, *, started: bool
 ) -> None:
-    """Release the claims and soft-delete, in one transaction (idempotent)."""
+    """Release the claims and addresses and soft-delete, in one transaction (idempotent)."""
     async with pool.acquire() as conn, conn.transaction():
         if not started:
             await instance_actions.start(conn, ctx, instance_uuid, DELETE_ACTION)
         released = await allocations.release(conn, instance_uuid)
         await instances.soft_delete(conn, instance_uuid)
+        await fixed_ips.release(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason)
     LOG.info(
         "deleted server %s locally (%s); released %d claim(s)",

@@ -8,6 +8,7 @@ statuses; other filters clients send (``deleted=False``…) are accepted and ign
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -22,16 +23,16 @@ from services.api.faults import BadRequest, Forbidden, ItemNotFound
 from services.api.links import Links
 from services.api.microversion import APIVersion
 from services.api.paging import PageRequest, marker_not_found, next_marker, page_request
-from services.api.server_create import NewServerBody, create_server
+from services.api.server_create import NewServerBody, create_server, last_segment
 from services.api.server_delete import delete_server
+from services.api.server_fields import prepare
 from services.api.views.servers import STATUS_FILTERS, ServerView, created_body
 from shared.context import RequestContext
-from shared.db import instances
-from shared.db import services as services_db
+from shared.db import compute_nodes, fixed_ips, instances
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
-from shared.objects.service import Binary, Service
+from shared.objects.service import Service
 
 router = APIRouter(prefix="/v2.1/servers")
 
@@ -74,14 +75,30 @@ def host_status(service: Service) -> str:
 
 
 async def server_view(
-    conn: Connection, ctx: RequestContext, version: APIVersion, links: Links, down_time: float
+    conn: Connection,
+    ctx: RequestContext,
+    version: APIVersion,
+    links: Links,
+    down_time: float,
+    *,
+    shown: Sequence[Instance],
 ) -> ServerView:
-    """The view for this caller; admins from 2.16 also get each host's status."""
+    """The view of ``shown`` for this caller: their addresses and zones; for admins
+    from 2.16, each host's status."""
+    states = await compute_nodes.host_states(conn, down_time)
     statuses: dict[str, str] = {}
     if ctx.is_admin and version.at_least("2.16"):
-        computes = await services_db.list_services(conn, down_time, binary=Binary.COMPUTE)
-        statuses = {service.host: host_status(service) for service in computes}
-    return ServerView(version=version, links=links, is_admin=ctx.is_admin, host_statuses=statuses)
+        statuses = {state.service.host: host_status(state.service) for state in states}
+    return ServerView(
+        version=version,
+        links=links,
+        is_admin=ctx.is_admin,
+        host_statuses=statuses,
+        node_zones={
+            (s.node.host, s.node.hypervisor_hostname): s.node.availability_zone for s in states
+        },
+        addresses=await fixed_ips.for_instances(conn, [instance.uuid for instance in shown]),
+    )
 
 
 @dataclass(frozen=True)
@@ -165,7 +182,7 @@ async def _list(
     query = ServerQuery.from_request(request, ctx, version)
     async with pool.acquire() as conn:
         found = await _find_page(conn, query)
-        view = await server_view(conn, ctx, version, links, down_time)
+        view = await server_view(conn, ctx, version, links, down_time, shown=found)
     body: dict[str, Any] = {
         "servers": [view.detail(i) if detail else view.summary(i) for i in found]
     }
@@ -232,7 +249,9 @@ async def show_server(
 ) -> dict[str, Any]:
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
-        view = await server_view(conn, ctx, version, links, settings.service_down_time)
+        view = await server_view(
+            conn, ctx, version, links, settings.service_down_time, shown=[instance]
+        )
     return {"server": view.detail(instance, show=True)}
 
 
@@ -245,10 +264,14 @@ async def create(
     conductor: Conductor,
     links: RequestLinks,
     response: Response,
+    version: Version,
+    settings: AppSettings,
 ) -> dict[str, Any]:
-    instance = await create_server(pool, conductor, ctx, body.server)
+    server = body.server
+    fields = prepare(server, last_segment(server.image_ref), version, settings.network)
+    instance = await create_server(pool, conductor, ctx, server, fields)
     response.headers["Location"] = links.compute("servers", str(instance.uuid))
-    return {"server": created_body(instance, links)}
+    return {"server": created_body(instance, links, fields.admin_pass)}
 
 
 @router.delete("/{server_id}", status_code=204, response_class=Response)

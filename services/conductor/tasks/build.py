@@ -18,7 +18,7 @@ from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
-from shared.db import allocations, instance_actions, instances, request_specs
+from shared.db import allocations, fixed_ips, instance_actions, instances, request_specs
 from shared.exceptions import InstanceNotFound, KeelError, MessagingError, NoValidHost
 from shared.objects.instance import Instance
 from shared.objects.states import TaskState, VmState
@@ -55,6 +55,7 @@ class BuildInstanceTask(TaskBase):
             return
         async with self.pool.acquire() as conn:
             spec = await request_specs.get(conn, self.instance_uuid)
+            addresses = await fixed_ips.for_instance(conn, self.instance_uuid)
             stale = await allocations.release(conn, self.instance_uuid)
         if stale:
             LOG.info(
@@ -75,6 +76,9 @@ class BuildInstanceTask(TaskBase):
                 flavor=instance.flavor,
                 image_ref=instance.image_ref,
                 node=self.selection.nodename,
+                addresses=addresses,
+                metadata=instance.metadata,
+                user_data=instance.user_data,
             ),
         )
         LOG.info(
