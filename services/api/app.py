@@ -17,6 +17,9 @@ from services.api import (
     hypervisors,
     images,
     os_services,
+    server_metadata,
+    server_tags,
+    server_update,
     servers,
     versions,
 )
@@ -44,6 +47,9 @@ def create_app(
     app.add_middleware(ApiMiddleware)
     app.include_router(versions.router)
     app.include_router(servers.router)
+    app.include_router(server_update.router)
+    app.include_router(server_metadata.router)
+    app.include_router(server_tags.router)
     app.include_router(flavors.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
 
 from services.api.faults import BadRequest
 from services.api.microversion import APIVersion
@@ -85,6 +92,14 @@ def check_description(value: object) -> object:
     return value
 
 
+def check_name(value: str) -> str:
+    if value != value.strip():
+        raise ValueError("must not start or end with whitespace")
+    if not value.isprintable():
+        raise ValueError("must not contain control characters")
+    return value
+
+
 def check_user_data(value: object) -> object:
     if not isinstance(value, str):
         return value
@@ -106,6 +121,9 @@ def check_ip_address(value: object) -> object:
     return value
 
 
+ServerName = Annotated[
+    str, StringConstraints(min_length=1, max_length=255), AfterValidator(check_name)
+]
 Metadata = Annotated[dict[str, str], BeforeValidator(check_metadata)]
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=60, pattern=r"^[^,/]*$")]
 Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS)]

@@ -18,6 +18,12 @@ from shared.exceptions import InstanceInvalidState, InstanceNotFound
 from shared.objects.instance import Instance
 
 
+def _invalid_state(instance_uuid: UUID, action: str, attr: str, state: str) -> InstanceInvalidState:
+    return InstanceInvalidState(
+        f"Cannot '{action}' instance {instance_uuid} while it is in {attr} {state}"
+    )
+
+
 async def _update(
     conn: Connection,
     instance_uuid: UUID,
@@ -51,12 +57,10 @@ async def _update(
     )
     if current is None:
         raise InstanceNotFound(f"Instance {instance_uuid} could not be found.")
-    if states is not None and (current["vm_state"] not in states or current["task_state"]):
-        state = current["task_state"] or current["vm_state"]
-        raise InstanceInvalidState(
-            f"Cannot '{action}' instance {instance_uuid} while it is in "
-            f"{'task_state' if current['task_state'] else 'vm_state'} {state}"
-        )
+    if states is not None and current["vm_state"] not in states:
+        raise _invalid_state(instance_uuid, action, "vm_state", current["vm_state"])
+    if states is not None and current["task_state"]:
+        raise _invalid_state(instance_uuid, action, "task_state", current["task_state"])
     return None
 
 
