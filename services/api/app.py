@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from services.api import (
     aggregates,
+    availability_zones,
     faults,
     flavors,
     hypervisors,
@@ -54,6 +55,7 @@ def create_app(
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)
+    app.include_router(availability_zones.router)
     app.include_router(images.router, prefix="/v2.1")
     app.include_router(images.router, prefix="/image/v2")
     return app

@@ -207,3 +207,12 @@ async def test_sort_keys_are_validated_and_pages_follow_the_sort(
     following = first.json()["servers_links"][0]["href"]
     second = await client.get(following, headers=at("2.73", ADMIN))
     assert [s["name"] for s in second.json()["servers"]] == ["beta"]
+
+
+async def test_a_placed_server_shows_its_hosts_zone(
+    client: httpx.AsyncClient, servers: dict[str, str]
+) -> None:
+    placed = await client.get(f"/v2.1/servers/{servers['alpha']}", headers=ADMIN)
+    assert placed.json()["server"]["OS-EXT-AZ:availability_zone"] == "az1"
+    waiting = await client.get(f"/v2.1/servers/{servers['beta']}", headers=MEMBER)
+    assert waiting.json()["server"]["OS-EXT-AZ:availability_zone"] == ""
