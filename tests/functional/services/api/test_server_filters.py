@@ -216,3 +216,23 @@ async def test_a_placed_server_shows_its_hosts_zone(
     assert placed.json()["server"]["OS-EXT-AZ:availability_zone"] == "az1"
     waiting = await client.get(f"/v2.1/servers/{servers['beta']}", headers=MEMBER)
     assert waiting.json()["server"]["OS-EXT-AZ:availability_zone"] == ""
+
+
+async def test_pages_under_a_mixed_sort_add_up_to_the_whole_list(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    for name in ("b", "a", "b", "c", "a", "b"):
+        await post(client, MEMBER, name=name)
+    sort = "sort_key=display_name&sort_dir=desc&sort_key=created_at&sort_dir=asc"
+    whole = await client.get(f"/v2.1/servers?{sort}", headers=MEMBER)
+    expected = [s["id"] for s in whole.json()["servers"]]
+    assert [s["name"] for s in whole.json()["servers"]] == ["c", "b", "b", "b", "a", "a"]
+
+    seen: list[str] = []
+    url = f"/v2.1/servers?{sort}&limit=2"
+    while url:
+        page = (await client.get(url, headers=MEMBER)).json()
+        seen += [s["id"] for s in page["servers"]]
+        url = page["servers_links"][0]["href"] if "servers_links" in page else ""
+    assert seen == expected
