@@ -9,8 +9,10 @@ process with one line naming the setting (see :func:`load_settings`).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import socket
 import tomllib
+import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -92,6 +94,46 @@ class ComputeSettings(_Group):
     drain_timeout: float = Field(default=60.0, gt=0)
 
 
+#: Network ids derive from the network's name in this namespace unless set explicitly.
+NETWORK_ID_NAMESPACE = uuid.UUID("5d0c1a44-2f0e-4f6b-9a51-6b65656c0001")
+#: The largest network keel hands addresses out of (a /12: about a million addresses),
+#: because every address it may hand out is a row in ``fixed_ips``.
+NETWORK_MIN_PREFIX = 12
+#: The smallest: a /30 has one address left besides network, gateway and broadcast.
+NETWORK_MAX_PREFIX = 30
+
+
+class NetworkSettings(_Group):
+    """The network servers get their fixed IPv4 address from."""
+
+    name: str = Field(default="private", min_length=1, max_length=255)
+    cidr: str = "10.0.0.0/16"
+    #: The network's id as clients name it; unset means derived from ``name``.
+    id: uuid.UUID | None = None
+
+    @field_validator("cidr")
+    @classmethod
+    def _ipv4_network(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"must be an IPv4 network such as 10.0.0.0/16 ({exc})") from None
+        if not NETWORK_MIN_PREFIX <= network.prefixlen <= NETWORK_MAX_PREFIX:
+            raise ValueError(
+                f"the prefix length must be between /{NETWORK_MIN_PREFIX} and "
+                f"/{NETWORK_MAX_PREFIX}, not /{network.prefixlen}"
+            )
+        return str(network)
+
+    @property
+    def network_id(self) -> uuid.UUID:
+        return self.id or uuid.uuid5(NETWORK_ID_NAMESPACE, self.name)
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.cidr)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -126,6 +168,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
 
     @field_validator("transport_url")
     @classmethod

@@ -9,7 +9,9 @@
     │   ├── ServiceNotFound
     │   └── ComputeNodeNotFound
     ├── Conflict
-    │   └── InstanceInvalidState
+    │   ├── InstanceInvalidState
+    │   └── NoMoreFixedIps          every address of the network is taken
+    ├── InvalidFixedIp              a requested fixed address cannot be given
     ├── NoValidHost                 the scheduler found no host for a request
     ├── HostRenameDetected          an agent's node belongs to a service on another host
     ├── ServiceTooOld               this release is too old for the deployment
@@ -77,6 +79,14 @@ class Conflict(KeelError):
 
 
 class InstanceInvalidState(Conflict):
+    pass
+
+
+class NoMoreFixedIps(Conflict):
+    pass
+
+
+class InvalidFixedIp(KeelError):
     pass
 
 

@@ -12,11 +12,15 @@ from fastapi import FastAPI
 
 from services.api import (
     aggregates,
+    availability_zones,
     faults,
     flavors,
     hypervisors,
     images,
     os_services,
+    server_metadata,
+    server_tags,
+    server_update,
     servers,
     versions,
 )
@@ -44,10 +48,14 @@ def create_app(
     app.add_middleware(ApiMiddleware)
     app.include_router(versions.router)
     app.include_router(servers.router)
+    app.include_router(server_update.router)
+    app.include_router(server_metadata.router)
+    app.include_router(server_tags.router)
     app.include_router(flavors.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)
+    app.include_router(availability_zones.router)
     app.include_router(images.router, prefix="/v2.1")
     app.include_router(images.router, prefix="/image/v2")
     return app

@@ -1,7 +1,10 @@
 """os-hypervisors (admin): compute nodes with their capacity, usage and service state.
 
 Ids are integers below microversion 2.53 and node UUIDs from 2.53, where the list can
-also be narrowed with ``hypervisor_hostname_pattern`` (a substring of the node name).
+also be narrowed with ``hypervisor_hostname_pattern`` (a substring of the node name)
+and show each node's servers with ``with_servers=true``. Below 2.53 the same is asked
+with ``/os-hypervisors/{pattern}/search`` and ``/os-hypervisors/{pattern}/servers``.
+``/os-hypervisors/statistics`` sums the nodes of enabled compute services.
 """
 
 from __future__ import annotations
@@ -20,10 +23,18 @@ from services.api.faults import BadRequest, Fault, ItemNotFound
 from services.api.links import Links
 from services.api.microversion import APIVersion
 from services.api.paging import next_marker, page_request, take_page
-from services.api.views.hypervisors import hypervisor_id, hypervisor_view
-from shared.db import compute_nodes
+from services.api.server_filters import boolean
+from services.api.views.hypervisors import (
+    hypervisor_id,
+    hypervisor_view,
+    statistics_view,
+    with_servers,
+)
+from shared.db import compute_nodes, instances
+from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound
 from shared.objects.compute_node import HostState
+from shared.objects.instance import Instance
 
 router = APIRouter(prefix="/v2.1/os-hypervisors")
 
@@ -35,12 +46,35 @@ class HypervisorQuery:
     pattern: str | None
     limit: str | None
     marker: str | None
+    with_servers: str | None = None
 
 
 def hypervisor_query(
-    hypervisor_hostname_pattern: Q = None, limit: Q = None, marker: Q = None
+    hypervisor_hostname_pattern: Q = None,
+    limit: Q = None,
+    marker: Q = None,
+    with_servers: Q = None,
 ) -> HypervisorQuery:
-    return HypervisorQuery(hypervisor_hostname_pattern, limit, marker)
+    return HypervisorQuery(hypervisor_hostname_pattern, limit, marker, with_servers)
+
+
+def wants_servers(query: HypervisorQuery, version: APIVersion) -> bool:
+    if query.with_servers is None or not version.at_least("2.53"):
+        return False
+    return boolean("with_servers", query.with_servers)
+
+
+async def servers_on(conn: Connection, state: HostState) -> list[Instance]:
+    """The live servers on the hypervisor (its host and node)."""
+    on_host = await instances.list_instances(conn, host=state.node.host)
+    return [i for i in on_host if i.node == state.node.hypervisor_hostname]
+
+
+def matching(states: list[HostState], pattern: str) -> list[HostState]:
+    found = [s for s in states if pattern in s.node.hypervisor_hostname]
+    if not found:
+        raise ItemNotFound(f"No hypervisor matching '{pattern}' could be found.")
+    return found
 
 
 Filters = Annotated[HypervisorQuery, Depends(hypervisor_query)]
@@ -56,21 +90,23 @@ async def _list(
     path: str,
     detail: bool,
 ) -> dict[str, Any]:
+    servers = wants_servers(query, version)
     async with pool.acquire() as conn:
         states = await compute_nodes.host_states(conn, down_time)
-    if query.pattern is not None and version.at_least("2.53"):
-        states = [s for s in states if query.pattern in s.node.hypervisor_hostname]
-        if not states:
-            raise ItemNotFound(f"No hypervisor matching '{query.pattern}' could be found.")
+        if query.pattern is not None and version.at_least("2.53"):
+            states = matching(states, query.pattern)
 
-    def key(state: HostState) -> str:
-        return str(hypervisor_id(state, version))
+        def key(state: HostState) -> str:
+            return str(hypervisor_id(state, version))
 
-    paging = page_request(query.limit, query.marker)
-    page = take_page(states, paging, key=key)
-    body: dict[str, Any] = {
-        "hypervisors": [hypervisor_view(s, version, detail=detail) for s in page]
-    }
+        paging = page_request(query.limit, query.marker)
+        page = take_page(states, paging, key=key)
+        views = [hypervisor_view(s, version, detail=detail) for s in page]
+        if servers:
+            views = [
+                with_servers(v, await servers_on(conn, s)) for v, s in zip(views, page, strict=True)
+            ]
+    body: dict[str, Any] = {"hypervisors": views}
     after = next_marker(page, paging, key=key) if paging.limited else None
     if after is not None:
         href = f"{links.compute(path)}?{urlencode({'limit': paging.limit, 'marker': after})}"
@@ -140,6 +176,49 @@ async def _find(
         if str(state.node.id) == hypervisor:
             return state
     raise not_found
+
+
+@router.get("/statistics")
+async def show_statistics(
+    pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        states = await compute_nodes.host_states(conn, settings.service_down_time)
+    return statistics_view(states)
+
+
+def legacy_only(version: APIVersion) -> None:
+    """The pattern routes exist below 2.53 only (from 2.53 the list's query does it)."""
+    if version.at_least("2.53"):
+        raise ItemNotFound("The resource could not be found.")
+
+
+@router.get("/{pattern}/search")
+async def search_hypervisors(
+    pattern: str, pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
+) -> dict[str, Any]:
+    legacy_only(version)
+    async with pool.acquire() as conn:
+        states = matching(
+            await compute_nodes.host_states(conn, settings.service_down_time), pattern
+        )
+    return {"hypervisors": [hypervisor_view(s, version, detail=False) for s in states]}
+
+
+@router.get("/{pattern}/servers")
+async def hypervisor_servers(
+    pattern: str, pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
+) -> dict[str, Any]:
+    legacy_only(version)
+    async with pool.acquire() as conn:
+        states = matching(
+            await compute_nodes.host_states(conn, settings.service_down_time), pattern
+        )
+        views = [
+            with_servers(hypervisor_view(s, version, detail=False), await servers_on(conn, s))
+            for s in states
+        ]
+    return {"hypervisors": views}
 
 
 @router.get("/{hypervisor}")

@@ -3,7 +3,8 @@
 Served twice, under ``/v2.1/images`` (clients that use the compute endpoint for images)
 and ``/image/v2/images`` (clients given a separate image endpoint). Members see public
 and community images and their own project's; admins see every image and register
-(``POST``, created ``active``, public unless asked otherwise) or delete them.
+(``POST``, created ``active``, public unless asked otherwise) or delete them. Lists
+leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=true``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def parse_id_filter(value: str | None) -> list[UUID] | None:
         raise BadRequest(f"Invalid id filter {value!r}: expected image UUIDs.") from None
 
 
+def parse_hidden(value: str | None) -> bool:
+    """``os_hidden``: false (the default) lists visible images, true only hidden ones."""
+    if value is None:
+        return False
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise BadRequest(f"Invalid value for os_hidden: {value!r}; use true or false.")
+    return lowered == "true"
+
+
 def _not_found(image_id: str) -> ItemNotFound:
     return ItemNotFound(f"No image found with ID {image_id}")
 
@@ -62,10 +73,12 @@ async def list_images(
     image_id: Annotated[str | None, Query(alias="id")] = None,
     visibility: Q = None,
     status: Q = None,
+    os_hidden: Q = None,
     limit: Q = None,
     marker: Q = None,
 ) -> dict[str, Any]:
     ids = parse_id_filter(image_id)
+    hidden = parse_hidden(os_hidden)
     if visibility is not None and visibility not in (*VISIBILITIES, "all"):
         raise BadRequest(f"Invalid visibility value: {visibility}")
     paging = page_request(limit, marker)
@@ -77,6 +90,7 @@ async def list_images(
         if can_see(ctx, image)
         and (visibility in (None, "all") or image.visibility == visibility)
         and (status is None or image.status == status)
+        and bool(image.properties.get("os_hidden", False)) == hidden
     ]
     page = take_page(found, paging, key=lambda image: str(image.id))
     after = next_marker(page, paging, key=lambda image: str(image.id))

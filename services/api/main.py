@@ -13,12 +13,14 @@ import logging
 import socket
 from collections.abc import Generator, Sequence
 
+import asyncpg
 import uvicorn
 
 from services.api.app import create_app
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
-from shared.config import Settings
+from shared.config import NetworkSettings, Settings
+from shared.db import fixed_ips
 from shared.db.pool import create_pool
 from shared.exceptions import KeelError
 from shared.rpc.amqp import AmqpTransport
@@ -68,11 +70,31 @@ async def serve_until_stopped(
         await serving
 
 
+async def prepare_network(pool: asyncpg.Pool, network: NetworkSettings) -> None:
+    """Create the configured network's address pool if needed, and say how full it is."""
+    try:
+        async with pool.acquire() as conn:
+            usage = await fixed_ips.ensure_network(conn, network)
+    except asyncpg.UndefinedTableError:
+        raise KeelError(
+            "the database has no address pool table yet: run `keel-manage db sync` first"
+        ) from None
+    LOG.info(
+        "servers get addresses from network %s (%s, id %s): %d of %d free",
+        network.name,
+        network.cidr,
+        network.network_id,
+        usage.free,
+        usage.total,
+    )
+
+
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
     sock = listen(settings.api_host, settings.api_port)
     try:
         pool = await create_pool(settings.database_url, settings.database)
         try:
+            await prepare_network(pool, settings.network)
             transport = AmqpTransport.from_settings(settings)
             await transport.connect()
             try:

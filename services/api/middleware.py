@@ -7,6 +7,8 @@
 * Compute API requests (``/v2.1...``) have their microversion negotiated here; a bad one
   is answered with its fault before any route runs. The chosen version is kept in the
   request state and named in the response headers.
+* A compute path with a trailing slash (``/v2.1/servers/``) is answered as the same
+  path without it, never redirected; ``/v2.1/`` itself is version discovery.
 * An error no handler expected is logged with its traceback and answered with a
   ``computeFault`` that names the request id, so the operator can find the log lines.
 """
@@ -40,6 +42,16 @@ def request_id_from(headers: Headers) -> str:
 
 def is_compute_path(path: str) -> bool:
     return path == COMPUTE_PREFIX or path.startswith(COMPUTE_PREFIX + "/")
+
+
+def strip_trailing_slash(scope: Scope) -> None:
+    """``/v2.1/servers/`` → ``/v2.1/servers`` in place (``/v2.1/`` stays as it is)."""
+    path: str = scope["path"]
+    if path.endswith("/") and len(path) > len(COMPUTE_PREFIX) + 1:
+        scope["path"] = path.rstrip("/")
+        raw: bytes | None = scope.get("raw_path")
+        if raw is not None:
+            scope["raw_path"] = raw.rstrip(b"/")
 
 
 @dataclass
@@ -86,7 +98,10 @@ class ApiMiddleware:
         token = current_request_id.set(exchange.request_id)
         started = time.monotonic()
         try:
-            fault = self._negotiate(exchange, headers) if is_compute_path(scope["path"]) else None
+            fault = None
+            if is_compute_path(scope["path"]):
+                strip_trailing_slash(scope)
+                fault = self._negotiate(exchange, headers)
             if fault is None:
                 await self._call(exchange)
             else:

@@ -3,7 +3,8 @@
 ``GET /os-services`` filters on ``host`` and ``binary`` server-side (the client's
 ``compute service set`` needs exactly one match). From microversion 2.53 a compute
 service is changed with ``PUT /os-services/{uuid}``: enable, disable with a reason, or
-force down. Below 2.53 that route does not exist.
+force down. Below 2.53 the same path takes an action instead of a uuid
+(:mod:`services.api.os_services_legacy`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import logging
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.auth import AdminContext
 from services.api.deps import AppSettings, DbPool, Version
-from services.api.faults import BadRequest, ItemNotFound
+from services.api.faults import BadRequest
+from services.api.os_services_legacy import legacy_update, parse_body
 from services.api.views.os_services import service_view, service_zone
 from shared.db import compute_nodes, services
 from shared.db.pool import Connection
@@ -82,14 +84,22 @@ def _check_updatable(service: Service) -> None:
 async def update_service(
     service_id: str,
     *,
-    update: ServiceUpdate,
+    body: Annotated[dict[str, Any], Body()],
     pool: DbPool,
     ctx: AdminContext,
     version: Version,
     settings: AppSettings,
 ) -> dict[str, Any]:
     if not version.at_least("2.53"):
-        raise ItemNotFound("Updating a service by id needs microversion 2.53 or later.")
+        return await legacy_update(
+            service_id,
+            body,
+            pool=pool,
+            ctx=ctx,
+            version=version,
+            down_time=settings.service_down_time,
+        )
+    update = parse_body(ServiceUpdate, body)
     try:
         service_uuid = UUID(service_id)
     except ValueError:

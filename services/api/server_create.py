@@ -1,8 +1,10 @@
 """Creating a server: validate the request, record it, hand it to the conductor.
 
-The instance row (BUILD, scheduling), its request spec and a ``create`` action are
-written in one transaction, so the new server is readable the moment the client gets
-its id. Then ``build_instances`` is cast to keel-conductor, which schedules and builds.
+The instance row (BUILD, scheduling) with the fields of
+:mod:`services.api.server_fields` and its fixed address, its request spec and a
+``create`` action are written in one transaction, so the new server is readable the
+moment the client gets its id. Then ``build_instances`` is cast to keel-conductor,
+which schedules and builds.
 
 If that cast cannot be sent (no conductor queue on the broker, or the broker is
 unreachable) the request fails with 503 and the server is soft-deleted again, its
@@ -22,9 +24,18 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.api.faults import BadRequest, ServiceUnavailable
+from services.api.server_fields import PreparedFields, ServerFields
 from services.conductor.rpcapi import ConductorAPI
 from shared.context import RequestContext
-from shared.db import compute_nodes, flavors, images, instance_actions, instances, request_specs
+from shared.db import (
+    compute_nodes,
+    fixed_ips,
+    flavors,
+    images,
+    instance_actions,
+    instances,
+    request_specs,
+)
 from shared.db.pool import Connection
 from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError
 from shared.objects.flavor import Flavor
@@ -36,25 +47,14 @@ LOG = logging.getLogger(__name__)
 CREATE_ACTION = "create"
 
 
-class RequestedNetwork(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    uuid: str | None = None
-    port: str | None = None
-    fixed_ip: str | None = None
-    tag: str | None = None
-
-
-class NewServer(BaseModel):
-    """The fields keel reads; other fields clients send (block devices…) are ignored."""
+class NewServer(ServerFields):
+    """The fields keel reads; other fields clients send are ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(min_length=1, max_length=255)
     image_ref: str = Field(alias="imageRef", max_length=2048)
     flavor_ref: str = Field(alias="flavorRef", min_length=1, max_length=2048)
-    #: ``"auto"``, ``"none"`` or a list; keel has no networking, so all mean "none".
-    networks: list[RequestedNetwork] | None = None
     min_count: int = Field(default=1, ge=1)
     max_count: int = Field(default=1, ge=1)
     availability_zone: str | None = Field(default=None, min_length=1, max_length=255)
@@ -64,15 +64,6 @@ class NewServer(BaseModel):
     @classmethod
     def _flavor_id_as_text(cls, value: object) -> object:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    @field_validator("networks", mode="before")
-    @classmethod
-    def _networks(cls, value: object) -> object:
-        if value in ("auto", "none"):
-            return []
-        if value is None or isinstance(value, list):
-            return value
-        raise ValueError('must be "auto", "none" or a list of networks')
 
     @field_validator("name")
     @classmethod
@@ -168,7 +159,13 @@ async def _validate(
 
 
 async def _record(
-    conn: Connection, ctx: RequestContext, server: NewServer, flavor: Flavor, image: Image
+    conn: Connection,
+    ctx: RequestContext,
+    server: NewServer,
+    flavor: Flavor,
+    image: Image,
+    *,
+    fields: PreparedFields,
 ) -> Instance:
     project_id, user_id = ctx.project_id or "", ctx.user_id or ""
     snapshot = flavor.snapshot()
@@ -183,6 +180,7 @@ async def _record(
             image_ref=str(image.id),
             availability_zone=server.availability_zone,
         )
+        await fields.record(conn, instance.uuid)
         spec = RequestSpec(
             instance_uuid=instance.uuid,
             project_id=project_id,
@@ -199,16 +197,21 @@ async def _record(
 async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
     async with pool.acquire() as conn, conn.transaction():
         await instances.soft_delete(conn, instance.uuid)
+        await fixed_ips.release(conn, instance.uuid)
         await instance_actions.finish(conn, instance.uuid, CREATE_ACTION, reason)
 
 
 async def create_server(
-    pool: asyncpg.Pool, conductor: ConductorAPI, ctx: RequestContext, server: NewServer
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    ctx: RequestContext,
+    server: NewServer,
+    fields: PreparedFields,
 ) -> Instance:
     """Record the server and ask the conductor to build it; see the module docstring."""
     async with pool.acquire() as conn:
         flavor, image = await _validate(conn, ctx, server)
-        instance = await _record(conn, ctx, server, flavor, image)
+        instance = await _record(conn, ctx, server, flavor, image, fields=fields)
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
     try:
         await conductor.build_instances(ctx, instance.uuid)

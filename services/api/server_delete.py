@@ -25,7 +25,7 @@ import asyncpg
 from services.api.faults import ServiceUnavailable
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes, instance_actions, instances, services
+from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, services
 from shared.exceptions import (
     ComputeNodeNotFound,
     InstanceNotFound,
@@ -51,7 +51,7 @@ async def local_delete(
     started: bool,
     unplaced_only: bool = False,
 ) -> bool:
-    """Release the claims and soft-delete, in one transaction (idempotent).
+    """Release the claims and addresses and soft-delete, in one transaction (idempotent).
 
     With ``unplaced_only``, nothing happens (False) if a host was recorded meanwhile.
     """
@@ -64,6 +64,7 @@ async def local_delete(
         if not started:
             await instance_actions.start(conn, ctx, instance_uuid, DELETE_ACTION)
         released = await allocations.release_instance(conn, instance_uuid)
+        await fixed_ips.release(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason)
     LOG.info(
         "deleted server %s locally (%s); released %d claim(s)",

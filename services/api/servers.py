@@ -1,14 +1,13 @@
 """Servers: create, list (summary and detail), show, delete.
 
 Members see their own project's servers. Admins see their own project's unless they
-ask for ``all_tenants`` (optionally narrowed by ``project_id``/``tenant_id``), and may
-filter by ``host``. ``name`` is a regular expression, ``status`` one or more API
-statuses; other filters clients send (``deleted=False``…) are accepted and ignored.
+ask for ``all_tenants`` (optionally narrowed by ``project_id``/``tenant_id``). The list's
+filters and sort keys are read by :mod:`services.api.server_filters`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -18,51 +17,24 @@ from fastapi import APIRouter, Request, Response
 
 from services.api.auth import Context
 from services.api.deps import AppSettings, Compute, Conductor, DbPool, RequestLinks, Version
-from services.api.faults import BadRequest, Forbidden, ItemNotFound
+from services.api.faults import BadRequest, ItemNotFound
 from services.api.links import Links
 from services.api.microversion import APIVersion
-from services.api.paging import PageRequest, marker_not_found, next_marker, page_request
-from services.api.server_create import NewServerBody, create_server
+from services.api.paging import marker_not_found, next_marker
+from services.api.server_create import NewServerBody, create_server, last_segment
 from services.api.server_delete import delete_server
-from services.api.views.servers import STATUS_FILTERS, ServerView, created_body
+from services.api.server_fields import prepare
+from services.api.server_filters import server_search
+from services.api.views.servers import ServerView, created_body
 from shared.context import RequestContext
-from shared.db import instances
-from shared.db import services as services_db
+from shared.db import compute_nodes, fixed_ips, instance_search, instances
+from shared.db.instance_search import InstanceSearch
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
-from shared.objects.service import Binary, Service
+from shared.objects.service import Service
 
 router = APIRouter(prefix="/v2.1/servers")
-
-_TRUE = {"", "1", "t", "true", "on", "y", "yes"}
-_FALSE = {"0", "f", "false", "off", "n", "no"}
-
-
-def all_tenants(value: str | None) -> bool:
-    if value is None:
-        return False
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise BadRequest(f"Invalid all_tenants value {value!r}: expected a boolean.")
-
-
-def vm_states_for(statuses: list[str], version: APIVersion) -> list[str] | None:
-    """The vm states the ``status`` filters select; ``None`` when there is no filter."""
-    if not statuses:
-        return None
-    selected: list[str] = []
-    for status in statuses:
-        states = STATUS_FILTERS.get(status.upper())
-        if states is None:
-            if version.at_least("2.38"):
-                raise BadRequest(f"Invalid status value {status!r}")
-            continue
-        selected.extend(states)
-    return selected
 
 
 def host_status(service: Service) -> str:
@@ -74,76 +46,39 @@ def host_status(service: Service) -> str:
 
 
 async def server_view(
-    conn: Connection, ctx: RequestContext, version: APIVersion, links: Links, down_time: float
+    conn: Connection,
+    ctx: RequestContext,
+    version: APIVersion,
+    links: Links,
+    down_time: float,
+    *,
+    shown: Sequence[Instance],
 ) -> ServerView:
-    """The view for this caller; admins from 2.16 also get each host's status."""
+    """The view of ``shown`` for this caller: their addresses and zones; for admins
+    from 2.16, each host's status."""
+    states = await compute_nodes.host_states(conn, down_time)
     statuses: dict[str, str] = {}
     if ctx.is_admin and version.at_least("2.16"):
-        computes = await services_db.list_services(conn, down_time, binary=Binary.COMPUTE)
-        statuses = {service.host: host_status(service) for service in computes}
-    return ServerView(version=version, links=links, is_admin=ctx.is_admin, host_statuses=statuses)
+        statuses = {state.service.host: host_status(state.service) for state in states}
+    return ServerView(
+        version=version,
+        links=links,
+        is_admin=ctx.is_admin,
+        host_statuses=statuses,
+        node_zones={
+            (s.node.host, s.node.hypervisor_hostname): s.node.availability_zone for s in states
+        },
+        addresses=await fixed_ips.for_instances(conn, [instance.uuid for instance in shown]),
+    )
 
 
-@dataclass(frozen=True)
-class ServerQuery:
-    """A list request's filters, as far as the caller is allowed them."""
-
-    project_id: str | None
-    host: str | None
-    name: str | None
-    vm_states: list[str] | None
-    paging: PageRequest
-    marker: UUID | None
-
-    @classmethod
-    def from_request(
-        cls, request: Request, ctx: RequestContext, version: APIVersion
-    ) -> ServerQuery:
-        params = request.query_params
-        project, host = ctx.project_id, params.get("host") if ctx.is_admin else None
-        if all_tenants(params.get("all_tenants")):
-            if not ctx.is_admin:
-                raise Forbidden(
-                    "Policy doesn't allow listing servers of all projects: it needs the admin role."
-                )
-            project = params.get("project_id") or params.get("tenant_id")
-        paging = page_request(params.get("limit"), params.get("marker"))
-        return cls(
-            project_id=project,
-            host=host,
-            name=params.get("name") or None,
-            vm_states=vm_states_for(params.getlist("status"), version),
-            paging=paging,
-            marker=_marker(paging.marker),
-        )
-
-
-def _marker(marker: str | None) -> UUID | None:
-    if marker is None:
-        return None
+async def _find_page(conn: Connection, search: InstanceSearch) -> list[Instance]:
     try:
-        return UUID(marker)
-    except ValueError:
-        raise marker_not_found(marker) from None
-
-
-async def _find_page(conn: Connection, query: ServerQuery) -> list[Instance]:
-    if query.vm_states == []:
-        return []
-    try:
-        return await instances.list_page(
-            conn,
-            project_id=query.project_id,
-            name=query.name,
-            host=query.host,
-            vm_states=query.vm_states,
-            marker=query.marker,
-            limit=query.paging.limit,
-        )
+        return await instance_search.search(conn, search)
     except InstanceNotFound:
-        raise marker_not_found(str(query.marker)) from None
+        raise marker_not_found(str(search.marker)) from None
     except asyncpg.InvalidRegularExpressionError as exc:
-        raise BadRequest(f"Invalid name filter {query.name!r}: {exc}") from None
+        raise BadRequest(f"Invalid regular expression in a filter: {exc}") from None
 
 
 def _next_link(request: Request, links: Links, path: str, marker: str) -> list[dict[str, str]]:
@@ -162,14 +97,14 @@ async def _list(
     down_time: float,
     detail: bool,
 ) -> dict[str, Any]:
-    query = ServerQuery.from_request(request, ctx, version)
+    search, paging = server_search(request.query_params, ctx, version)
     async with pool.acquire() as conn:
-        found = await _find_page(conn, query)
-        view = await server_view(conn, ctx, version, links, down_time)
+        found = await _find_page(conn, search)
+        view = await server_view(conn, ctx, version, links, down_time, shown=found)
     body: dict[str, Any] = {
         "servers": [view.detail(i) if detail else view.summary(i) for i in found]
     }
-    after = next_marker(found, query.paging, key=lambda i: str(i.uuid))
+    after = next_marker(found, paging, key=lambda i: str(i.uuid))
     if after is not None:
         path = "servers/detail" if detail else "servers"
         body["servers_links"] = _next_link(request, links, path, after)
@@ -232,7 +167,9 @@ async def show_server(
 ) -> dict[str, Any]:
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
-        view = await server_view(conn, ctx, version, links, settings.service_down_time)
+        view = await server_view(
+            conn, ctx, version, links, settings.service_down_time, shown=[instance]
+        )
     return {"server": view.detail(instance, show=True)}
 
 
@@ -245,10 +182,14 @@ async def create(
     conductor: Conductor,
     links: RequestLinks,
     response: Response,
+    version: Version,
+    settings: AppSettings,
 ) -> dict[str, Any]:
-    instance = await create_server(pool, conductor, ctx, body.server)
+    server = body.server
+    fields = prepare(server, last_segment(server.image_ref), version, settings.network)
+    instance = await create_server(pool, conductor, ctx, server, fields)
     response.headers["Location"] = links.compute("servers", str(instance.uuid))
-    return {"server": created_body(instance, links)}
+    return {"server": created_body(instance, links, fields.admin_pass)}
 
 
 @router.delete("/{server_id}", status_code=204, response_class=Response)

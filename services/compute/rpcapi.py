@@ -17,6 +17,7 @@ from pydantic import Field
 from shared.context import RequestContext
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
+from shared.objects.network import FixedIp
 from shared.rpc.client import RPCClient
 from shared.rpc.transport import Transport
 from shared.versions import SERVICE_VERSION, apis_for
@@ -36,6 +37,11 @@ class InstanceSpec(KeelModel):
     flavor: FlavorSnapshot
     image_ref: str = ""
     node: str
+    #: What the guest is told at first boot: its fixed addresses, the server's
+    #: metadata and the user data (base64, as the user gave it).
+    addresses: list[FixedIp] = Field(default_factory=list)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    user_data: str | None = None
 
 
 class BuildAndRunInstance(KeelModel):

@@ -21,7 +21,7 @@ from services.conductor.rpcapi import (
     InstanceBuildResult,
 )
 from services.conductor.tasks.build import CREATE_ACTION
-from shared.db import allocations, compute_nodes, instance_actions, instances
+from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances
 from shared.db.pool import Connection
 from shared.objects.states import TaskState, VmState
 
@@ -86,10 +86,11 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
 
 
 async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
-    """Release the instance's claims, soft-delete it and close its delete action."""
+    """Release the instance's claims and addresses, soft-delete it, close its delete action."""
     async with pool.acquire() as conn, conn.transaction():
         released = await allocations.release_instance(conn, instance_uuid)
         deleted = await instances.soft_delete(conn, instance_uuid)
+        await fixed_ips.release(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION)
     if deleted or released:
         LOG.info(

@@ -11,7 +11,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from services.manage.commands import HANDLER, Command, db, dlq, image, service
+from services.manage.commands import HANDLER, Command, db, dlq, image, network, service
 from shared.config import Settings, add_config_argument, load_settings
 from shared.exceptions import ConfigError, KeelError
 from shared.logging import setup_logging
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (db, image, service, dlq):
+    for module in (db, image, network, service, dlq):
         module.register(commands)
     return parser
 

@@ -38,6 +38,12 @@ class Instance(KeelModel):
     created_at: datetime
     updated_at: datetime | None
     deleted_at: datetime | None
+    #: What the user said about the server: key/value pairs, a description, tags, and
+    #: the user data (base64) its guest reads at first boot.
+    metadata: dict[str, str] = Field(default_factory=dict)
+    description: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    user_data: str | None = None
 
 
 class RequestSpec(KeelModel):

@@ -6,10 +6,13 @@ follows the same rule). ``cpu_info`` is a JSON string below 2.28 and an object f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from services.api.microversion import APIVersion
+from services.api.views.servers import instance_name
 from shared.objects.compute_node import HostState
+from shared.objects.instance import Instance
 
 HYPERVISOR_VERSION = 1
 
@@ -54,3 +57,32 @@ def hypervisor_view(state: HostState, version: APIVersion, *, detail: bool) -> d
         }
     )
     return body
+
+
+def with_servers(body: dict[str, Any], servers: Sequence[Instance]) -> dict[str, Any]:
+    """``body`` with the servers on the hypervisor, when it has any (as Nova before 2.75)."""
+    if servers:
+        body["servers"] = [{"name": instance_name(i), "uuid": str(i.uuid)} for i in servers]
+    return body
+
+
+def statistics_view(states: Sequence[HostState]) -> dict[str, Any]:
+    """Totals over the nodes of enabled compute services."""
+    nodes = [state.node for state in states if not state.service.disabled]
+    free_disk = sum(node.local_gb - node.local_gb_used for node in nodes)
+    return {
+        "hypervisor_statistics": {
+            "count": len(nodes),
+            "vcpus": sum(node.vcpus for node in nodes),
+            "memory_mb": sum(node.memory_mb for node in nodes),
+            "local_gb": sum(node.local_gb for node in nodes),
+            "vcpus_used": sum(node.vcpus_used for node in nodes),
+            "memory_mb_used": sum(node.memory_mb_used for node in nodes),
+            "local_gb_used": sum(node.local_gb_used for node in nodes),
+            "free_ram_mb": sum(node.memory_mb - node.memory_mb_used for node in nodes),
+            "free_disk_gb": free_disk,
+            "current_workload": 0,
+            "running_vms": sum(node.running_vms for node in nodes),
+            "disk_available_least": free_disk,
+        }
+    }

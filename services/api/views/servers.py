@@ -10,14 +10,16 @@ a 500 fault.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 from services.api.links import Links
 from services.api.microversion import APIVersion
 from services.api.views.timestamps import isotime, naive_isotime
 from shared.objects.instance import Instance
+from shared.objects.network import FixedIp
 from shared.objects.states import VmState
 
 _STATUS: dict[str, str] = {
@@ -73,14 +75,30 @@ def instance_name(instance: Instance) -> str:
     return f"instance-{instance.id:08x}"
 
 
-def created_body(instance: Instance, links: Links) -> dict[str, Any]:
-    """The answer to a create: enough to find the new server."""
+def created_body(instance: Instance, links: Links, admin_pass: str) -> dict[str, Any]:
+    """The answer to a create: enough to find the new server, and its admin password."""
     return {
         "id": str(instance.uuid),
         "links": links.resource("servers", str(instance.uuid)),
         "OS-DCF:diskConfig": "MANUAL",
         "security_groups": [dict(group) for group in _DEFAULT_SECURITY_GROUPS],
+        "adminPass": admin_pass,
     }
+
+
+def addresses_body(held: Sequence[FixedIp]) -> dict[str, list[dict[str, Any]]]:
+    """``{network name: [address, ...]}`` as the ``addresses`` of a server."""
+    body: dict[str, list[dict[str, Any]]] = {}
+    for fixed in held:
+        body.setdefault(fixed.network_name, []).append(
+            {
+                "version": fixed.version,
+                "addr": fixed.address,
+                "OS-EXT-IPS:type": "fixed",
+                "OS-EXT-IPS-MAC:mac_addr": fixed.mac,
+            }
+        )
+    return body
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,18 @@ class ServerView:
     is_admin: bool
     #: compute host → ``UP``/``DOWN``/``MAINTENANCE``/``UNKNOWN``, for ``host_status``.
     host_statuses: Mapping[str, str] = field(default_factory=dict)
+    #: (host, node) → the node's availability zone, shown for servers placed there.
+    node_zones: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    #: instance → the fixed addresses it holds.
+    addresses: Mapping[UUID, Sequence[FixedIp]] = field(default_factory=dict)
+
+    def availability_zone(self, instance: Instance) -> str:
+        """The zone of the node the server is on; before that, the zone it asked for."""
+        if instance.host:
+            zone = self.node_zones.get((instance.host, instance.node or ""))
+            if zone is not None:
+                return zone
+        return instance.availability_zone or ""
 
     def summary(self, instance: Instance) -> dict[str, Any]:
         uuid = str(instance.uuid)
@@ -157,19 +187,19 @@ class ServerView:
             "status": server_status(instance.vm_state),
             "tenant_id": instance.project_id,
             "user_id": instance.user_id,
-            "metadata": {},
+            "metadata": dict(instance.metadata),
             "hostId": host_id(instance.project_id, instance.host),
             "image": self.image(instance),
             "flavor": self.flavor(instance),
             "created": isotime(instance.created_at),
             "updated": isotime(instance.updated_at or instance.created_at),
-            "addresses": {},
+            "addresses": addresses_body(self.addresses.get(instance.uuid, ())),
             "accessIPv4": "",
             "accessIPv6": "",
             "key_name": None,
             "config_drive": "",
             "OS-DCF:diskConfig": "MANUAL",
-            "OS-EXT-AZ:availability_zone": instance.availability_zone or "",
+            "OS-EXT-AZ:availability_zone": self.availability_zone(instance),
             "OS-EXT-STS:vm_state": instance.vm_state,
             "OS-EXT-STS:task_state": instance.task_state,
             "OS-EXT-STS:power_state": instance.power_state,
@@ -194,7 +224,7 @@ class ServerView:
                     "OS-EXT-SRV-ATTR:kernel_id": "",
                     "OS-EXT-SRV-ATTR:ramdisk_id": "",
                     "OS-EXT-SRV-ATTR:root_device_name": None,
-                    "OS-EXT-SRV-ATTR:user_data": None,
+                    "OS-EXT-SRV-ATTR:user_data": instance.user_data,
                 }
             )
         if self.version.at_least("2.16"):
@@ -208,9 +238,9 @@ class ServerView:
         if self.version.at_least("2.9"):
             fields["locked"] = False
         if self.version.at_least("2.19"):
-            fields["description"] = None
+            fields["description"] = instance.description
         if self.version.at_least("2.26"):
-            fields["tags"] = []
+            fields["tags"] = list(instance.tags)
         if self.version.at_least("2.63"):
             fields["trusted_image_certificates"] = None
         if show and self.version.at_least("2.71"):

@@ -2,7 +2,8 @@
 
 A guest is ``<state_dir>/instances/<uuid>/`` holding ``disk`` (a sparse file of the
 flavor's ``root_gb`` GiB: its size is set, no data is written) and ``metadata.json``
-(the :class:`~services.compute.rpcapi.InstanceSpec` it was built from). What exists on
+(the :class:`~services.compute.rpcapi.InstanceSpec` it was built from: with its fixed
+addresses, metadata and user data, what a guest reads at first boot). What exists on
 the host is what an operator sees with ``ls``.
 
 A guest appears and disappears atomically. It is built in a scratch directory

@@ -32,7 +32,14 @@ from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes, instance_actions, instances, request_specs
+from shared.db import (
+    allocations,
+    compute_nodes,
+    fixed_ips,
+    instance_actions,
+    instances,
+    request_specs,
+)
 from shared.exceptions import (
     BuildFailed,
     ComputeNodeNotFound,
@@ -174,12 +181,17 @@ class BuildInstanceTask(TaskBase):
         )
 
     async def _send_build(self, instance: Instance, selection: Selection) -> None:
+        async with self.pool.acquire() as conn:
+            addresses = await fixed_ips.for_instance(conn, self.instance_uuid)
         spec = InstanceSpec(
             uuid=instance.uuid,
             display_name=instance.display_name,
             flavor=instance.flavor,
             image_ref=instance.image_ref,
             node=selection.nodename,
+            addresses=addresses,
+            metadata=instance.metadata,
+            user_data=instance.user_data,
         )
         try:
             await self.compute.build_and_run_instance(self.ctx, selection.service_uuid, spec)

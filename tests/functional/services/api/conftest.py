@@ -19,7 +19,7 @@ import pytest
 from services.api.app import create_app
 from services.compute.rpcapi import ComputeAPI, TerminateInstance, topic_for
 from services.conductor.rpcapi import BuildInstances, ConductorAPI
-from shared.config import AuthSettings, RpcSettings, Settings, TokenInfo
+from shared.config import AuthSettings, NetworkSettings, RpcSettings, Settings, TokenInfo
 from shared.context import RequestContext
 from shared.db import compute_nodes, images, services
 from shared.objects.compute_node import ComputeNode, NodeResources
@@ -106,6 +106,7 @@ def settings(database_url: str, amqp_url: str, exchange: str) -> Settings:
         exchange=exchange,
         auth=AuthSettings(tokens=tokens),
         rpc=RpcSettings(queue_expires=60, connect_timeout=10),
+        network=NetworkSettings(cidr="10.0.0.0/24"),
     )
 
 

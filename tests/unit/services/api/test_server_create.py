@@ -26,7 +26,7 @@ def test_what_the_openstack_client_sends_is_accepted() -> None:
         block_device_mapping_v2=[{"boot_index": 0, "uuid": BASE["imageRef"]}],
     )
     assert body.server.name == "web-1"
-    assert body.server.networks == []
+    assert body.server.networks == "auto"
 
 
 def test_flavor_ref_may_be_a_number_or_a_link() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -10,9 +11,11 @@ from services.api.links import Links
 from services.api.microversion import APIVersion
 from services.api.views.servers import STATUS_FILTERS, ServerView, created_body, server_status
 from shared.objects.instance import InstanceFault
+from shared.objects.network import FixedIp, mac_address
 from tests.unit.services.api.factories import CREATED, instance
 
 LINKS = Links("http://api.example:8774/")
+NETWORK_ID = uuid.UUID("0e0e0e0e-0000-4000-8000-000000000001")
 
 
 def view(version: str = "2.1", *, admin: bool = False, **kw: Any) -> ServerView:
@@ -155,7 +158,51 @@ def test_every_version_gives_the_fields_the_client_reads() -> None:
 
 
 def test_created_body() -> None:
-    body = created_body(instance(), LINKS)
+    body = created_body(instance(), LINKS, "s3cret")
     assert body["id"] == "6f1a5e2c-0000-4000-8000-000000000001"
     assert body["OS-DCF:diskConfig"] == "MANUAL"
-    assert "adminPass" not in body
+    assert body["adminPass"] == "s3cret"
+
+
+def test_addresses_metadata_and_zone_of_a_placed_server() -> None:
+    placed = instance(host="compute-1", node="compute-1", metadata={"role": "web"})
+    held = FixedIp(
+        network_id=NETWORK_ID,
+        network_name="private",
+        address="10.0.0.2",
+        mac=mac_address(NETWORK_ID, "10.0.0.2"),
+    )
+    shown = view(
+        addresses={placed.uuid: [held]}, node_zones={("compute-1", "compute-1"): "nova"}
+    ).detail(placed)
+    assert shown["addresses"] == {
+        "private": [
+            {
+                "version": 4,
+                "addr": "10.0.0.2",
+                "OS-EXT-IPS:type": "fixed",
+                "OS-EXT-IPS-MAC:mac_addr": held.mac,
+            }
+        ]
+    }
+    assert held.mac.startswith("02:")
+    assert held.mac.endswith(":0a:00:00:02")
+    assert shown["metadata"] == {"role": "web"}
+    assert shown["OS-EXT-AZ:availability_zone"] == "nova"
+
+
+def test_zone_before_placement_is_the_one_asked_for() -> None:
+    assert view().detail(instance())["OS-EXT-AZ:availability_zone"] == ""
+    asked = instance(availability_zone="az1")
+    assert view().detail(asked)["OS-EXT-AZ:availability_zone"] == "az1"
+
+
+def test_description_tags_and_user_data_by_version_and_role() -> None:
+    described = instance(description="front end", tags=["web", "prod"], user_data="aGk=")
+    assert "description" not in view("2.18").detail(described)
+    assert view("2.19").detail(described)["description"] == "front end"
+    assert "tags" not in view("2.25").detail(described)
+    assert view("2.26").detail(described)["tags"] == ["web", "prod"]
+    assert view("2.3", admin=True).detail(described)["OS-EXT-SRV-ATTR:user_data"] == "aGk="
+    assert "OS-EXT-SRV-ATTR:user_data" not in view("2.2", admin=True).detail(described)
+    assert "OS-EXT-SRV-ATTR:user_data" not in view("2.73").detail(described)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from pathlib import Path
@@ -13,6 +14,7 @@ from services.compute.rpcapi import InstanceSpec
 from services.compute.virt import local
 from services.compute.virt.local import GIB, LocalDriver
 from shared.exceptions import BuildFailed
+from shared.objects.network import FixedIp, mac_address
 from tests.unit.services.compute.standin import make_spec
 
 
@@ -38,6 +40,37 @@ async def test_spawn_creates_directory_with_sparse_disk_and_metadata(driver: Loc
     assert metadata == spec
     assert _entries(driver) == [str(spec.uuid)]
     assert await driver.list_instances() == [spec.uuid]
+
+
+async def test_the_guest_metadata_carries_addresses_metadata_and_user_data(
+    driver: LocalDriver,
+) -> None:
+    network_id = uuid.uuid4()
+    address = FixedIp(
+        network_id=network_id,
+        network_name="private",
+        address="10.0.0.2",
+        mac=mac_address(network_id, "10.0.0.2"),
+    )
+    spec = make_spec().model_copy(
+        update={"addresses": [address], "metadata": {"role": "web"}, "user_data": "aGk="}
+    )
+
+    await driver.spawn(spec)
+
+    written = json.loads((driver.guest_dir(spec.uuid) / "metadata.json").read_text())
+    assert written["addresses"] == [
+        {
+            "network_id": str(network_id),
+            "network_name": "private",
+            "address": "10.0.0.2",
+            "mac": address.mac,
+            "version": 4,
+            "tag": None,
+        }
+    ]
+    assert written["metadata"] == {"role": "web"}
+    assert written["user_data"] == "aGk="
 
 
 async def test_spawn_is_idempotent(driver: LocalDriver) -> None:

@@ -1,0 +1,265 @@
+"""Fixed IPv4 addresses: a pool per network, handed out atomically in PostgreSQL.
+
+Every address a network can hand out is a row of ``fixed_ips`` (network, gateway and
+broadcast addresses are never rows). A server holds an address when the row names it,
+so the primary key alone means no two servers share an address.
+
+* :func:`allocate` takes the lowest free row with ``FOR UPDATE SKIP LOCKED`` and names
+  the server in it, in one statement: concurrent allocations each lock a different row
+  and never wait for one another, and the cost does not grow with the pool's size.
+* :func:`release` frees every address a server holds; it is idempotent, so each delete
+  path may call it, and twins running at once free each row once.
+* :func:`ensure_network` creates the network's row and its pool the first time (under
+  an advisory lock, so two API processes starting at once fill it once), and refills it
+  when the configured CIDR changes: new addresses are added, free ones outside the new
+  range removed; held ones outside it stay until their server is deleted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterable
+from uuid import UUID
+
+from shared.config import NetworkSettings
+from shared.db.pool import Connection
+from shared.exceptions import InvalidFixedIp, NoMoreFixedIps
+from shared.objects.network import FixedIp, Network, PoolUsage, mac_address
+
+LOG = logging.getLogger(__name__)
+
+#: The first key of the advisory lock that serialises filling one network's pool.
+_LOCK_CLASS = 0x6B6E6574  # "knet"
+
+_ALLOCATE_LOWEST = """
+    UPDATE fixed_ips SET instance_uuid = $2, tag = $3, allocated_at = now()
+     WHERE (network_id, address) = (
+               SELECT network_id, address FROM fixed_ips
+                WHERE network_id = $1 AND instance_uuid IS NULL
+                ORDER BY address
+                LIMIT 1
+                  FOR UPDATE SKIP LOCKED)
+    RETURNING host(address) AS address
+"""
+
+_ALLOCATE_ADDRESS = """
+    UPDATE fixed_ips SET instance_uuid = $2, tag = $3, allocated_at = now()
+     WHERE network_id = $1 AND address = $4::inet AND instance_uuid IS NULL
+    RETURNING host(address) AS address
+"""
+
+_RELEASE = """
+    WITH held AS (
+        SELECT f.network_id, f.address,
+               f.address BETWEEN n.first_address AND n.last_address AS usable
+          FROM fixed_ips f JOIN networks n ON n.id = f.network_id
+         WHERE f.instance_uuid = $1
+           FOR UPDATE OF f
+    ), dropped AS (
+        DELETE FROM fixed_ips f USING held h
+         WHERE f.network_id = h.network_id AND f.address = h.address AND NOT h.usable
+        RETURNING f.address
+    ), freed AS (
+        UPDATE fixed_ips f SET instance_uuid = NULL, tag = NULL, allocated_at = NULL
+          FROM held h
+         WHERE f.network_id = h.network_id AND f.address = h.address AND h.usable
+        RETURNING f.address
+    )
+    SELECT host(address) AS address FROM dropped
+    UNION ALL
+    SELECT host(address) FROM freed
+"""
+
+
+def usable_range(settings: NetworkSettings) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
+    """The first and last address a server may get: not network, gateway or broadcast."""
+    network = settings.network
+    return network.network_address + 2, network.broadcast_address - 1
+
+
+def describe(settings: NetworkSettings) -> str:
+    return f"network {settings.name} ({settings.cidr})"
+
+
+async def _network_row(conn: Connection, network_id: UUID) -> Network | None:
+    row = await conn.fetchrow(
+        "SELECT id, name, cidr::text AS cidr FROM networks WHERE id = $1", network_id
+    )
+    return None if row is None else Network.from_row(row)
+
+
+async def _fill(conn: Connection, settings: NetworkSettings) -> None:
+    first, last = usable_range(settings)
+    network_id = settings.network_id
+    await conn.execute(
+        """INSERT INTO fixed_ips (network_id, address)
+           SELECT $1, $2::inet + g FROM generate_series(0, $3::bigint) g
+           ON CONFLICT DO NOTHING""",
+        network_id,
+        str(first),
+        int(last) - int(first),
+    )
+    await conn.execute(
+        """DELETE FROM fixed_ips
+            WHERE network_id = $1 AND instance_uuid IS NULL
+              AND NOT address BETWEEN $2::inet AND $3::inet""",
+        network_id,
+        str(first),
+        str(last),
+    )
+
+
+async def ensure_network(conn: Connection, settings: NetworkSettings) -> PoolUsage:
+    """Create or update the network and its pool to match ``settings``; its usage."""
+    network_id = settings.network_id
+    first, last = usable_range(settings)
+    async with conn.transaction():
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK_CLASS, str(network_id)
+        )
+        stored = await _network_row(conn, network_id)
+        if stored is None or stored.name != settings.name or stored.cidr != settings.cidr:
+            await conn.execute(
+                """INSERT INTO networks (id, name, cidr, first_address, last_address)
+                   VALUES ($1, $2, $3::cidr, $4::inet, $5::inet)
+                   ON CONFLICT (id) DO UPDATE SET
+                       name = EXCLUDED.name, cidr = EXCLUDED.cidr,
+                       first_address = EXCLUDED.first_address,
+                       last_address = EXCLUDED.last_address, updated_at = now()""",
+                network_id,
+                settings.name,
+                settings.cidr,
+                str(first),
+                str(last),
+            )
+        if stored is None or stored.cidr != settings.cidr:
+            await _fill(conn, settings)
+            LOG.info(
+                "filled the address pool of %s (id %s): %s to %s",
+                describe(settings),
+                network_id,
+                first,
+                last,
+                extra={"decision": "network_filled"},
+            )
+    return await usage(conn, network_id)
+
+
+async def usage(conn: Connection, network_id: UUID) -> PoolUsage:
+    network = await _network_row(conn, network_id)
+    if network is None:
+        raise NoMoreFixedIps(f"Network {network_id} has no address pool yet.")
+    row = await conn.fetchrow(
+        """SELECT count(*) AS total, count(*) FILTER (WHERE f.instance_uuid IS NULL) AS free
+             FROM fixed_ips f JOIN networks n ON n.id = f.network_id
+            WHERE f.network_id = $1 AND f.address BETWEEN n.first_address AND n.last_address""",
+        network_id,
+    )
+    assert row is not None
+    return PoolUsage(network=network, total=row["total"], free=row["free"])
+
+
+def _check_requested(settings: NetworkSettings, address: str) -> str:
+    try:
+        wanted = ipaddress.IPv4Address(address)
+    except ValueError:
+        raise InvalidFixedIp(
+            f"Invalid fixed IP address {address!r}: not an IPv4 address."
+        ) from None
+    first, last = usable_range(settings)
+    if not first <= wanted <= last:
+        raise InvalidFixedIp(
+            f"Fixed IP address {wanted} is not available on {describe(settings)}: servers "
+            f"get addresses from {first} to {last}."
+        )
+    return str(wanted)
+
+
+async def _take(
+    conn: Connection,
+    settings: NetworkSettings,
+    instance_uuid: UUID,
+    address: str | None,
+    tag: str | None,
+) -> str | None:
+    network_id = settings.network_id
+    if address is None:
+        taken: str | None = await conn.fetchval(_ALLOCATE_LOWEST, network_id, instance_uuid, tag)
+    else:
+        taken = await conn.fetchval(_ALLOCATE_ADDRESS, network_id, instance_uuid, tag, address)
+    return taken
+
+
+async def allocate(
+    conn: Connection,
+    settings: NetworkSettings,
+    instance_uuid: UUID,
+    *,
+    address: str | None = None,
+    tag: str | None = None,
+) -> FixedIp:
+    """Give the server an address of the network: ``address`` if given, else the lowest free.
+
+    Raises :class:`NoMoreFixedIps` when every address is taken and
+    :class:`InvalidFixedIp` when ``address`` is outside the network or already held.
+    """
+    if address is not None:
+        address = _check_requested(settings, address)
+    taken = await _take(conn, settings, instance_uuid, address, tag)
+    if taken is None:
+        stored = await _network_row(conn, settings.network_id)
+        if stored is None or stored.cidr != settings.cidr:
+            await ensure_network(conn, settings)
+            taken = await _take(conn, settings, instance_uuid, address, tag)
+    if taken is None and address is not None:
+        raise InvalidFixedIp(f"Fixed IP address {address} is already in use.")
+    if taken is None:
+        raise NoMoreFixedIps(
+            f"No more IP addresses available on {describe(settings)}: every address is "
+            "held by a server. Delete servers you no longer need, or ask your operator for "
+            "a larger network."
+        )
+    return FixedIp(
+        network_id=settings.network_id,
+        network_name=settings.name,
+        address=taken,
+        mac=mac_address(settings.network_id, taken),
+        tag=tag,
+    )
+
+
+async def release(conn: Connection, instance_uuid: UUID) -> list[str]:
+    """Free every address ``instance_uuid`` holds; the addresses freed (none if repeated)."""
+    rows = await conn.fetch(_RELEASE, instance_uuid)
+    return [row["address"] for row in rows]
+
+
+async def for_instances(
+    conn: Connection, instance_uuids: Iterable[UUID]
+) -> dict[UUID, list[FixedIp]]:
+    """The addresses each of ``instance_uuids`` holds (instances holding none are absent)."""
+    rows = await conn.fetch(
+        """SELECT f.instance_uuid, f.network_id, n.name AS network_name,
+                  host(f.address) AS address, f.tag
+             FROM fixed_ips f JOIN networks n ON n.id = f.network_id
+            WHERE f.instance_uuid = ANY($1::uuid[])
+            ORDER BY n.name, f.address""",
+        list(instance_uuids),
+    )
+    held: dict[UUID, list[FixedIp]] = {}
+    for row in rows:
+        held.setdefault(row["instance_uuid"], []).append(
+            FixedIp(
+                network_id=row["network_id"],
+                network_name=row["network_name"],
+                address=row["address"],
+                mac=mac_address(row["network_id"], row["address"]),
+                tag=row["tag"],
+            )
+        )
+    return held
+
+
+async def for_instance(conn: Connection, instance_uuid: UUID) -> list[FixedIp]:
+    return (await for_instances(conn, [instance_uuid])).get(instance_uuid, [])
