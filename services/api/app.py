@@ -15,6 +15,7 @@ from services.api import (
     faults,
     flavors,
     hypervisors,
+    identity,
     images,
     os_services,
     servers,
@@ -50,4 +51,5 @@ def create_app(
     app.include_router(aggregates.router)
     app.include_router(images.router, prefix="/v2.1")
     app.include_router(images.router, prefix="/image/v2")
+    app.include_router(identity.router())
     return app

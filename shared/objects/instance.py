@@ -38,6 +38,8 @@ class Instance(KeelModel):
     created_at: datetime
     updated_at: datetime | None
     deleted_at: datetime | None
+    #: The key pair named at create time (its public key is kept as ``key_data``).
+    key_name: str | None = None
 
 
 class RequestSpec(KeelModel):

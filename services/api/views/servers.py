@@ -166,7 +166,7 @@ class ServerView:
             "addresses": {},
             "accessIPv4": "",
             "accessIPv6": "",
-            "key_name": None,
+            "key_name": instance.key_name,
             "config_drive": "",
             "OS-DCF:diskConfig": "MANUAL",
             "OS-EXT-AZ:availability_zone": instance.availability_zone or "",
