@@ -17,8 +17,12 @@ from services.api import (
     hypervisors,
     identity,
     images,
+    keypairs,
+    limits,
     os_services,
+    quota_sets,
     servers,
+    usage,
     versions,
 )
 from services.api.middleware import ApiMiddleware
@@ -49,6 +53,10 @@ def create_app(
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)
+    app.include_router(keypairs.router)
+    app.include_router(quota_sets.router)
+    app.include_router(limits.router)
+    app.include_router(usage.router)
     app.include_router(images.router, prefix="/v2.1")
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(identity.router())

@@ -245,8 +245,9 @@ async def create(
     conductor: Conductor,
     links: RequestLinks,
     response: Response,
+    settings: AppSettings,
 ) -> dict[str, Any]:
-    instance = await create_server(pool, conductor, ctx, body.server)
+    instance = await create_server(pool, conductor, ctx, body.server, settings.quota)
     response.headers["Location"] = links.compute("servers", str(instance.uuid))
     return {"server": created_body(instance, links)}
 
