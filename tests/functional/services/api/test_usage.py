@@ -40,8 +40,10 @@ async def add_instance(
             availability_zone=None,
         )
         await conn.execute(
-            """UPDATE instances SET launched_at = $2, terminated_at = $3, created_at = coalesce($2, created_at),
-                      deleted_at = $3, vm_state = CASE WHEN $3::timestamptz IS NULL THEN 'active' ELSE 'deleted' END
+            """UPDATE instances
+                  SET launched_at = $2, terminated_at = $3, deleted_at = $3,
+                      created_at = coalesce($2, created_at),
+                      vm_state = CASE WHEN $3::timestamptz IS NULL THEN 'active' ELSE 'deleted' END
                 WHERE uuid = $1""",
             instance.uuid,
             None if launched is None else datetime.fromisoformat(launched).replace(tzinfo=UTC),
