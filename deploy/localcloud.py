@@ -383,6 +383,7 @@ Try:
   OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel server create \\
       --flavor m1.tiny --image cirros --wait demo
   OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel compute service list
+  OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel-password-member quota show
 
 Press Ctrl-C to stop.
 """,
