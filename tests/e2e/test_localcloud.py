@@ -144,6 +144,8 @@ def test_make_run_starts_a_usable_cloud_and_stops_it_on_ctrl_c(
         assert {p["Name"] for p in json.loads(projects.stdout)} == {"admin", "demo"}
         same_project = openstack(clouds, "keel", "quota", "show", "--compute", "admin")
         assert same_project.returncode == 0, same_project.stderr
+        listed = openstack(clouds, "keel", "server", "list", "--all-projects")
+        assert listed.returncode == 0, listed.stderr
 
         launcher.send_signal(signal.SIGINT)
         output, _ = launcher.communicate(timeout=STOP_TIMEOUT)
