@@ -2,8 +2,10 @@
 
 Steps: check that PostgreSQL and RabbitMQ answer (and say how to start them if not);
 create and migrate the database (``keel-manage db sync``); register the ``cirros`` image
-unless it is there; make fresh admin and member tokens and write them, with the
-endpoints, to ``<workdir>/clouds.yaml``; start keel-conductor, keel-scheduler, two
+unless it is there; create the projects ``admin`` and ``demo`` with the users ``admin``
+(admin) and ``demo`` (member) unless they are there, giving both a fresh password; make
+fresh admin and member tokens for them and write the clouds (static-token and
+password) to ``<workdir>/clouds.yaml``; start keel-conductor, keel-scheduler, two
 keel-compute agents (hosts ``compute1`` and ``compute2``, state in ``<workdir>/compute1``
 ...) and keel-api, each logging to ``<workdir>/logs/``; wait until the API answers and
 both agents are up; print how to use the cloud. Ctrl-C or SIGTERM stops every process
@@ -36,8 +38,10 @@ from urllib.parse import urlsplit
 
 from services.manage.database import connect
 from shared.config import Settings, load_settings
-from shared.db import images, services
-from shared.exceptions import ConfigError, ImageNotFound, KeelError
+from shared.db import images, projects, services, users
+from shared.exceptions import ConfigError, ImageNotFound, KeelError, NotFound
+from shared.objects.identity import Role
+from shared.passwords import hash_password
 
 CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
 COMPUTE_HOSTS = ("compute1", "compute2")
@@ -121,42 +125,116 @@ async def seed_image(database_url: str) -> bool:
     return False
 
 
+# --- the users ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Account:
+    """A user of the local cloud: their ids, password and static token."""
+
+    user: str
+    user_id: str
+    project: str
+    project_id: str
+    role: Role
+    password: str
+    token: str
+
+
+#: (user, project, role) of the local cloud's two users.
+ACCOUNTS = (("admin", "admin", Role.ADMIN), ("demo", "demo", Role.MEMBER))
+
+
+async def _account(database_url: str, user: str, project: str, role: Role) -> Account:
+    """Create the project and user unless they exist; give the user a fresh password."""
+    password = secrets.token_urlsafe(18)
+    async with connect(database_url) as conn:
+        try:
+            found_project = await projects.find(conn, project)
+        except NotFound:
+            found_project = await projects.create(conn, project, "created by make run")
+        try:
+            found_user = await users.find(conn, user)
+            await users.set_password(conn, found_user, hash_password(password))
+        except NotFound:
+            found_user = await users.create(
+                conn, user, hash_password(password), found_project, role
+            )
+    return Account(
+        user=user,
+        user_id=found_user.id,
+        project=project,
+        project_id=found_project.id,
+        role=role,
+        password=password,
+        token=secrets.token_urlsafe(24),
+    )
+
+
+async def ensure_accounts(database_url: str) -> list[Account]:
+    return [await _account(database_url, *spec) for spec in ACCOUNTS]
+
+
 # --- the client configuration --------------------------------------------------------
 
+q = json.dumps  # a JSON string is a valid YAML scalar
 
-def _cloud(api_url: str, token: str) -> list[str]:
-    q = json.dumps  # a JSON string is a valid YAML scalar
+
+def _token_cloud(api_url: str, token: str) -> list[str]:
     return [
         "    auth_type: admin_token",
         "    auth:",
         f"      endpoint: {q(api_url + '/v2.1/')}",
         f"      token: {q(token)}",
         "    identity_api_version: 3",
-        f"    identity_endpoint_override: {q(api_url + '/v2.1/')}",
+        f"    identity_endpoint_override: {q(api_url + '/identity/v3/')}",
         f"    image_endpoint_override: {q(api_url + '/image/')}",
         "    region_name: RegionOne",
     ]
 
 
-def write_clouds_yaml(path: Path, api_url: str, admin_token: str, member_token: str) -> None:
+def _password_cloud(api_url: str, account: Account) -> list[str]:
+    return [
+        "    auth_type: password",
+        "    auth:",
+        f"      auth_url: {q(api_url + '/identity/v3')}",
+        f"      username: {q(account.user)}",
+        f"      password: {q(account.password)}",
+        f"      project_name: {q(account.project)}",
+        "      user_domain_name: Default",
+        "      project_domain_name: Default",
+        "    identity_api_version: 3",
+        "    region_name: RegionOne",
+    ]
+
+
+def write_clouds_yaml(path: Path, api_url: str, admin: Account, member: Account) -> None:
     lines = [
-        "# Written by `make run`. The tokens are new on every run and valid only for it.",
+        "# Written by `make run`. Tokens and passwords are new on every run.",
         "clouds:",
         "  keel:",
-        *_cloud(api_url, admin_token),
+        *_token_cloud(api_url, admin.token),
         "  keel-member:",
-        *_cloud(api_url, member_token),
+        *_token_cloud(api_url, member.token),
+        "  keel-password:",
+        *_password_cloud(api_url, admin),
+        "  keel-password-member:",
+        *_password_cloud(api_url, member),
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     path.chmod(0o600)
 
 
-def token_config(admin_token: str, member_token: str) -> str:
-    """The ``KEEL_AUTH__TOKENS`` value for keel-api."""
+def token_config(accounts: list[Account]) -> str:
+    """The ``KEEL_AUTH__TOKENS`` value for keel-api: each account's static token."""
     return json.dumps(
         {
-            admin_token: {"user_id": "admin", "project_id": "admin", "roles": ["admin", "member"]},
-            member_token: {"user_id": "demo", "project_id": "demo", "roles": ["member"]},
+            account.token: {
+                "user_id": account.user_id,
+                "project_id": account.project_id,
+                "roles": list(account.role.granted),
+            }
+            for account in accounts
         }
     )
 
@@ -296,13 +374,16 @@ def print_banner(api_url: str, clouds: Path) -> None:
 keel is running.
   compute API:  {api_url}/v2.1/
   image API:    {api_url}/image/
-  clouds.yaml:  {clouds}   (clouds: keel = admin, keel-member = member)
+  clouds.yaml:  {clouds}
+                (static tokens: keel = admin, keel-member = member;
+                 passwords: keel-password = admin, keel-password-member = member)
   logs:         {clouds.parent / "logs"}/
 
 Try:
   OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel server create \\
       --flavor m1.tiny --image cirros --wait demo
   OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel compute service list
+  OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel-password-member quota show
 
 Press Ctrl-C to stop.
 """,
@@ -322,10 +403,10 @@ def run(settings: Settings, workdir: Path) -> int:
     if asyncio.run(seed_image(settings.database_url)):
         say(f"registered image cirros ({CIRROS_ID})")
     workdir.mkdir(parents=True, exist_ok=True)
-    admin_token, member_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    admin, member = accounts = asyncio.run(ensure_accounts(settings.database_url))
     clouds = workdir / "clouds.yaml"
-    write_clouds_yaml(clouds, api_url, admin_token, member_token)
-    env = {**os.environ, "KEEL_AUTH__TOKENS": token_config(admin_token, member_token)}
+    write_clouds_yaml(clouds, api_url, admin, member)
+    env = {**os.environ, "KEEL_AUTH__TOKENS": token_config(accounts)}
     env.setdefault("KEEL_LOG_FORMAT", "text")
     cloud = Cloud()
     signal.signal(signal.SIGINT, cloud.request_stop)

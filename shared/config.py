@@ -134,6 +134,28 @@ class NetworkSettings(_Group):
         return ipaddress.IPv4Network(self.cidr)
 
 
+class QuotaSettings(_Group):
+    """Per-project limits that apply unless an admin sets others; -1 means unlimited."""
+
+    #: Servers a project may have.
+    instances: int = Field(default=10, ge=-1)
+    #: vCPUs a project's servers may have, summed over their flavors.
+    cores: int = Field(default=20, ge=-1)
+    #: Memory (MB) a project's servers may have, summed over their flavors.
+    ram: int = Field(default=51200, ge=-1)
+    #: Key pairs each user may have.
+    key_pairs: int = Field(default=100, ge=-1)
+    #: Metadata items one server may have.
+    metadata_items: int = Field(default=128, ge=-1)
+
+
+class IdentitySettings(_Group):
+    #: Seconds a token issued by the identity API stays valid.
+    token_expiration: float = Field(default=3600.0, gt=0)
+    #: The region every endpoint of the service catalog is in.
+    region: str = Field(default="RegionOne", min_length=1, max_length=255)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -169,6 +191,8 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
+    quota: QuotaSettings = Field(default_factory=QuotaSettings)
+    identity: IdentitySettings = Field(default_factory=IdentitySettings)
 
     @field_validator("transport_url")
     @classmethod

@@ -7,11 +7,16 @@
     │   ├── FlavorNotFound
     │   ├── ImageNotFound
     │   ├── ServiceNotFound
-    │   └── ComputeNodeNotFound
+    │   ├── ComputeNodeNotFound
+    │   ├── ProjectNotFound
+    │   ├── UserNotFound
+    │   └── KeyPairNotFound
     ├── Conflict
     │   ├── InstanceInvalidState
-    │   └── NoMoreFixedIps          every address of the network is taken
+    │   ├── NoMoreFixedIps          every address of the network is taken
+    │   └── AlreadyExists           a name is already taken (project, user, key pair)
     ├── InvalidFixedIp              a requested fixed address cannot be given
+    ├── OverQuota                   a request would take a project past one of its quotas
     ├── NoValidHost                 the scheduler found no host for a request
     ├── HostRenameDetected          an agent's node belongs to a service on another host
     ├── ServiceTooOld               this release is too old for the deployment
@@ -74,8 +79,42 @@ class ComputeNodeNotFound(NotFound):
     pass
 
 
+class ProjectNotFound(NotFound):
+    pass
+
+
+class UserNotFound(NotFound):
+    pass
+
+
+class KeyPairNotFound(NotFound):
+    pass
+
+
 class Conflict(KeelError):
     pass
+
+
+class AlreadyExists(Conflict):
+    pass
+
+
+class OverQuota(KeelError):
+    """A request would exceed a quota; the message says which and by how much."""
+
+    @classmethod
+    def exceeded(
+        cls, overs: list[str], requested: list[int], used: list[int], allowed: list[int]
+    ) -> OverQuota:
+        """The message the compute API gives, naming each resource over its limit."""
+
+        def joined(values: list[int] | list[str]) -> str:
+            return ", ".join(str(value) for value in values)
+
+        return cls(
+            f"Quota exceeded for {joined(overs)}: Requested {joined(requested)}, but already "
+            f"used {joined(used)} of {joined(allowed)} {joined(overs)}"
+        )
 
 
 class InstanceInvalidState(Conflict):

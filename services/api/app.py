@@ -16,12 +16,17 @@ from services.api import (
     faults,
     flavors,
     hypervisors,
+    identity,
     images,
+    keypairs,
+    limits,
     os_services,
+    quota_sets,
     server_metadata,
     server_tags,
     server_update,
     servers,
+    usage,
     versions,
 )
 from services.api.middleware import ApiMiddleware
@@ -56,6 +61,11 @@ def create_app(
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)
     app.include_router(availability_zones.router)
+    app.include_router(keypairs.router)
+    app.include_router(quota_sets.router)
+    app.include_router(limits.router)
+    app.include_router(usage.router)
     app.include_router(images.router, prefix="/v2.1")
     app.include_router(images.router, prefix="/image/v2")
+    app.include_router(identity.router())
     return app

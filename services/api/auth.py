@@ -1,8 +1,9 @@
-"""Who is asking: static tokens from the settings, turned into a request context.
+"""Who is asking: the request's token, turned into a request context.
 
-``X-Auth-Token`` is looked up in ``settings.auth.tokens`` (token → user, project,
-roles). A missing or unknown token is a 401; a route that needs the ``admin`` role
-answers members with a 403.
+``X-Auth-Token`` is looked up first in ``settings.auth.tokens`` (static tokens: token →
+user, project, roles), then among the tokens the identity API issued (valid while
+unexpired and while the user keeps a role in the token's project). A missing or unknown
+token is a 401; a route that needs the ``admin`` role answers members with a 403.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import hmac
 import logging
 from typing import Annotated
 
+import asyncpg
 from fastapi import Depends, Request
 
 from services.api.faults import Forbidden, Unauthorized
 from shared.config import AuthSettings, Settings, TokenInfo
 from shared.context import RequestContext, new_request_id
+from shared.db import tokens
 
 LOG = logging.getLogger(__name__)
 
@@ -41,11 +44,28 @@ def context_for(info: TokenInfo, request_id: str) -> RequestContext:
     )
 
 
-def authenticate(request: Request) -> RequestContext:
+async def issued_token(request: Request, token: str) -> TokenInfo | None:
+    """The identity a token issued by the identity API stands for, if it is valid."""
+    pool: asyncpg.Pool = request.app.state.pool
+    async with pool.acquire() as conn:
+        issued = await tokens.find_valid(conn, token)
+    if issued is None:
+        return None
+    membership = issued.membership
+    return TokenInfo(
+        user_id=membership.user.id,
+        project_id=membership.project.id,
+        roles=list(membership.role.granted),
+    )
+
+
+async def authenticate(request: Request) -> RequestContext:
     """The request's context; 401 unless it carries a known token."""
     settings: Settings = request.app.state.settings
     token = request.headers.get(TOKEN_HEADER)
-    info = find_token(settings.auth, token) if token else None
+    info = None
+    if token:
+        info = find_token(settings.auth, token) or await issued_token(request, token)
     if info is None:
         LOG.info(
             "refusing %s %s: %s",

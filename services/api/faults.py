@@ -6,14 +6,18 @@ token is answered as Keystone's middleware does: ``{"error": {"code": 401, ...}}
 
 Handlers registered by :func:`install` turn into faults: :class:`Fault` raised by a
 route, request validation errors (always 400, never FastAPI's 422), unknown routes and
-methods, and keel's own expected errors (``NotFound`` → 404, ``Conflict`` → 409, a
-messaging failure → 503).
+methods, and keel's own expected errors (``NotFound`` → 404, ``Conflict`` → 409,
+``OverQuota`` → 403, a messaging failure → 503).
+
+Under ``/identity`` every error has the identity API's shape, ``{"error": {"code",
+"title", "message"}}``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from shared.exceptions import Conflict, KeelError, MessagingError, NotFound
+from shared.exceptions import Conflict, KeelError, MessagingError, NotFound, OverQuota
 
 LOG = logging.getLogger(__name__)
 
@@ -41,6 +45,7 @@ FAULT_NAMES = {
 }
 
 UNAUTHORIZED_MESSAGE = "The request you have made requires authentication."
+IDENTITY_PREFIX = "/identity"
 
 
 class Fault(Exception):
@@ -89,8 +94,24 @@ def fault_body(code: int, message: str) -> dict[str, Any]:
     return {name: {"code": code, "message": message}}
 
 
+def identity_error_body(code: int, message: str) -> dict[str, Any]:
+    try:
+        title = HTTPStatus(code).phrase
+    except ValueError:
+        title = "Error"
+    return {"error": {"code": code, "title": title, "message": message}}
+
+
 def fault_response(code: int, message: str) -> JSONResponse:
     return JSONResponse(fault_body(code, message), status_code=code)
+
+
+def _respond(request: Request, code: int, message: str) -> JSONResponse:
+    """A fault for the compute and image APIs; an identity-shaped error under /identity."""
+    path = request.url.path
+    if path == IDENTITY_PREFIX or path.startswith(IDENTITY_PREFIX + "/"):
+        return JSONResponse(identity_error_body(code, message), status_code=code)
+    return fault_response(code, message)
 
 
 def _short(value: Any) -> str:
@@ -128,12 +149,12 @@ async def _on_fault(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Fault)
     if exc.code >= 500:
         LOG.error("%s %s failed: %s", request.method, request.url.path, exc.message)
-    return fault_response(exc.code, exc.message)
+    return _respond(request, exc.code, exc.message)
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return fault_response(400, validation_message(list(exc.errors())))
+    return _respond(request, 400, validation_message(list(exc.errors())))
 
 
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
@@ -144,7 +165,7 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
         message = f"The method {request.method} is not allowed for this resource."
     else:
         message = str(exc.detail)
-    response = fault_response(exc.status_code, message)
+    response = _respond(request, exc.status_code, message)
     if exc.headers:
         response.headers.update(exc.headers)
     return response
@@ -155,6 +176,8 @@ def keel_error_code(exc: KeelError) -> int:
         return 404
     if isinstance(exc, Conflict):
         return 409
+    if isinstance(exc, OverQuota):
+        return 403
     if isinstance(exc, MessagingError):
         return 503
     return 500
@@ -165,7 +188,7 @@ async def _on_keel_error(request: Request, exc: Exception) -> JSONResponse:
     code = keel_error_code(exc)
     if code >= 500:
         LOG.error("%s %s failed: %s", request.method, request.url.path, exc.message)
-    return fault_response(code, exc.message)
+    return _respond(request, code, exc.message)
 
 
 def install(app: FastAPI) -> None:

@@ -23,9 +23,11 @@ from uuid import UUID
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from services.api import server_keys
 from services.api.faults import BadRequest, ServiceUnavailable
 from services.api.server_fields import PreparedFields, ServerFields
 from services.conductor.rpcapi import ConductorAPI
+from shared.config import QuotaSettings
 from shared.context import RequestContext
 from shared.db import (
     compute_nodes,
@@ -149,8 +151,6 @@ async def _validate(
     conn: Connection, ctx: RequestContext, server: NewServer
 ) -> tuple[Flavor, Image]:
     check_counts(server)
-    if server.key_name is not None:
-        raise BadRequest(f"Invalid key_name provided: keel has no key pair {server.key_name!r}.")
     flavor = await _flavor(conn, server.flavor_ref)
     image = await _image(conn, server.image_ref, ctx)
     check_fits(flavor, image)
@@ -166,10 +166,14 @@ async def _record(
     image: Image,
     *,
     fields: PreparedFields,
+    quota: QuotaSettings,
 ) -> Instance:
     project_id, user_id = ctx.project_id or "", ctx.user_id or ""
     snapshot = flavor.snapshot()
     async with conn.transaction():
+        # Key pair and quota: checked in the transaction that inserts the server.
+        key = await server_keys.find_key(conn, ctx, server.key_name)
+        await server_keys.check_quota(conn, ctx, quota, snapshot, len(server.metadata or {}))
         instance = await instances.create(
             conn,
             instance_uuid=uuid.uuid4(),
@@ -191,6 +195,7 @@ async def _record(
         )
         await request_specs.create(conn, spec)
         await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
+        await server_keys.record_key(conn, instance, key)
     return instance
 
 
@@ -206,12 +211,14 @@ async def create_server(
     conductor: ConductorAPI,
     ctx: RequestContext,
     server: NewServer,
+    *,
     fields: PreparedFields,
+    quota: QuotaSettings,
 ) -> Instance:
     """Record the server and ask the conductor to build it; see the module docstring."""
     async with pool.acquire() as conn:
         flavor, image = await _validate(conn, ctx, server)
-        instance = await _record(conn, ctx, server, flavor, image, fields=fields)
+        instance = await _record(conn, ctx, server, flavor, image, fields=fields, quota=quota)
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
     try:
         await conductor.build_instances(ctx, instance.uuid)

@@ -187,7 +187,9 @@ async def create(
 ) -> dict[str, Any]:
     server = body.server
     fields = prepare(server, last_segment(server.image_ref), version, settings.network)
-    instance = await create_server(pool, conductor, ctx, server, fields)
+    instance = await create_server(
+        pool, conductor, ctx, server, fields=fields, quota=settings.quota
+    )
     response.headers["Location"] = links.compute("servers", str(instance.uuid))
     return {"server": created_body(instance, links, fields.admin_pass)}
 

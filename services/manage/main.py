@@ -11,7 +11,18 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from services.manage.commands import HANDLER, Command, db, dlq, image, network, service
+from services.manage.commands import (
+    HANDLER,
+    Command,
+    UsageError,
+    db,
+    dlq,
+    image,
+    network,
+    project,
+    service,
+    user,
+)
 from shared.config import Settings, add_config_argument, load_settings
 from shared.exceptions import ConfigError, KeelError
 from shared.logging import setup_logging
@@ -27,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (db, image, network, service, dlq):
+    for module in (db, image, network, service, project, user, dlq):
         module.register(commands)
     return parser
 
@@ -49,6 +60,9 @@ def execute(args: argparse.Namespace, settings: Settings) -> int:
     command: Command = getattr(args, HANDLER)
     try:
         return asyncio.run(_call(command, args, settings))
+    except UsageError as exc:
+        print(f"{PROG}: {exc.message}", file=sys.stderr)
+        return 2
     except KeelError as exc:
         print(f"{PROG}: {exc.message}", file=sys.stderr)
         return 1

@@ -44,6 +44,8 @@ class Instance(KeelModel):
     description: str | None = None
     tags: list[str] = Field(default_factory=list)
     user_data: str | None = None
+    #: The key pair named at create time (its public key is kept as ``key_data``).
+    key_name: str | None = None
 
 
 class RequestSpec(KeelModel):

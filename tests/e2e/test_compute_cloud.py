@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cloud import CIRROS_ID, Cloud
+from tests.e2e.cloud import ADMIN, CIRROS_ID, Cloud
 
 pytestmark = pytest.mark.e2e
 
@@ -96,6 +96,11 @@ def test_services_hypervisors_flavors_and_images_are_listed(cloud: Cloud) -> Non
 
 async def test_request_no_host_can_hold_ends_in_error_without_claims(cloud: Cloud) -> None:
     before = await hypervisor_usage(cloud)
+    async with cloud.http(cloud.admin_token) as http:  # no host, rather than the quota, refuses
+        quota = await http.put(
+            f"os-quota-sets/{ADMIN['project_id']}", json={"quota_set": {"ram": -1}}
+        )
+        assert quota.status_code == 200, quota.text
     cloud.openstack(
         "flavor", "create", "--ram", str(cloud.config.memory_mb * 100), "--vcpus", "1",
         "--disk", "1", "e2e.huge",

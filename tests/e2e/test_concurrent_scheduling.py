@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.cloud import ADMIN, CIRROS_ID, Cloud, CloudConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -47,6 +47,10 @@ async def settled(http: httpx.AsyncClient, ids: set[str]) -> list[dict[str, Any]
 
 async def test_concurrent_creates_fill_both_hosts_and_no_more(cloud: Cloud) -> None:
     async with cloud.http(cloud.admin_token) as http:
+        # Capacity, not the project's quota, is what this test exhausts.
+        unlimited = {"quota_set": {"instances": -1, "cores": -1, "ram": -1}}
+        quota = await http.put(f"os-quota-sets/{ADMIN['project_id']}", json=unlimited)
+        assert quota.status_code == 200, quota.text
         ids = await asyncio.gather(*(create(http, i) for i in range(REQUESTS)))
         servers = await settled(http, set(ids))
         hypervisors = (await http.get("os-hypervisors/detail")).json()["hypervisors"]

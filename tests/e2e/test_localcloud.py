@@ -123,8 +123,13 @@ def test_make_run_starts_a_usable_cloud_and_stops_it_on_ctrl_c(
         clouds = workdir / "clouds.yaml"
         assert f"OS_CLIENT_CONFIG_FILE={clouds} openstack --os-cloud keel" in banner
         config = yaml.safe_load(clouds.read_text())
-        assert set(config["clouds"]) == {"keel", "keel-member"}
+        assert set(config["clouds"]) == {
+            "keel", "keel-member", "keel-password", "keel-password-member",
+        }  # fmt: skip
         assert config["clouds"]["keel"]["auth_type"] == "admin_token"
+        password = config["clouds"]["keel-password-member"]
+        assert password["auth_type"] == "password"
+        assert not any(key.endswith("endpoint_override") for key in password)
 
         services = openstack(clouds, "keel", "compute", "service", "list")
         assert services.returncode == 0, services.stderr
@@ -133,6 +138,14 @@ def test_make_run_starts_a_usable_cloud_and_stops_it_on_ctrl_c(
         assert [i["Name"] for i in json.loads(images.stdout)] == ["cirros"]
         as_member = openstack(clouds, "keel-member", "hypervisor", "list")
         assert as_member.returncode != 0
+        quota = openstack(clouds, "keel-password-member", "quota", "show")
+        assert quota.returncode == 0, quota.stderr
+        projects = openstack(clouds, "keel-password", "project", "list")
+        assert {p["Name"] for p in json.loads(projects.stdout)} == {"admin", "demo"}
+        same_project = openstack(clouds, "keel", "quota", "show", "--compute", "admin")
+        assert same_project.returncode == 0, same_project.stderr
+        listed = openstack(clouds, "keel", "server", "list", "--all-projects")
+        assert listed.returncode == 0, listed.stderr
 
         launcher.send_signal(signal.SIGINT)
         output, _ = launcher.communicate(timeout=STOP_TIMEOUT)

@@ -196,7 +196,7 @@ class ServerView:
             "addresses": addresses_body(self.addresses.get(instance.uuid, ())),
             "accessIPv4": "",
             "accessIPv6": "",
-            "key_name": None,
+            "key_name": instance.key_name,
             "config_drive": "",
             "OS-DCF:diskConfig": "MANUAL",
             "OS-EXT-AZ:availability_zone": self.availability_zone(instance),

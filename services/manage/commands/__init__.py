@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Awaitable, Callable
 
 from shared.config import Settings
+from shared.exceptions import KeelError
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
@@ -20,3 +21,7 @@ HANDLER = "handler"
 
 def set_handler(parser: argparse.ArgumentParser, command: Command) -> None:
     parser.set_defaults(**{HANDLER: command})
+
+
+class UsageError(KeelError):
+    """The command was given an unusable value: exit code 2, like a bad argument."""

@@ -11,6 +11,7 @@ import pytest
 
 from shared.db import instances
 from tests.functional.services.api.conftest import (
+    ADMIN,
     MEMBER,
     OTHER_MEMBER,
     Recorder,
@@ -193,3 +194,23 @@ async def test_rename_and_describe(
     assert (
         await client.put(url, headers=OTHER_MEMBER, json={"server": {"name": "x"}})
     ).status_code == 404
+
+
+async def test_metadata_beyond_the_quota_is_403_and_changes_nothing(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    server_id = await active_server(client, db_pool)
+    base = f"/v2.1/servers/{server_id}/metadata"
+    quota = {"quota_set": {"metadata_items": 2}}
+    set_quota = await client.put("/v2.1/os-quota-sets/team", headers=ADMIN, json=quota)
+    assert set_quota.status_code == 200, set_quota.text
+    two = {"metadata": {"a": "1", "b": "2"}}
+    assert (await client.post(base, headers=MEMBER, json=two)).status_code == 200
+
+    over = await client.post(base, headers=MEMBER, json={"metadata": {"c": "3"}})
+    one_more = await client.put(f"{base}/c", headers=MEMBER, json={"meta": {"c": "3"}})
+
+    assert over.status_code == 403
+    assert "Maximum number of metadata items exceeds 2" in over.text
+    assert one_more.status_code == 403
+    assert (await client.get(base, headers=MEMBER)).json() == two

@@ -1,0 +1,156 @@
+"""Identity API bodies: versions, domains, projects, users, roles, tokens and the catalog."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from services.api.links import Links
+from shared.objects.identity import (
+    DEFAULT_DOMAIN_ID,
+    DEFAULT_DOMAIN_NAME,
+    IssuedToken,
+    Project,
+    User,
+)
+
+VERSION_ID = "v3.14"
+VERSION_UPDATED = "2020-04-07T00:00:00Z"
+MEDIA_TYPE = "application/vnd.openstack.identity-v3+json"
+#: Names the catalog gives the services keel-api serves, by service type.
+SERVICE_NAMES = {"compute": "nova", "image": "glance", "identity": "keystone"}
+INTERFACES = ("public", "internal", "admin")
+_IDS = uuid.UUID("6b65656c-0000-4000-8000-000000000000")
+
+
+def stable_id(*parts: str) -> str:
+    """The same id for the same name on every keel (roles, services, endpoints)."""
+    return uuid.uuid5(_IDS, "/".join(parts)).hex
+
+
+def identity_url(links: Links) -> str:
+    return links.bookmark("identity", "v3") + "/"
+
+
+def version(links: Links) -> dict[str, Any]:
+    return {
+        "id": VERSION_ID,
+        "status": "stable",
+        "updated": VERSION_UPDATED,
+        "links": [{"rel": "self", "href": identity_url(links)}],
+        "media-types": [{"base": "application/json", "type": MEDIA_TYPE}],
+    }
+
+
+def timestamp(value: datetime) -> str:
+    """``2024-05-01T12:00:00.000000Z``, as identity tokens write their times."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def domain(links: Links) -> dict[str, Any]:
+    return {
+        "id": DEFAULT_DOMAIN_ID,
+        "name": DEFAULT_DOMAIN_NAME,
+        "description": "The only domain of keel.",
+        "enabled": True,
+        "tags": [],
+        "options": {},
+        "links": {"self": links.bookmark("identity", "v3", "domains", DEFAULT_DOMAIN_ID)},
+    }
+
+
+def domain_ref() -> dict[str, str]:
+    return {"id": DEFAULT_DOMAIN_ID, "name": DEFAULT_DOMAIN_NAME}
+
+
+def project(item: Project, links: Links) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "name": item.name,
+        "description": item.description,
+        "domain_id": DEFAULT_DOMAIN_ID,
+        "parent_id": DEFAULT_DOMAIN_ID,
+        "enabled": True,
+        "is_domain": False,
+        "tags": [],
+        "options": {},
+        "links": {"self": links.bookmark("identity", "v3", "projects", item.id)},
+    }
+
+
+def user(item: User, links: Links) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "name": item.name,
+        "domain_id": DEFAULT_DOMAIN_ID,
+        "default_project_id": item.default_project_id,
+        "enabled": True,
+        "password_expires_at": None,
+        "options": {},
+        "links": {"self": links.bookmark("identity", "v3", "users", item.id)},
+    }
+
+
+def collection(key: str, items: list[dict[str, Any]], self_url: str) -> dict[str, Any]:
+    return {key: items, "links": {"self": self_url, "previous": None, "next": None}}
+
+
+def catalog(links: Links, region: str) -> list[dict[str, Any]]:
+    """The compute, image and identity services, each at the address the client used."""
+    urls = {
+        "compute": links.compute() + "/",
+        "image": links.bookmark("image") + "/",
+        "identity": links.bookmark("identity"),
+    }
+    services = []
+    for service_type, url in urls.items():
+        endpoints = [
+            {
+                "id": stable_id("endpoint", service_type, interface),
+                "interface": interface,
+                "region": region,
+                "region_id": region,
+                "url": url,
+            }
+            for interface in INTERFACES
+        ]
+        services.append(
+            {
+                "id": stable_id("service", service_type),
+                "type": service_type,
+                "name": SERVICE_NAMES[service_type],
+                "endpoints": endpoints,
+            }
+        )
+    return services
+
+
+def token(issued: IssuedToken, links: Links, region: str) -> dict[str, Any]:
+    membership = issued.membership
+    return {
+        "token": {
+            "methods": ["password"],
+            "audit_ids": [issued.audit_id],
+            "issued_at": timestamp(issued.issued_at),
+            "expires_at": timestamp(issued.expires_at),
+            "is_domain": False,
+            "user": {
+                "id": membership.user.id,
+                "name": membership.user.name,
+                "domain": domain_ref(),
+                "password_expires_at": None,
+            },
+            "project": {
+                "id": membership.project.id,
+                "name": membership.project.name,
+                "domain": domain_ref(),
+            },
+            "roles": [
+                {"id": stable_id("role", name), "name": name} for name in membership.role.granted
+            ],
+            "catalog": catalog(links, region),
+        }
+    }

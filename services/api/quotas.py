@@ -1,0 +1,95 @@
+"""Quota enforcement: a project's limits, and the checks made before creating things.
+
+A project's limit for a resource is what an admin set (``os-quota-sets``), else the
+default from the settings (``KEEL_QUOTA__*``); -1 means unlimited. keel enforces
+``instances``, ``cores`` and ``ram`` per project, ``key_pairs`` per user (with the
+limit of the caller's project) and ``metadata_items`` per server. The other limits the
+compute API reports (server groups, injected files) concern features keel does not
+have: they are stored and shown so clients can set and read them, and nothing can
+exceed them.
+
+The checks run inside the caller's transaction, after a lock that serialises the
+project's (or user's) creations, so what was counted is still true when the new row is
+committed: concurrent requests never exceed a quota together.
+"""
+
+from __future__ import annotations
+
+from shared.config import QuotaSettings
+from shared.db import key_pairs, quotas
+from shared.db.pool import Connection
+from shared.exceptions import OverQuota
+from shared.objects.flavor import FlavorSnapshot
+
+#: Limits of features keel does not have, at the compute API's defaults.
+UNUSED_DEFAULTS = {
+    "server_groups": 10,
+    "server_group_members": 10,
+    "injected_files": 5,
+    "injected_file_content_bytes": 10240,
+    "injected_file_path_bytes": 255,
+}
+UNLIMITED = -1
+
+
+def defaults(settings: QuotaSettings) -> dict[str, int]:
+    """Every resource's default limit."""
+    return {**settings.model_dump(), **UNUSED_DEFAULTS}
+
+
+async def project_limits(
+    conn: Connection, project_id: str, settings: QuotaSettings
+) -> dict[str, int]:
+    """Every resource's limit for the project: what was set, else the default."""
+    return {**defaults(settings), **await quotas.limits(conn, project_id)}
+
+
+def _over(limit: int, used: int, requested: int) -> bool:
+    return limit != UNLIMITED and used + requested > limit
+
+
+async def check_new_server(
+    conn: Connection,
+    project_id: str,
+    settings: QuotaSettings,
+    flavor: FlavorSnapshot,
+    metadata_items: int = 0,
+) -> None:
+    """Raise :class:`OverQuota` unless the project may have one more server of ``flavor``.
+
+    Call it inside the transaction that inserts the server: it takes the project's lock.
+    """
+    await quotas.lock_project(conn, project_id)
+    limits = await project_limits(conn, project_id, settings)
+    check_metadata_items(limits, metadata_items)
+    usage = await quotas.usage(conn, project_id)
+    wanted = {"cores": flavor.vcpus, "instances": 1, "ram": flavor.memory_mb}
+    used = {"cores": usage.cores, "instances": usage.instances, "ram": usage.ram}
+    overs = sorted(r for r in wanted if _over(limits[r], used[r], wanted[r]))
+    if overs:
+        raise OverQuota.exceeded(
+            overs,
+            [wanted[r] for r in overs],
+            [used[r] for r in overs],
+            [limits[r] for r in overs],
+        )
+
+
+def check_metadata_items(limits: dict[str, int], count: int) -> None:
+    """Raise :class:`OverQuota` if one server would have more metadata items than allowed."""
+    limit = limits["metadata_items"]
+    if _over(limit, 0, count):
+        raise OverQuota(f"Maximum number of metadata items exceeds {limit}")
+
+
+async def check_new_key_pair(
+    conn: Connection, project_id: str, user_id: str, settings: QuotaSettings
+) -> None:
+    """Raise :class:`OverQuota` unless the user may have one more key pair.
+
+    Call it inside the transaction that inserts the key pair: it takes the user's lock.
+    """
+    await key_pairs.lock_user(conn, user_id)
+    limit = (await project_limits(conn, project_id, settings))["key_pairs"]
+    if _over(limit, await key_pairs.count(conn, user_id), 1):
+        raise OverQuota("Maximum number of key pairs exceeded")

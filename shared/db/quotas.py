@@ -1,0 +1,70 @@
+"""Queries on ``quotas`` (limits an admin set for a project) and on what a project uses.
+
+Usage is counted from the rows themselves (live instances and their flavors), never
+kept in a counter that could drift. To check and consume quota without a race, a
+creator takes :func:`lock_project` first: a transaction-scoped advisory lock keyed by
+the project, so concurrent creations for one project count and insert one at a time
+(in any keel-api process), while other projects are not held up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel
+
+from shared.db.pool import Connection
+
+#: First key of the two-key advisory lock that serialises one project's server creations.
+_LOCK_CLASS = 0x71756F74  # "quot"
+
+
+class ProjectUsage(BaseModel):
+    """What a project's live servers take."""
+
+    instances: int = 0
+    cores: int = 0
+    ram: int = 0
+
+
+async def lock_project(conn: Connection, project_id: str) -> None:
+    """Serialise quota-checked creations for ``project_id`` until the transaction ends."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK_CLASS, project_id)
+
+
+async def usage(conn: Connection, project_id: str) -> ProjectUsage:
+    row = await conn.fetchrow(
+        """SELECT count(*) AS instances,
+                  coalesce(sum((flavor->>'vcpus')::int), 0) AS cores,
+                  coalesce(sum((flavor->>'memory_mb')::int), 0) AS ram
+             FROM instances WHERE project_id = $1 AND deleted_at IS NULL""",
+        project_id,
+    )
+    assert row is not None
+    return ProjectUsage(instances=row["instances"], cores=row["cores"], ram=row["ram"])
+
+
+async def limits(conn: Connection, project_id: str) -> dict[str, int]:
+    """The limits set for the project (resources left at their defaults are absent)."""
+    rows = await conn.fetch(
+        "SELECT resource, hard_limit FROM quotas WHERE project_id = $1", project_id
+    )
+    return {row["resource"]: row["hard_limit"] for row in rows}
+
+
+async def set_limits(conn: Connection, project_id: str, values: Mapping[str, int]) -> None:
+    async with conn.transaction():
+        for resource, limit in values.items():
+            await conn.execute(
+                """INSERT INTO quotas (project_id, resource, hard_limit) VALUES ($1, $2, $3)
+                   ON CONFLICT (project_id, resource)
+                   DO UPDATE SET hard_limit = EXCLUDED.hard_limit, updated_at = now()""",
+                project_id,
+                resource,
+                limit,
+            )
+
+
+async def clear(conn: Connection, project_id: str) -> None:
+    """Return every limit of the project to its default."""
+    await conn.execute("DELETE FROM quotas WHERE project_id = $1", project_id)
