@@ -24,8 +24,10 @@ from services.api.faults import ServiceUnavailable
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, services
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
 from shared.exceptions import ComputeNodeNotFound, MessagingError, ServiceNotFound, Unroutable
-from shared.objects.instance import Instance
+from shared.objects.instance import Allocation, Instance
 from shared.objects.service import Service
 from shared.objects.states import TaskState
 
@@ -38,12 +40,16 @@ async def local_delete(
     pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID, reason: str, *, started: bool
 ) -> None:
     """Release the claims and soft-delete, in one transaction (idempotent)."""
-    async with pool.acquire() as conn, conn.transaction():
+
+    async def delete(conn: Connection) -> list[Allocation]:
         if not started:
             await instance_actions.start(conn, ctx, instance_uuid, DELETE_ACTION)
         released = await allocations.release(conn, instance_uuid)
         await instances.soft_delete(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason)
+        return released
+
+    released = await in_transaction(pool, delete, what=f"deleting server {instance_uuid}")
     LOG.info(
         "deleted server %s locally (%s); released %d claim(s)",
         instance_uuid,
@@ -105,9 +111,12 @@ async def _terminate_on_host(
     service: Service,
 ) -> None:
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
-    async with pool.acquire() as conn, conn.transaction():
+
+    async def mark_deleting(conn: Connection) -> None:
         await instances.set_task_state(conn, instance.uuid, TaskState.DELETING)
         await instance_actions.start(conn, ctx, instance.uuid, DELETE_ACTION)
+
+    await in_transaction(pool, mark_deleting, what=f"marking server {instance.uuid} deleting")
     try:
         await compute.terminate_instance(ctx, service.uuid, instance.uuid)
     except Unroutable:
@@ -116,9 +125,7 @@ async def _terminate_on_host(
         await local_delete(pool, ctx, instance.uuid, why, started=True)
         return
     except MessagingError as exc:
-        async with pool.acquire() as conn, conn.transaction():
-            await instances.set_task_state(conn, instance.uuid, instance_task(instance))
-            await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, exc.message)
+        await _restore(pool, instance, exc.message)
         raise ServiceUnavailable(
             f"The server was not deleted: the message bus could not be reached ({exc.message}). "
             "Retry once RabbitMQ is available."
@@ -130,6 +137,16 @@ async def _terminate_on_host(
         instance.uuid,
         extra=extra,
     )
+
+
+async def _restore(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
+    """Undo the ``deleting`` mark after the delete request could not be sent."""
+
+    async def restore(conn: Connection) -> None:
+        await instances.set_task_state(conn, instance.uuid, instance_task(instance))
+        await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, reason)
+
+    await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
 
 
 def instance_task(instance: Instance) -> TaskState | None:
