@@ -97,7 +97,9 @@ def fault_body(code: int, message: str) -> dict[str, Any]:
     return {name: {"code": code, "message": message}}
 
 
-def fault_response(code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def fault_response(code: int, message: str) -> JSONResponse:
+    """The fault; a 503 also says, in ``Retry-After``, when to try again."""
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if code == 503 else None
     return JSONResponse(fault_body(code, message), status_code=code, headers=headers)
 
 
