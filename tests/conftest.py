@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from urllib.parse import urlsplit
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest

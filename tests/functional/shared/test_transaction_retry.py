@@ -52,9 +52,7 @@ async def test_a_conflict_on_every_attempt_is_raised_after_the_bound(
         await conn.execute(APPEND, "2", "mine;")
 
     with pytest.raises(asyncpg.SerializationError):
-        await in_transaction(
-            db_pool, work, what="losing", isolation="repeatable_read", attempts=3
-        )
+        await in_transaction(db_pool, work, what="losing", isolation="repeatable_read", attempts=3)
     assert attempts == 3
     assert await db_pool.fetchval(READ, "2") == "theirs;" * 3
 

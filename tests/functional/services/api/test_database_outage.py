@@ -72,9 +72,7 @@ async def test_503_while_the_database_is_away_then_2xx_without_a_restart(
     listed = await outage_client.get("/v2.1/servers", headers=MEMBER)
     assert listed.status_code == 200, listed.text
     assert listed.json()["servers"] == []  # nothing half-created during the outage
-    created = await outage_client.post(
-        "/v2.1/servers", headers=MEMBER, json=server_body("after")
-    )
+    created = await outage_client.post("/v2.1/servers", headers=MEMBER, json=server_body("after"))
     assert created.status_code == 202, created.text
     _, built = await conductor.next_build()
     assert str(built) == created.json()["server"]["id"]
