@@ -117,9 +117,7 @@ class NewImage(BaseModel):
     owner: str | None = Field(default=None, max_length=255)
     protected: bool = False
     os_hidden: bool = False
-    tags: list[Annotated[str, Field(max_length=255)]] = Field(
-        default_factory=list, max_length=128
-    )
+    tags: list[Annotated[str, Field(max_length=255)]] = Field(default_factory=list, max_length=128)
 
     @model_validator(mode="after")
     def _string_properties(self) -> NewImage:

@@ -53,6 +53,37 @@ def _describe_faults(document: dict[str, Any]) -> None:
     schemas["Fault"] = FAULT_SCHEMA
 
 
+#: What a create returns that names the new resource in later requests:
+#: (create path, its status, where the id is in the body, the path parameter, users).
+_LINKS = (
+    ("/v2.1/servers", "202", "/server/id", "server_id", "/v2.1/servers/{server_id}"),
+    ("/v2.1/flavors", "200", "/flavor/id", "flavor_id", "/v2.1/flavors/{flavor_id}"),
+    ("/v2.1/images", "201", "/id", "image_id", "/v2.1/images/{image_id}"),
+)
+
+
+def _pointer(path: str, method: str) -> str:
+    escaped = path.replace("~", "~0").replace("/", "~1")
+    return f"#/paths/{escaped}/{method}"
+
+
+def _describe_links(document: dict[str, Any]) -> None:
+    """Say which created id the show and delete routes take, so a fuzzer can chain them."""
+    paths = document.get("paths", {})
+    for create, status, field, parameter, item in _LINKS:
+        response = paths.get(create, {}).get("post", {}).get("responses", {}).get(status)
+        if response is None:
+            continue
+        response["links"] = {
+            f"{method.capitalize()}{parameter.title().replace('_', '')}": {
+                "operationRef": _pointer(item, method),
+                "parameters": {parameter: f"$response.body#{field}"},
+            }
+            for method in ("get", "delete")
+            if method in paths.get(item, {})
+        }
+
+
 def _describe_auth(document: dict[str, Any]) -> None:
     components = document.setdefault("components", {})
     components["securitySchemes"] = {
@@ -72,6 +103,7 @@ def document(app: FastAPI) -> dict[str, Any]:
             routes=app.routes,
         )
         _describe_faults(built)
+        _describe_links(built)
         _describe_auth(built)
         app.openapi_schema = built
     return app.openapi_schema

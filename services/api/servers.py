@@ -35,6 +35,30 @@ from shared.objects.service import Binary, Service
 
 router = APIRouter(prefix="/v2.1/servers")
 
+
+def _query(name: str, description: str, *, many: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    if many:
+        schema = {"type": "array", "items": schema}
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}  # fmt: skip
+
+
+#: The list filters, read from the query string by :class:`ServerQuery`, for the
+#: OpenAPI document.
+LIST_PARAMETERS = {
+    "parameters": [
+        _query("name", "a regular expression the server name must match"),
+        _query("status", "API status(es) to list, e.g. ACTIVE", many=True),
+        _query("host", "admins: servers on this compute host"),
+        _query("all_tenants", "admins: a boolean, list every project's servers"),
+        _query("project_id", "admins with all_tenants: one project's servers"),
+        _query("tenant_id", "the same as project_id"),
+        _query("limit", "at most this many servers"),
+        _query("marker", "the id of the server before the page"),
+    ]
+}
+
 _TRUE = {"", "1", "t", "true", "on", "y", "yes"}
 _FALSE = {"0", "f", "false", "off", "n", "no"}
 
@@ -176,7 +200,7 @@ async def _list(
     return body
 
 
-@router.get("")
+@router.get("", openapi_extra=LIST_PARAMETERS)
 async def list_servers(
     request: Request,
     *,
@@ -192,7 +216,7 @@ async def list_servers(
     )
 
 
-@router.get("/detail")
+@router.get("/detail", openapi_extra=LIST_PARAMETERS)
 async def list_servers_detail(
     request: Request,
     *,
