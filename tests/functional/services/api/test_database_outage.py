@@ -25,7 +25,7 @@ from tests.functional.services.api.test_servers import server_body
 
 pytestmark = pytest.mark.functional
 
-SETTINGS = DatabaseSettings(connect_timeout=5, acquire_timeout=2, command_timeout=5)
+SETTINGS = DatabaseSettings(connect_timeout=5, acquire_timeout=1, command_timeout=2)
 
 
 @pytest.fixture
