@@ -77,6 +77,17 @@ class DatabaseSettings(_Group):
     pool_max_size: int = Field(default=10, ge=1)
     #: Seconds to keep retrying the first connection to the database.
     connect_timeout: float = Field(default=60.0, gt=0)
+    #: Seconds to wait for a pooled connection (connecting a new one included).
+    acquire_timeout: float = Field(default=10.0, gt=0)
+    #: Seconds one SQL command may take before it fails.
+    command_timeout: float = Field(default=30.0, gt=0)
+
+
+class ApiSettings(_Group):
+    #: Largest request body keel-api reads; a larger one is refused with 413.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    #: Who may read the OpenAPI document at ``/openapi.json``.
+    openapi: Literal["admin", "public", "off"] = "admin"
 
 
 class ComputeSettings(_Group):
@@ -186,6 +197,7 @@ class Settings(BaseSettings):
     #: fault-injection point (see README, "Fault injection").
     fault_inject: str | None = None
 
+    api: ApiSettings = Field(default_factory=ApiSettings)
     rpc: RpcSettings = Field(default_factory=RpcSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)

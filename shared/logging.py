@@ -15,8 +15,11 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from shared.context import current_request_id
+from shared.db.errors import describe, is_transient
 
 _EXTRA_FIELDS = ("rpc_method", "rpc_version", "instance_uuid", "decision")
+#: Loggers of libraries whose connection failures are folded into one line.
+_DRIVER_LOGGERS = ("asyncpg", "asyncio")
 
 
 class _ContextFilter(logging.Filter):
@@ -29,6 +32,25 @@ class _ContextFilter(logging.Filter):
         record.service = self.service
         record.host = self.host
         record.request_id = current_request_id.get()
+        return True
+
+
+class _FoldDriverTracebacks(logging.Filter):
+    """One line, not a traceback, when the database driver reports an outage.
+
+    asyncpg's pool logs every failed attempt to restore its connections with the
+    traceback of a refused connection, and asyncio reports connections lost under a
+    driver the same way; during an outage that is noise that hides the lines that
+    matter. The error's class and message are kept.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if record.name.startswith(_DRIVER_LOGGERS) and error is not None and is_transient(error):
+            record.msg = f"{record.getMessage()} ({describe(error)})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
         return True
 
 
@@ -79,6 +101,7 @@ def setup_logging(
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     handler.addFilter(_ContextFilter(service, host))
+    handler.addFilter(_FoldDriverTracebacks())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

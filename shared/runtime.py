@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from shared.config import Settings, add_config_argument, load_settings
+from shared.db.errors import describe, is_transient
 from shared.exceptions import ConfigError, KeelError
 from shared.logging import setup_logging
 
@@ -70,14 +71,28 @@ class Lifecycle:
 async def repeat(
     what: str, action: Callable[[], Awaitable[object]], interval: float, lifecycle: Lifecycle
 ) -> None:
-    """Run ``action`` every ``interval`` seconds until stopping; a failure is logged, not fatal."""
+    """Run ``action`` every ``interval`` seconds until stopping; a failure is logged, not fatal.
+
+    A database that cannot be reached is logged as one line per attempt, without a
+    traceback, and the first success afterwards says that it works again.
+    """
+    failures = 0
     while not lifecycle.stopping.is_set():
         try:
             await action()
         except KeelError as exc:
+            failures += 1
             LOG.warning("%s failed: %s", what, exc.message)
-        except Exception:
-            LOG.exception("%s failed", what)
+        except Exception as exc:
+            failures += 1
+            if is_transient(exc):
+                LOG.warning("%s failed: the database is unavailable (%s)", what, describe(exc))
+            else:
+                LOG.exception("%s failed", what)
+        else:
+            if failures:
+                LOG.info("%s works again after %d failed attempt(s)", what, failures)
+            failures = 0
         if await lifecycle.sleep(interval):
             return
 

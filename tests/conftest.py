@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -19,6 +20,7 @@ from shared.config import DatabaseSettings
 from shared.db import migrate
 from shared.db.pool import create_pool
 from tests.broker import AMQP_URL, remove_exchange
+from tests.faults.proxy import TcpProxy
 
 PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -72,3 +74,23 @@ async def db_pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     pool = await create_pool(database_url, DatabaseSettings(connect_timeout=5))
     yield pool
     await pool.close()
+
+
+@pytest.fixture
+async def pg_proxy() -> AsyncIterator[TcpProxy]:
+    """A TCP proxy to the test PostgreSQL server that the test can cut and restore."""
+    target = urlsplit(PG_SERVER)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    yield proxy
+    await proxy.close()
+
+
+@pytest.fixture
+async def amqp_proxy() -> AsyncIterator[TcpProxy]:
+    """A TCP proxy to the test RabbitMQ that the test can cut and restore."""
+    target = urlsplit(AMQP_URL)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5672)
+    await proxy.start()
+    yield proxy
+    await proxy.close()

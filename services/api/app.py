@@ -2,7 +2,10 @@
 
 :func:`create_app` builds a FastAPI application around objects made elsewhere (in
 ``main.py`` for a real process, in fixtures for tests): the settings, the database pool
-and the RPC clients. Routes reach them through ``app.state`` (see ``deps.py``).
+and the RPC clients. Routes reach them through ``app.state`` (see ``deps.py``). Every request passes
+:class:`~services.api.middleware.ApiMiddleware` (request id, microversion, last-resort
+errors) and then :class:`~services.api.input_guard.InputGuard` (body size, text and
+numbers PostgreSQL cannot store) before a route sees it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from services.api import (
     images,
     keypairs,
     limits,
+    openapi,
     os_services,
     quota_sets,
     server_metadata,
@@ -29,6 +33,7 @@ from services.api import (
     usage,
     versions,
 )
+from services.api.input_guard import InputGuard
 from services.api.middleware import ApiMiddleware
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
@@ -43,14 +48,17 @@ def create_app(
         summary="OpenStack Compute API v2.1 subset and an image metadata registry",
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url=None,  # served by services.api.openapi, to whom the settings allow
     )
     app.state.settings = settings
     app.state.pool = pool
     app.state.conductor = conductor
     app.state.compute = compute
     faults.install(app)
+    # The last added runs first: request id and microversion, then the input guard.
+    app.add_middleware(InputGuard, max_body_bytes=settings.api.max_body_bytes)
     app.add_middleware(ApiMiddleware)
+    app.include_router(openapi.router)
     app.include_router(versions.router)
     app.include_router(servers.router)
     app.include_router(server_update.router)

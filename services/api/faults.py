@@ -46,6 +46,8 @@ FAULT_NAMES = {
 
 UNAUTHORIZED_MESSAGE = "The request you have made requires authentication."
 IDENTITY_PREFIX = "/identity"
+#: Seconds a client is told to wait before retrying a 503.
+RETRY_AFTER_SECONDS = 5
 
 
 class Fault(Exception):
@@ -87,7 +89,13 @@ class ServiceUnavailable(Fault):
         super().__init__(503, message)
 
 
+def encodable(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates) written as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def fault_body(code: int, message: str) -> dict[str, Any]:
+    message = encodable(message)
     if code == 401:
         return {"error": {"code": 401, "title": "Unauthorized", "message": message}}
     name = FAULT_NAMES.get(code, "computeFault")
@@ -103,7 +111,9 @@ def identity_error_body(code: int, message: str) -> dict[str, Any]:
 
 
 def fault_response(code: int, message: str) -> JSONResponse:
-    return JSONResponse(fault_body(code, message), status_code=code)
+    """The fault; a 503 also says, in ``Retry-After``, when to try again."""
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if code == 503 else None
+    return JSONResponse(fault_body(code, message), status_code=code, headers=headers)
 
 
 def _respond(request: Request, code: int, message: str) -> JSONResponse:
@@ -114,9 +124,11 @@ def _respond(request: Request, code: int, message: str) -> JSONResponse:
     return fault_response(code, message)
 
 
-def _short(value: Any) -> str:
+def short(value: Any, limit: int = 120) -> str:
+    """A client's value, as it may be echoed in a message: bounded and encodable."""
     text = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return text if len(text) <= 120 else text[:117] + "..."
+    text = encodable(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def validation_message(errors: list[Any]) -> str:
@@ -142,7 +154,7 @@ def validation_message(errors: list[Any]) -> str:
         return f"Invalid input for field/attribute {path}: it is required."
     label = "field/attribute" if where == "body" else "query parameter"
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
-    return f"Invalid input for {label} {path}. Value: {_short(error.get('input'))}. {message}"
+    return f"Invalid input for {label} {path}. Value: {short(error.get('input'))}. {message}"
 
 
 async def _on_fault(request: Request, exc: Exception) -> JSONResponse:

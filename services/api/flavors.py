@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.api.auth import AdminContext, Context
+from services.api.bounds import Int4, PositiveInt4
 from services.api.deps import DbPool, RequestLinks, Version
 from services.api.faults import BadRequest
 from services.api.links import Links
@@ -137,12 +138,12 @@ class NewFlavor(BaseModel):
 
     name: str = Field(min_length=1, max_length=255)
     id: str | None = Field(default=None, max_length=255, pattern=r"^[A-Za-z0-9._ -]*$")
-    ram: int = Field(ge=1)
-    vcpus: int = Field(ge=1)
-    disk: int = Field(ge=0)
-    ephemeral: int = Field(default=0, ge=0, alias="OS-FLV-EXT-DATA:ephemeral")
-    swap: int = Field(default=0, ge=0)
-    rxtx_factor: float = Field(default=1.0, gt=0)
+    ram: PositiveInt4
+    vcpus: PositiveInt4
+    disk: Int4
+    ephemeral: Int4 = Field(default=0, alias="OS-FLV-EXT-DATA:ephemeral")
+    swap: Int4 = 0
+    rxtx_factor: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)
     is_public: bool = Field(default=True, alias="os-flavor-access:is_public")
     description: str | None = Field(default=None, max_length=65535)
 

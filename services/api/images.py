@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.api.auth import AdminContext, Context
+from services.api.bounds import Int4
 from services.api.deps import DbPool
 from services.api.faults import BadRequest, ItemNotFound
 from services.api.paging import next_marker, page_request, take_page
@@ -116,19 +117,21 @@ async def show_image(image_id: str, pool: DbPool, ctx: Context) -> dict[str, Any
 class NewImage(BaseModel):
     """An image registration; extra fields are the image's (string) properties."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"additionalProperties": {"type": "string"}}
+    )
 
     id: UUID | None = None
     name: str = Field(min_length=1, max_length=255)
     visibility: Literal["public", "private", "shared", "community"] = "public"
     disk_format: str | None = Field(default=None, max_length=255)
     container_format: str | None = Field(default=None, max_length=255)
-    min_disk: int = Field(default=0, ge=0)
-    min_ram: int = Field(default=0, ge=0)
+    min_disk: Int4 = 0
+    min_ram: Int4 = 0
     owner: str | None = Field(default=None, max_length=255)
     protected: bool = False
     os_hidden: bool = False
-    tags: list[str] = Field(default_factory=list)
+    tags: list[Annotated[str, Field(max_length=255)]] = Field(default_factory=list, max_length=128)
 
     @model_validator(mode="after")
     def _string_properties(self) -> NewImage:

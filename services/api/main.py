@@ -43,8 +43,11 @@ class ApiServer(uvicorn.Server):
 def listen(host: str, port: int) -> socket.socket:
     """Bind the API socket; a clear error if the address is taken or not ours."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Naming the protocol lets asyncio set TCP_NODELAY on every accepted connection;
+    # without it a kept-alive client waits for a delayed ACK on each response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -17,13 +17,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Self
 
-from services.api.faults import BadRequest, Fault
+from services.api.faults import BadRequest, Fault, short
 
 HEADER = "OpenStack-API-Version"
 LEGACY_HEADER = "X-OpenStack-Nova-API-Version"
 SERVICE_TYPE = "compute"
 
 _FORMAT = re.compile(r"^([1-9]\d*)\.([1-9]\d*|0)$")
+#: Digits a version number may have; a longer one is well-formed but never supported.
+_MAX_DIGITS = 6
+
+
+class NotAcceptable(Fault):
+    def __init__(self, message: str) -> None:
+        super().__init__(406, message)
 
 
 @dataclass(frozen=True, order=True)
@@ -37,8 +44,13 @@ class APIVersion:
         match = _FORMAT.match(text.strip())
         if match is None:
             raise BadRequest(
-                f"API Version String {text} is of invalid format. "
+                f"API Version String {short(text, 40)} is of invalid format. "
                 "Must be of format MajorNum.MinorNum."
+            )
+        if max(len(match[1]), len(match[2])) > _MAX_DIGITS:
+            raise NotAcceptable(
+                f"Version {short(text.strip(), 40)} is not supported by the API. "
+                f"Minimum is {MIN_VERSION} and maximum is {MAX_VERSION}."
             )
         return cls(int(match[1]), int(match[2]))
 
@@ -53,11 +65,6 @@ class APIVersion:
 MIN_VERSION = APIVersion(2, 1)
 #: The newest microversion keel-api answers; advertised by version discovery.
 MAX_VERSION = APIVersion(2, 73)
-
-
-class NotAcceptable(Fault):
-    def __init__(self, message: str) -> None:
-        super().__init__(406, message)
 
 
 def _compute_entry(values: Iterable[str]) -> str | None:

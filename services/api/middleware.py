@@ -9,6 +9,10 @@
   request state and named in the response headers.
 * A compute path with a trailing slash (``/v2.1/servers/``) is answered as the same
   path without it, never redirected; ``/v2.1/`` itself is version discovery.
+* A database that cannot be reached (or a transaction that kept losing races) is
+  answered with 503 ``serviceUnavailable`` and ``Retry-After``, logged as one line: the
+  pool gets fresh connections by itself, so the client's retry succeeds once PostgreSQL
+  is back.
 * An error no handler expected is logged with its traceback and answered with a
   ``computeFault`` that names the request id, so the operator can find the log lines.
 """
@@ -26,10 +30,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.api import microversion
 from services.api.faults import Fault, fault_response
 from shared.context import current_request_id, new_request_id
+from shared.db.errors import describe, is_transient
 
 LOG = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-OpenStack-Request-ID"
+DATABASE_UNAVAILABLE = (
+    "keel-api cannot reach its database at the moment. Retry in a few seconds; "
+    "if this persists, check that PostgreSQL is running and reachable."
+)
 COMPUTE_PREFIX = "/v2.1"
 _REQUEST_ID = re.compile(r"^req-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -98,14 +107,7 @@ class ApiMiddleware:
         token = current_request_id.set(exchange.request_id)
         started = time.monotonic()
         try:
-            fault = None
-            if is_compute_path(scope["path"]):
-                strip_trailing_slash(scope)
-                fault = self._negotiate(exchange, headers)
-            if fault is None:
-                await self._call(exchange)
-            else:
-                await exchange.reply(fault.code, fault.message)
+            await self._call(exchange, headers)
         finally:
             elapsed = time.monotonic() - started
             LOG.info(
@@ -128,14 +130,31 @@ class ApiMiddleware:
         exchange.extra_headers += microversion.response_headers(version)
         return None
 
-    async def _call(self, exchange: _Exchange) -> None:
+    async def _call(self, exchange: _Exchange, headers: Headers) -> None:
         scope = exchange.scope
         try:
+            fault = None
+            if is_compute_path(scope["path"]):
+                strip_trailing_slash(scope)
+                fault = self._negotiate(exchange, headers)
+            if fault is not None:
+                await exchange.reply(fault.code, fault.message)
+                return
             await self.app(scope, exchange.receive, exchange.send_with_headers)
-        except Exception:
-            LOG.exception("unexpected error answering %s %s", scope["method"], scope["path"])
+        except Exception as exc:
             if exchange.status:
+                LOG.exception("error after answering %s %s", scope["method"], scope["path"])
                 raise
+            if is_transient(exc):
+                LOG.warning(
+                    "cannot answer %s %s: the database is unavailable (%s)",
+                    scope["method"],
+                    scope["path"],
+                    describe(exc),
+                )
+                await exchange.reply(503, DATABASE_UNAVAILABLE)
+                return
+            LOG.exception("unexpected error answering %s %s", scope["method"], scope["path"])
             message = (
                 "Unexpected API Error. The keel-api log has the details "
                 f"under request id {exchange.request_id}."

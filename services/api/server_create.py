@@ -39,6 +39,7 @@ from shared.db import (
     request_specs,
 )
 from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
 from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError
 from shared.objects.flavor import Flavor
 from shared.objects.image import Image
@@ -168,42 +169,44 @@ async def _record(
     fields: PreparedFields,
     quota: QuotaSettings,
 ) -> Instance:
+    """Write the instance, its request spec and its action (inside one transaction)."""
     project_id, user_id = ctx.project_id or "", ctx.user_id or ""
     snapshot = flavor.snapshot()
-    async with conn.transaction():
-        # Key pair and quota: checked in the transaction that inserts the server.
-        key = await server_keys.find_key(conn, ctx, server.key_name)
-        await server_keys.check_quota(conn, ctx, quota, snapshot, len(server.metadata or {}))
-        instance = await instances.create(
-            conn,
-            instance_uuid=uuid.uuid4(),
-            project_id=project_id,
-            user_id=user_id,
-            display_name=server.name,
-            flavor=snapshot,
-            image_ref=str(image.id),
-            availability_zone=server.availability_zone,
-        )
-        await fields.record(conn, instance.uuid)
-        spec = RequestSpec(
-            instance_uuid=instance.uuid,
-            project_id=project_id,
-            user_id=user_id,
-            flavor=snapshot,
-            image_ref=str(image.id),
-            availability_zone=server.availability_zone,
-        )
-        await request_specs.create(conn, spec)
-        await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
-        await server_keys.record_key(conn, instance, key)
+    # Key pair and quota: checked in the transaction that inserts the server.
+    key = await server_keys.find_key(conn, ctx, server.key_name)
+    await server_keys.check_quota(conn, ctx, quota, snapshot, len(server.metadata or {}))
+    instance = await instances.create(
+        conn,
+        instance_uuid=uuid.uuid4(),
+        project_id=project_id,
+        user_id=user_id,
+        display_name=server.name,
+        flavor=snapshot,
+        image_ref=str(image.id),
+        availability_zone=server.availability_zone,
+    )
+    await fields.record(conn, instance.uuid)
+    spec = RequestSpec(
+        instance_uuid=instance.uuid,
+        project_id=project_id,
+        user_id=user_id,
+        flavor=snapshot,
+        image_ref=str(image.id),
+        availability_zone=server.availability_zone,
+    )
+    await request_specs.create(conn, spec)
+    await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
+    await server_keys.record_key(conn, instance, key)
     return instance
 
 
 async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
-    async with pool.acquire() as conn, conn.transaction():
+    async def withdraw(conn: Connection) -> None:
         await instances.soft_delete(conn, instance.uuid)
         await fixed_ips.release(conn, instance.uuid)
         await instance_actions.finish(conn, instance.uuid, CREATE_ACTION, reason)
+
+    await in_transaction(pool, withdraw, what=f"withdrawing new server {instance.uuid}")
 
 
 async def create_server(
@@ -218,7 +221,11 @@ async def create_server(
     """Record the server and ask the conductor to build it; see the module docstring."""
     async with pool.acquire() as conn:
         flavor, image = await _validate(conn, ctx, server)
-        instance = await _record(conn, ctx, server, flavor, image, fields=fields, quota=quota)
+
+    async def record(conn: Connection) -> Instance:
+        return await _record(conn, ctx, server, flavor, image, fields=fields, quota=quota)
+
+    instance = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
     try:
         await conductor.build_instances(ctx, instance.uuid)

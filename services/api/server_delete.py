@@ -26,6 +26,8 @@ from services.api.faults import ServiceUnavailable
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, services
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
 from shared.exceptions import (
     ComputeNodeNotFound,
     InstanceNotFound,
@@ -33,7 +35,7 @@ from shared.exceptions import (
     ServiceNotFound,
     Unroutable,
 )
-from shared.objects.instance import Instance
+from shared.objects.instance import Allocation, Instance
 from shared.objects.service import Service
 from shared.objects.states import TaskState
 
@@ -55,10 +57,11 @@ async def local_delete(
 
     With ``unplaced_only``, nothing happens (False) if a host was recorded meanwhile.
     """
-    async with pool.acquire() as conn, conn.transaction():
+
+    async def delete(conn: Connection) -> list[Allocation] | None:
         if unplaced_only:
             if not await instances.soft_delete_unplaced(conn, instance_uuid):
-                return False
+                return None
         else:
             await instances.soft_delete(conn, instance_uuid)
         if not started:
@@ -66,6 +69,11 @@ async def local_delete(
         released = await allocations.release_instance(conn, instance_uuid)
         await fixed_ips.release(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason)
+        return released
+
+    released = await in_transaction(pool, delete, what=f"deleting server {instance_uuid}")
+    if released is None:
+        return False
     LOG.info(
         "deleted server %s locally (%s); released %d claim(s)",
         instance_uuid,
@@ -136,9 +144,12 @@ async def _terminate_on_host(
     service: Service,
 ) -> None:
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
-    async with pool.acquire() as conn, conn.transaction():
+
+    async def mark_deleting(conn: Connection) -> None:
         await instances.set_task_state(conn, instance.uuid, TaskState.DELETING)
         await instance_actions.start(conn, ctx, instance.uuid, DELETE_ACTION)
+
+    await in_transaction(pool, mark_deleting, what=f"marking server {instance.uuid} deleting")
     try:
         await compute.terminate_instance(ctx, service.uuid, instance.uuid)
     except Unroutable:
@@ -147,11 +158,7 @@ async def _terminate_on_host(
         await local_delete(pool, ctx, instance.uuid, why, started=True)
         return
     except MessagingError as exc:
-        async with pool.acquire() as conn, conn.transaction():
-            await instances.swap_task_state(
-                conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
-            )
-            await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, exc.message)
+        await _restore(pool, instance, exc.message)
         raise ServiceUnavailable(
             f"The server was not deleted: the message bus could not be reached ({exc.message}). "
             "Retry once RabbitMQ is available."
@@ -163,6 +170,18 @@ async def _terminate_on_host(
         instance.uuid,
         extra=extra,
     )
+
+
+async def _restore(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
+    """Undo the ``deleting`` mark after the delete request could not be sent."""
+
+    async def restore(conn: Connection) -> None:
+        await instances.swap_task_state(
+            conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
+        )
+        await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, reason)
+
+    await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
 
 
 def instance_task(instance: Instance) -> TaskState | None:

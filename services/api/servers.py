@@ -37,6 +37,36 @@ from shared.objects.service import Service
 router = APIRouter(prefix="/v2.1/servers")
 
 
+def _query(name: str, description: str, *, many: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    if many:
+        schema = {"type": "array", "items": schema}
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}  # fmt: skip
+
+
+#: The list filters, read from the query string by :class:`ServerQuery`, for the
+#: OpenAPI document.
+LIST_PARAMETERS = {
+    "parameters": [
+        _query("name", "a regular expression the server name must match"),
+        _query("status", "API status(es) to list, e.g. ACTIVE", many=True),
+        _query("host", "admins: servers on this compute host"),
+        _query("all_tenants", "admins: a boolean, list every project's servers"),
+        _query("project_id", "admins with all_tenants: one project's servers"),
+        _query("tenant_id", "the same as project_id"),
+        _query("flavor", "the id of the servers' flavor"),
+        _query("image", "the id of the servers' image"),
+        _query("availability_zone", "the zone the servers are in"),
+        _query("changes-since", "servers changed at or after this ISO 8601 time"),
+        _query("sort_key", "what to sort by", many=True),
+        _query("sort_dir", "asc or desc, one per sort_key", many=True),
+        _query("limit", "at most this many servers"),
+        _query("marker", "the id of the server before the page"),
+    ]
+}
+
+
 def host_status(service: Service) -> str:
     if service.forced_down:
         return "DOWN"
@@ -111,7 +141,7 @@ async def _list(
     return body
 
 
-@router.get("")
+@router.get("", openapi_extra=LIST_PARAMETERS)
 async def list_servers(
     request: Request,
     *,
@@ -127,7 +157,7 @@ async def list_servers(
     )
 
 
-@router.get("/detail")
+@router.get("/detail", openapi_extra=LIST_PARAMETERS)
 async def list_servers_detail(
     request: Request,
     *,

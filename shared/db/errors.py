@@ -1,32 +1,89 @@
-"""Which database errors are worth trying again.
+"""Which database errors are worth trying again: one classification for every caller.
 
-A *transient* error is one a later attempt may not meet: the server is unreachable,
-restarting or out of connection slots, the connection broke mid-query, or PostgreSQL
-aborted a transaction to resolve a serialization conflict or a deadlock. Everything else
-(a constraint violation, a bad query) would fail the same way again.
+Two kinds of failure go away on their own:
+
+* **the database cannot be reached** (:func:`is_unavailable`): the connection was
+  refused, lost in the middle of a query or closed under us, the server is starting,
+  shutting down or out of connection slots, or a connection or query timed out. The
+  next attempt gets a fresh connection from the pool; it succeeds once PostgreSQL is
+  back.
+* **a transaction lost a race** (:func:`is_conflict`): a serialization failure or a
+  deadlock. PostgreSQL rolled the transaction back; running the whole transaction again
+  at once usually succeeds.
+
+:func:`is_transient` is either. Everything else (a constraint violation, bad SQL, bad
+data) is a real error: retrying it would fail the same way.
 """
 
 from __future__ import annotations
 
+import errno
+import socket
+
 import asyncpg
 
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    # SQLSTATE class 08: the connection failed or was lost.
-    asyncpg.PostgresConnectionError,
-    # The server is shutting down, crashed, or is still starting (57P01 to 57P03).
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.TooManyConnectionsError,
-    # Serialization failures and deadlocks (class 40): the transaction may simply be rerun.
-    asyncpg.TransactionRollbackError,
-    # Client side: a connection that was closed under us, or a pool shutting down.
-    asyncpg.InterfaceError,
-    # No route to the server, refused or reset connections.
-    OSError,
+#: Errors after which the same work may succeed once the database is reachable again.
+_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError,  # refused, reset, aborted, broken pipe
+    TimeoutError,  # acquiring a connection, connecting, or a query took too long
+    socket.gaierror,  # the server's name does not resolve (yet)
+    asyncpg.PostgresConnectionError,  # 08xxx: the connection failed or does not exist
+    asyncpg.CannotConnectNowError,  # 57P03: the server is starting up or shutting down
+    asyncpg.AdminShutdownError,  # 57P01
+    asyncpg.CrashShutdownError,  # 57P02
+    asyncpg.TooManyConnectionsError,  # 53300
 )
+_CONFLICT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.SerializationError,  # 40001
+    asyncpg.DeadlockDetectedError,  # 40P01
+)
+#: What a plain OSError from connecting carries when the network is in the way.
+_NETWORK_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EHOSTUNREACH,
+        errno.EHOSTDOWN,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.ETIMEDOUT,
+        errno.EADDRNOTAVAIL,
+        errno.EPIPE,
+    }
+)
+#: How asyncpg says a connection closed under a caller that still held it.
+_CLOSED_MESSAGES = ("connection is closed", "connection was closed")
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True if ``exc`` means the database could not be reached or was lost."""
+    if isinstance(exc, asyncpg.ProtocolViolationError):
+        return False
+    if isinstance(exc, _UNAVAILABLE_ERRORS):
+        return True
+    if type(exc) is OSError:
+        # asyncio reports a failed connect as a plain OSError: with the errno for one
+        # address, without one when every address of the host failed.
+        return exc.errno is None or exc.errno in _NETWORK_ERRNOS
+    if isinstance(exc, asyncpg.InterfaceError):
+        text = str(exc)
+        return any(message in text for message in _CLOSED_MESSAGES)
+    return False
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """True if ``exc`` is a serialization failure or deadlock: rerun the transaction."""
+    return isinstance(exc, _CONFLICT_ERRORS)
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True if ``exc`` is a database failure that a later attempt may not meet."""
-    return isinstance(exc, _TRANSIENT)
+    """True if the same work may succeed when tried again (see the module docstring)."""
+    return is_unavailable(exc) or is_conflict(exc)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a log: the error's class and message, never a traceback."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name

@@ -1,12 +1,26 @@
-"""The asyncpg connection pool: created once in ``main``, passed to whoever queries."""
+"""The asyncpg connection pool: created once in ``main``, passed to whoever queries.
+
+Every wait on the database is bounded, so an outage turns into errors a caller can
+handle instead of requests that hang:
+
+* ``acquire()`` waits at most ``acquire_timeout`` seconds for a connection, connecting
+  a new one included (:class:`KeelPool` applies it to every caller);
+* each SQL command fails after ``command_timeout`` seconds.
+
+A connection that broke (the server restarted, the network was cut) is dropped by the
+pool when it is released and replaced by a fresh one on the next ``acquire()``, so the
+pool recovers by itself once PostgreSQL is back: no process needs a restart. Whether an
+error is worth retrying is decided in :mod:`shared.db.errors`.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
+from asyncpg.pool import PoolAcquireContext, PoolConnectionProxy
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -24,6 +38,23 @@ Pool = asyncpg.Pool
 Connection = asyncpg.Connection | PoolConnectionProxy
 
 _CONNECT_ERRORS = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+#: asyncpg's defaults for what keel does not configure.
+_MAX_QUERIES = 50_000
+_MAX_INACTIVE_LIFETIME = 300.0
+
+
+class KeelPool(asyncpg.Pool):
+    """An asyncpg pool whose ``acquire()`` is bounded by default.
+
+    Built only by :func:`create_pool`; everything else sees an ``asyncpg.Pool``.
+    """
+
+    def __init__(self, dsn: str, *, acquire_timeout: float, **kwargs: Any) -> None:
+        self.acquire_timeout = acquire_timeout
+        super().__init__(dsn, **kwargs)
+
+    def acquire(self, *, timeout: float | None = None) -> PoolAcquireContext:
+        return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -41,6 +72,24 @@ def _log_retry(state: RetryCallState) -> None:
     )
 
 
+def _new_pool(url: str, settings: DatabaseSettings) -> KeelPool:
+    return KeelPool(
+        url,
+        acquire_timeout=settings.acquire_timeout,
+        min_size=settings.pool_min_size,
+        max_size=settings.pool_max_size,
+        max_queries=_MAX_QUERIES,
+        max_inactive_connection_lifetime=_MAX_INACTIVE_LIFETIME,
+        init=_init_connection,
+        loop=None,
+        connection_class=asyncpg.Connection,
+        record_class=asyncpg.Record,
+        # Passed to every new connection: how long connecting and each command may take.
+        timeout=settings.acquire_timeout,
+        command_timeout=settings.command_timeout,
+    )
+
+
 async def create_pool(url: str, settings: DatabaseSettings) -> asyncpg.Pool:
     """Connect, retrying with jittered backoff for ``settings.connect_timeout`` seconds."""
     async for attempt in AsyncRetrying(
@@ -51,10 +100,5 @@ async def create_pool(url: str, settings: DatabaseSettings) -> asyncpg.Pool:
         reraise=True,
     ):
         with attempt:
-            pool: asyncpg.Pool = await asyncpg.create_pool(
-                url,
-                min_size=settings.pool_min_size,
-                max_size=settings.pool_max_size,
-                init=_init_connection,
-            )
+            pool: asyncpg.Pool = await _new_pool(url, settings)
     return pool

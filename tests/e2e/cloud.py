@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -31,6 +32,7 @@ from shared.config import DatabaseSettings
 from shared.db import images, migrate, services
 from shared.db.pool import create_pool
 from tests.broker import AMQP_URL, remove_exchange
+from tests.faults.proxy import url_through
 
 PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -59,6 +61,12 @@ class CloudConfig:
     memory_mb: int = 8192
     local_gb: int = 100
     service_down_time: int = 4
+    #: ``HOST:PORT`` the processes reach PostgreSQL at instead of the server's own
+    #: address: a :class:`~tests.faults.proxy.TcpProxy` a test can cut.
+    database_address: str | None = None
+    #: A password written into the processes' database URL (the test server trusts
+    #: local connections and ignores it), so a test can look for it in the logs.
+    database_password: str | None = None
 
 
 @dataclass
@@ -133,6 +141,13 @@ class Cloud:
         headers = {"X-Auth-Token": token} if token else {}
         return httpx.AsyncClient(base_url=self.api_url + "/v2.1/", headers=headers, timeout=30)
 
+    def logs(self) -> dict[str, str]:
+        """Every process's whole log so far."""
+        return {
+            name: p.log.read_text(encoding="utf-8", errors="replace")
+            for name, p in self.processes.items()
+        }
+
     def log_tails(self) -> list[tuple[str, str]]:
         return [(name, p.tail()) for name, p in self.processes.items()]
 
@@ -195,11 +210,25 @@ async def prepare_database(pool: asyncpg.Pool) -> None:
         await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
 
 
+def process_database_url(cloud: Cloud) -> str:
+    """The database URL the keel processes get (see ``CloudConfig``)."""
+    config = cloud.config
+    url = cloud.database_url
+    if config.database_address is not None:
+        url = url_through(url, config.database_address)
+    if config.database_password is not None:
+        parts = urlsplit(url)
+        user = parts.username or "postgres"
+        netloc = f"{user}:{config.database_password}@{parts.netloc.rpartition('@')[2]}"
+        url = urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
 def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
     config = cloud.config
     env.update(
-        KEEL_DATABASE_URL=cloud.database_url,
+        KEEL_DATABASE_URL=process_database_url(cloud),
         KEEL_TRANSPORT_URL=AMQP_URL,
         KEEL_EXCHANGE=cloud.exchange,
         KEEL_RPC__QUEUE_EXPIRES="60",

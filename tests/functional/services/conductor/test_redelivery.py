@@ -18,7 +18,6 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from yarl import URL
 
 from services.conductor.main import serve as serve_conductor
 from services.conductor.rpcapi import ConductorAPI, Registration
@@ -34,6 +33,7 @@ from shared.rpc.amqp import AmqpTransport
 from shared.rpc.envelope import Envelope
 from shared.rpc.server import RPCServer
 from shared.runtime import Lifecycle
+from tests.faults.proxy import TcpProxy, url_through
 from tests.functional.services.conductor.conftest import SOON, wait_for_conductor
 from tests.functional.services.conductor.stand_in import (
     StandInCompute,
@@ -43,7 +43,6 @@ from tests.functional.services.conductor.stand_in import (
     serve_stand_in,
     until,
 )
-from tests.netfault import tcp_proxy
 
 pytestmark = pytest.mark.functional
 
@@ -173,45 +172,42 @@ class GatedScheduler(SchedulerManager):
         return await super().select_destinations(ctx, req)
 
 
-def _via(settings: Settings, port: int) -> Settings:
-    url = URL(settings.transport_url).with_port(port)
-    return settings.model_copy(update={"transport_url": str(url)})
-
-
 async def test_build_redelivered_after_connection_cut_mid_handle_converges(
-    db_pool: asyncpg.Pool, settings: Settings, agent_transport: AmqpTransport
+    db_pool: asyncpg.Pool, settings: Settings, agent_transport: AmqpTransport, amqp_proxy: TcpProxy
 ) -> None:
     scheduler = GatedScheduler(db_pool)
     await RPCServer(agent_transport, SCHEDULER_TOPIC, scheduler, version=SCHEDULER_VERSION).start()
     lifecycle = Lifecycle()
-    amqp = URL(settings.transport_url)
-    async with tcp_proxy(amqp.host or "127.0.0.1", amqp.port or 5672) as proxy:
-        runs = [asyncio.create_task(serve_conductor(_via(settings, proxy.port), lifecycle))]
-        try:
-            await wait_for_conductor(agent_transport)
-            conductor = ConductorAPI(agent_transport, timeout=SOON)
-            agents = await fleet(conductor, agent_transport)
-            instance_uuid = await create_instance(db_pool)
-            await conductor.build_instances(RequestContext(), instance_uuid)
-            await until(lambda: scheduler.calls == 1)
+    via_proxy = settings.model_copy(
+        update={"transport_url": url_through(settings.transport_url, amqp_proxy.address)}
+    )
+    runs = [asyncio.create_task(serve_conductor(via_proxy, lifecycle))]
+    try:
+        await wait_for_conductor(agent_transport)
+        conductor = ConductorAPI(agent_transport, timeout=SOON)
+        agents = await fleet(conductor, agent_transport)
+        instance_uuid = await create_instance(db_pool)
+        await conductor.build_instances(RequestContext(), instance_uuid)
+        await until(lambda: scheduler.calls == 1)
 
-            # A second conductor joins; the first one's connection drops mid-handle. The
-            # broker delivers the build again while the first handler is still running.
-            runs.append(asyncio.create_task(serve_conductor(settings, lifecycle)))
-            await asyncio.sleep(0.2)
-            proxy.cut()
-            await until(lambda: scheduler.calls == 2)
-            scheduler.gate.set()
+        # A second conductor joins; the first one's connection drops mid-handle. The
+        # broker delivers the build again while the first handler is still running.
+        runs.append(asyncio.create_task(serve_conductor(settings, lifecycle)))
+        await asyncio.sleep(0.2)
+        await amqp_proxy.cut()
+        await amqp_proxy.restore()
+        await until(lambda: scheduler.calls == 2)
+        scheduler.gate.set()
 
-            await reaches(db_pool, instance_uuid, "active")
-            async with db_pool.acquire() as conn:
-                claims = await allocations.for_instance(conn, instance_uuid)
-            assert len(claims) == 1
-            assert len(hosts_that_built(agents, instance_uuid)) == 1
-            await accounts_balance(db_pool)
-        finally:
-            lifecycle.stopping.set()
-            await asyncio.gather(*runs)
+        await reaches(db_pool, instance_uuid, "active")
+        async with db_pool.acquire() as conn:
+            claims = await allocations.for_instance(conn, instance_uuid)
+        assert len(claims) == 1
+        assert len(hosts_that_built(agents, instance_uuid)) == 1
+        await accounts_balance(db_pool)
+    finally:
+        lifecycle.stopping.set()
+        await asyncio.gather(*runs)
 
 
 @pytest.fixture

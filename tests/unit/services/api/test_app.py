@@ -186,3 +186,46 @@ async def test_flavor_create_validation_is_400(client: httpx.AsyncClient) -> Non
     response = await client.post("/v2.1/flavors", headers=ADMIN, json=body)
     assert response.status_code == 400
     assert "flavor.ram" in response.json()["badRequest"]["message"]
+
+
+class _FailingDatabase:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def acquire(self, **_: Any) -> Any:
+        raise self.error
+
+
+def _client_with_pool(pool: object) -> httpx.AsyncClient:
+    transport = FakeTransport()
+    settings = Settings(auth=AuthSettings(tokens={"t": TokenInfo(user_id="u", project_id="p")}))
+    app = create_app(
+        settings, cast(asyncpg.Pool, pool), ConductorAPI(transport), ComputeAPI(transport)
+    )
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://keel.test")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionRefusedError(111, "Connect call failed"),
+        TimeoutError(),
+        asyncpg.CannotConnectNowError("the database system is shutting down"),
+        asyncpg.SerializationError("could not serialize access"),
+    ],
+)
+async def test_an_unavailable_database_is_503_with_retry_after(error: BaseException) -> None:
+    async with _client_with_pool(_FailingDatabase(error)) as client:
+        response = await client.get("/v2.1/flavors", headers={"X-Auth-Token": "t"})
+    assert response.status_code == 503
+    assert response.json()["serviceUnavailable"]["code"] == 503
+    assert int(response.headers["Retry-After"]) > 0
+    assert response.headers["x-openstack-request-id"].startswith("req-")
+
+
+async def test_an_unexpected_error_is_a_500_fault_naming_the_request_id() -> None:
+    async with _client_with_pool(_FailingDatabase(RuntimeError("bug"))) as client:
+        response = await client.get("/v2.1/flavors", headers={"X-Auth-Token": "t"})
+    assert response.status_code == 500
+    message = response.json()["computeFault"]["message"]
+    assert response.headers["x-openstack-request-id"] in message

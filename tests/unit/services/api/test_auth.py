@@ -38,3 +38,8 @@ def test_members_are_not_admins() -> None:
     info = find_token(AUTH, "member-secret")
     assert info is not None
     assert not context_for(info, "req-2").is_admin
+
+
+def test_any_text_a_header_can_carry_is_compared_safely() -> None:
+    for given in ("", "admin-secret\x00", "ädmin-secret", "a" * 10_000):
+        assert find_token(AUTH, given) is None

@@ -96,3 +96,14 @@ def test_query_parameter_errors_say_so() -> None:
 def test_long_values_are_shortened() -> None:
     message = validation_message(_errors({"server": {"name": ["x" * 500]}}))
     assert len(message) < 250
+
+
+def test_messages_are_always_encodable() -> None:
+    response = fault_response(400, "bad name '\ud800'")
+    body = json.loads(response.body)
+    assert body["badRequest"]["message"] == "bad name '\\ud800'"
+
+
+def test_a_503_says_when_to_retry() -> None:
+    assert int(fault_response(503, "later").headers["Retry-After"]) > 0
+    assert "Retry-After" not in fault_response(500, "bug").headers

@@ -76,3 +76,17 @@ def test_response_headers_name_the_version_both_ways() -> None:
     assert headers["X-OpenStack-Nova-API-Version"] == "2.53"
     assert "OpenStack-API-Version" in headers["Vary"]
     assert "X-OpenStack-Nova-API-Version" in headers["Vary"]
+
+
+def test_a_version_with_too_many_digits_is_406_without_converting_it() -> None:
+    with pytest.raises(Fault) as caught:
+        microversion.negotiate("2." + "9" * 10_000)
+    assert caught.value.code == 406
+    assert len(caught.value.message) < 200
+
+
+def test_a_long_malformed_version_is_400_with_a_bounded_message() -> None:
+    with pytest.raises(Fault) as caught:
+        microversion.negotiate("2." + "9" * 10_000 + "x")
+    assert caught.value.code == 400
+    assert len(caught.value.message) < 200

@@ -1,0 +1,57 @@
+"""schemathesis hooks for fuzzing keel-api (``SCHEMATHESIS_HOOKS=tests.e2e.fuzz_hooks``).
+
+* ``nova_fault_body``: a check that every error answer (but to HEAD, which has no
+  body) is a Nova-shaped fault, a JSON object with one key whose value carries the
+  status ``code`` and a ``message``;
+* ``existing_image_and_flavor``: new servers name the ``cirros`` image and flavor ``1``
+  when the generated references are strings, so the fuzzer gets past "image not
+  found" into the rest of the create path (references of other types stay, so type
+  errors are still tried).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import schemathesis
+
+from tests.e2e.cloud import CIRROS_ID
+
+
+def fault_problem(status: int, text: str) -> str | None:
+    """Why ``text`` is not the fault for ``status``; ``None`` if it is."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return f"the {status} answer is not JSON: {text[:200]!r}"
+    if not (isinstance(body, dict) and len(body) == 1):
+        return f"the {status} answer is not a fault: {text[:200]!r}"
+    (fault,) = body.values()
+    if not isinstance(fault, dict) or fault.get("code") != status:
+        return f"the {status} answer's fault has no code {status}: {text[:200]!r}"
+    if not isinstance(fault.get("message"), str):
+        return f"the {status} answer's fault has no message: {text[:200]!r}"
+    return None
+
+
+@schemathesis.check
+def nova_fault_body(ctx: Any, response: Any, case: Any) -> bool | None:
+    # An answer to HEAD has no body by definition, error or not.
+    if response.status_code < 400 or case.method.upper() == "HEAD":
+        return None
+    problem = fault_problem(response.status_code, response.text)
+    if problem is not None:
+        raise AssertionError(problem)
+    return None
+
+
+@schemathesis.hook("map_body").apply_to(method="POST", path="/v2.1/servers")
+def existing_image_and_flavor(ctx: Any, body: Any) -> Any:
+    server = body.get("server") if isinstance(body, dict) else None
+    if isinstance(server, dict):
+        if isinstance(server.get("imageRef"), str):
+            server["imageRef"] = str(CIRROS_ID)
+        if isinstance(server.get("flavorRef"), str):
+            server["flavorRef"] = "1"
+    return body
