@@ -67,6 +67,8 @@ class CloudConfig:
     #: A password written into the processes' database URL (the test server trusts
     #: local connections and ignores it), so a test can look for it in the logs.
     database_password: str | None = None
+    #: Extra ``KEEL_*`` settings of every process.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -107,6 +109,8 @@ class Cloud:
     member_token: str
     pool: asyncpg.Pool
     processes: dict[str, Process] = field(default_factory=dict)
+    #: The environment every process starts from.
+    base_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def clouds_yaml(self) -> Path:
@@ -150,6 +154,19 @@ class Cloud:
 
     def log_tails(self) -> list[tuple[str, str]]:
         return [(name, p.tail()) for name, p in self.processes.items()]
+
+    def start(self, name: str, binary: str, host: str = CONTROLLER, **env: str) -> Process:
+        """Start one more process (or start a stopped one again under its name)."""
+        old = self.processes.get(name)
+        if old is not None and old.popen.poll() is None:
+            raise AssertionError(f"{name} is still running")
+        settings = {**self.base_env, "KEEL_HOST": host, **env}
+        if binary == "keel-compute":
+            state = self.state_dir(host)
+            state.mkdir(parents=True, exist_ok=True)
+            settings.setdefault("KEEL_STATE_DIR", str(state))
+        start_process(self, name, binary, settings)
+        return self.processes[name]
 
     def stop_all(self) -> None:
         for process in reversed(self.processes.values()):
@@ -249,13 +266,15 @@ def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[s
         KEEL_COMPUTE__DISK_ALLOCATION_RATIO="1",
         KEEL_COMPUTE__DRAIN_TIMEOUT="10",
     )
+    env.update(config.env)
     return env
 
 
 def start_process(cloud: Cloud, name: str, binary: str, env: dict[str, str]) -> None:
+    """Start ``binary`` as ``name``; its output goes to ``logs/<name>.log`` (appended)."""
     log = cloud.workdir / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         popen = subprocess.Popen(
             [str(BIN / binary)],
             env=env,
@@ -341,7 +360,8 @@ async def running_cloud(workdir: Path, config: CloudConfig | None = None) -> Asy
     try:
         await prepare_database(pool)
         cloud.clouds_yaml.write_text(clouds_yaml(cloud.api_url, admin_token, member_token))
-        start_all(cloud, process_env(cloud, {admin_token: ADMIN, member_token: MEMBER}))
+        cloud.base_env = process_env(cloud, {admin_token: ADMIN, member_token: MEMBER})
+        start_all(cloud, cloud.base_env)
         await wait_until_ready(cloud)
         yield cloud
     finally:
