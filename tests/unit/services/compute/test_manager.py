@@ -251,3 +251,16 @@ async def test_conductor_too_old_to_check_gets_the_build_done(tmp_path: Path) ->
 
         assert rig.conductor.checks == []
         assert (rig.guest_dir(spec) / "disk").is_file()
+
+
+async def test_twin_terminates_delivered_at_once_remove_the_guest_once(tmp_path: Path) -> None:
+    async with _rig(Slow(tmp_path, "host1")) as rig:
+        spec = make_spec()
+        await rig.build(spec)
+        await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+
+        await asyncio.gather(rig.terminate(spec.uuid), rig.terminate(spec.uuid))
+        await eventually(lambda: rig.conductor.deleted.count(spec.uuid) == 2)
+
+        assert not rig.guest_dir(spec).exists()
+        assert list((tmp_path / "instances").iterdir()) == []
