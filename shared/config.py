@@ -33,6 +33,7 @@ from pydantic_settings import (
 
 from shared.exceptions import ConfigError
 from shared.faults import POINTS
+from shared.versions import SERVICE_VERSION, parse_version, release_number
 
 ENV_PREFIX = "KEEL_"
 ENV_NESTED_DELIMITER = "__"
@@ -167,6 +168,40 @@ class IdentitySettings(_Group):
     region: str = Field(default="RegionOne", min_length=1, max_length=255)
 
 
+def _pin(value: str) -> str:
+    """``auto``, a release (name or number) or an explicit ``X.Y``; ValueError otherwise."""
+    text = value.strip().lower()
+    if text == "auto":
+        return text
+    if "." in text:
+        parse_version(text)
+        return text
+    release_number(text)
+    return text
+
+
+class UpgradeLevelSettings(_Group):
+    """How high an RPC version this process may send, per API (see README, "Operations").
+
+    ``auto`` (the default) follows the oldest service of that binary in the deployment;
+    a release name or number pins to what that release speaks; ``X.Y`` pins explicitly.
+    """
+
+    compute: str = "auto"
+    scheduler: str = "auto"
+
+    @field_validator("compute", "scheduler")
+    @classmethod
+    def _valid_pin(cls, value: str) -> str:
+        return _pin(value)
+
+
+class WorkaroundSettings(_Group):
+    #: Start conductor, scheduler and api even while compute services older than this
+    #: release supports are registered (a fast-forward upgrade); a warning instead.
+    disable_compute_service_check_for_ffu: bool = False
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -196,6 +231,12 @@ class Settings(BaseSettings):
     #: For tests and rehearsals only: the process kills itself (SIGKILL) on reaching this
     #: fault-injection point (see README, "Fault injection").
     fault_inject: str | None = None
+    #: Seconds the minimum service version of each binary is cached; 0 asks every time.
+    service_version_cache_ttl: float = Field(default=60.0, ge=0)
+    #: ``HOST:PORT`` to serve Prometheus metrics on; unset, none are served.
+    metrics_bind: str | None = None
+    #: For upgrade rehearsals only: behave as this older release (name or number).
+    emulate_service_version: str | None = None
 
     api: ApiSettings = Field(default_factory=ApiSettings)
     rpc: RpcSettings = Field(default_factory=RpcSettings)
@@ -205,6 +246,8 @@ class Settings(BaseSettings):
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
+    upgrade_levels: UpgradeLevelSettings = Field(default_factory=UpgradeLevelSettings)
+    workarounds: WorkaroundSettings = Field(default_factory=WorkaroundSettings)
 
     @field_validator("transport_url")
     @classmethod
@@ -220,12 +263,21 @@ class Settings(BaseSettings):
             raise ValueError("must be a postgresql:// URL")
         return value
 
-    @field_validator("api_bind")
+    @field_validator("api_bind", "metrics_bind")
     @classmethod
-    def _host_port(cls, value: str) -> str:
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8774")
+        return value
+
+    @field_validator("emulate_service_version")
+    @classmethod
+    def _known_release(cls, value: str | None) -> str | None:
+        if value is not None:
+            release_number(value)
         return value
 
     @field_validator("fault_inject")
@@ -244,6 +296,13 @@ class Settings(BaseSettings):
                 "would look down between two heartbeats"
             )
         return self
+
+    @property
+    def service_version(self) -> int:
+        """The release this process behaves as: its own, or the one it emulates."""
+        if self.emulate_service_version is None:
+            return SERVICE_VERSION
+        return release_number(self.emulate_service_version)
 
     @property
     def api_host(self) -> str:

@@ -15,7 +15,7 @@ def new_request_id() -> str:
 class RequestContext(BaseModel):
     """Travels with every RPC message so each service logs the same request id."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     request_id: str = Field(default_factory=new_request_id)
     user_id: str | None = None

@@ -21,6 +21,7 @@
     ├── HostRenameDetected          an agent's node belongs to a service on another host
     ├── ServiceTooOld               this release is too old for the deployment
     ├── BuildFailed                 the virt driver could not build a guest
+    ├── GuestNotFound               the hypervisor has no guest for an instance
     ├── TransientError              a temporary failure: the same request may succeed later
     └── MessagingError
         ├── MessagingTimeout        no reply to a call within its timeout
@@ -145,6 +146,10 @@ class ServiceTooOld(KeelError):
 
 class BuildFailed(KeelError):
     pass
+
+
+class GuestNotFound(KeelError):
+    """The hypervisor has no guest for the instance."""
 
 
 class TransientError(KeelError):

@@ -104,6 +104,17 @@ def setup_logging(
     handler.addFilter(_FoldDriverTracebacks())
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    set_level(level)
+
+
+def set_level(level: str) -> bool:
+    """Log at ``level`` from now on (also on SIGHUP); True if that is a change.
+
+    The chattiest libraries stay at WARNING or above.
+    """
+    root = logging.getLogger()
+    changed = logging.getLevelName(root.level) != level
     root.setLevel(level)
     for noisy in ("aiormq", "aio_pika", "asyncio", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    return changed

@@ -23,7 +23,8 @@ from shared.objects.service import Binary, Service
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
 from shared.runtime import Lifecycle, repeat
-from shared.versions import SERVICE_VERSION
+from shared.version_checks import check_computes_supported, refuse_if_older_than_the_rest
+from shared.version_pins import MinimumVersions
 
 LOG = logging.getLogger(__name__)
 
@@ -36,14 +37,27 @@ class ServiceRecord:
         *,
         binary: Binary,
         topic: str,
-        version: int = SERVICE_VERSION,
+        minimums: MinimumVersions,
     ) -> None:
         self.pool = pool
         self.settings = settings
         self.binary = binary
         self.topic = topic
-        self.version = version
+        self.version = settings.service_version
+        self.minimums = minimums
         self.service: Service | None = None
+
+    async def check(self) -> None:
+        """Refuse to run, before writing anything, if this service is too old or too new.
+
+        Too old: older than every other service of its binary. Too new: too old compute
+        services are registered (unless the fast-forward workaround is set).
+        """
+        await check_computes_supported(self.pool, self.settings, self.binary.value)
+        async with self.pool.acquire() as conn:
+            own = await services.recorded_version(conn, self.settings.host, self.binary.value)
+        counts = await self.minimums.counts(self.binary.value)
+        refuse_if_older_than_the_rest(counts, own, self.version)
 
     async def register(self) -> Service:
         """Create or refresh the row for (host, binary), with this release's version."""
@@ -113,6 +127,7 @@ async def serve_until_stopped(
     is told to send work to a service before it can take it.
     """
     settings = record.settings
+    await record.check()
     await record.register()
     tasks: list[asyncio.Task[None]] = []
     try:

@@ -3,19 +3,28 @@
 ``SERVICE_VERSION`` is one integer for the whole code base. Every service stamps it into
 its ``services`` row when it registers and on every heartbeat. A change that adds or
 changes an RPC method bumps ``SERVICE_VERSION`` and appends a line to
-``SERVICE_VERSION_HISTORY`` saying which RPC API versions that release speaks.
+``SERVICE_VERSION_HISTORY`` saying which RPC API versions that release speaks; each
+release also has a name, usable wherever a setting takes a release
+(``KEEL_UPGRADE_LEVELS__COMPUTE=bulwark``).
 
 History:
 
 * 0 — never used: a row with version 0 was written by something that did not report.
-* 1 — first release: compute 1.0, conductor 1.0, scheduler 1.0.
-* 2 — delivery semantics: conductor 1.1 (``check_build``: an agent asks whether a build
-  it was sent is still wanted before and after creating the guest).
+* 1 (``arbor``) — first release: compute 1.0, conductor 1.0, scheduler 1.0.
+* 2 (``bulwark``) — delivery semantics: conductor 1.1 (``check_build``: an agent asks
+  whether a build it was sent is still wanted before and after creating the guest).
+* 3 (``capstan``) — server power actions: compute 1.1 (``stop_instance``,
+  ``start_instance``, ``reboot_instance``; the instance a build carries gains its
+  addresses, metadata and user data), conductor 1.2 (``instance_action_result``).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
+
+RpcApi = Literal["compute", "conductor", "scheduler"]
 
 
 class ReleaseApis(BaseModel):
@@ -27,14 +36,26 @@ class ReleaseApis(BaseModel):
     conductor: str
     scheduler: str
 
+    def version_of(self, api: RpcApi) -> str:
+        version: str = getattr(self, api)
+        return version
+
 
 SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     None,
     ReleaseApis(compute="1.0", conductor="1.0", scheduler="1.0"),
     ReleaseApis(compute="1.0", conductor="1.1", scheduler="1.0"),
+    ReleaseApis(compute="1.1", conductor="1.2", scheduler="1.0"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
+
+#: Services older than this are not supported by this release: conductor, scheduler and
+#: api refuse to start while a compute service this old is registered.
+OLDEST_SUPPORTED_SERVICE_VERSION = 1
+
+#: Release names, usable in settings instead of numbers.
+RELEASE_NAMES: dict[str, int] = {"arbor": 1, "bulwark": 2, "capstan": 3}
 
 
 def apis_for(service_version: int) -> ReleaseApis:
@@ -44,6 +65,25 @@ def apis_for(service_version: int) -> ReleaseApis:
     apis = SERVICE_VERSION_HISTORY[service_version]
     assert apis is not None
     return apis
+
+
+def release_name(service_version: int) -> str:
+    for name, number in RELEASE_NAMES.items():
+        if number == service_version:
+            return name
+    return str(service_version)
+
+
+def release_number(value: str) -> int:
+    """A release given as a name (``bulwark``) or a number (``2``); ValueError if unknown."""
+    text = value.strip().lower()
+    number = RELEASE_NAMES.get(text)
+    if number is None and text.isdigit():
+        number = int(text)
+    if number is None or not 0 < number <= SERVICE_VERSION:
+        names = ", ".join(f"{name} ({n})" for name, n in RELEASE_NAMES.items())
+        raise ValueError(f"unknown release {value!r}; the releases are {names}")
+    return number
 
 
 def parse_version(version: str) -> tuple[int, int]:
@@ -59,3 +99,11 @@ def is_compatible(requested: str, served: str) -> bool:
     req_major, req_minor = parse_version(requested)
     srv_major, srv_minor = parse_version(served)
     return req_major == srv_major and req_minor <= srv_minor
+
+
+def first_release_speaking(api: RpcApi, version: str) -> int | None:
+    """The first release whose ``api`` reaches ``version``; ``None`` if none does yet."""
+    for number in range(1, SERVICE_VERSION + 1):
+        if is_compatible(version, apis_for(number).version_of(api)):
+            return number
+    return None

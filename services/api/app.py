@@ -26,6 +26,7 @@ from services.api import (
     openapi,
     os_services,
     quota_sets,
+    server_actions,
     server_metadata,
     server_tags,
     server_update,
@@ -61,6 +62,7 @@ def create_app(
     app.include_router(openapi.router)
     app.include_router(versions.router)
     app.include_router(servers.router)
+    app.include_router(server_actions.router)
     app.include_router(server_update.router)
     app.include_router(server_metadata.router)
     app.include_router(server_tags.router)

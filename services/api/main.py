@@ -23,8 +23,11 @@ from shared.config import NetworkSettings, Settings
 from shared.db import fixed_ips
 from shared.db.pool import create_pool
 from shared.exceptions import KeelError
+from shared.objects.service import Binary
 from shared.rpc.amqp import AmqpTransport
-from shared.runtime import Lifecycle, run
+from shared.runtime import Lifecycle, repeat, run
+from shared.service_record import ServiceRecord
+from shared.version_pins import Pins
 
 LOG = logging.getLogger(__name__)
 
@@ -92,6 +95,50 @@ async def prepare_network(pool: asyncpg.Pool, network: NetworkSettings) -> None:
     )
 
 
+async def serve_api(
+    settings: Settings,
+    lifecycle: Lifecycle,
+    sock: socket.socket,
+    pool: asyncpg.Pool,
+    transport: AmqpTransport,
+) -> None:
+    """Check versions, register keel-api's own row, then answer requests until stopping.
+
+    keel-api reports its version like every service (its row is not shown by
+    os-services), sends compute RPCs under the same automatic version pin as the
+    conductor, and refuses to start beside compute services too old for this release.
+    """
+    pins = Pins.build(pool, settings, lifecycle.metrics)
+    record = ServiceRecord(pool, settings, binary=Binary.API, topic="api", minimums=pins.minimums)
+    await record.check()
+    await record.register()
+    timeout = settings.rpc.call_timeout
+    app = create_app(
+        settings,
+        pool,
+        ConductorAPI(transport, timeout=timeout),
+        ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
+    )
+    lifecycle.on_reload(pins.reload)
+    config = uvicorn.Config(
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_config=None,
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+    )
+    heartbeats = asyncio.create_task(
+        repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
+    )
+    LOG.info("keel-api listening on http://%s:%d/", settings.api_host, settings.api_port)
+    try:
+        await serve_until_stopped(ApiServer(config), sock, lifecycle)
+    finally:
+        lifecycle.stopping.set()
+        await heartbeats
+
+
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
     sock = listen(settings.api_host, settings.api_port)
     try:
@@ -101,25 +148,7 @@ async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
             transport = AmqpTransport.from_settings(settings)
             await transport.connect()
             try:
-                timeout = settings.rpc.call_timeout
-                app = create_app(
-                    settings,
-                    pool,
-                    ConductorAPI(transport, timeout=timeout),
-                    ComputeAPI(transport, timeout=timeout),
-                )
-                config = uvicorn.Config(
-                    app,
-                    host=settings.api_host,
-                    port=settings.api_port,
-                    log_config=None,
-                    lifespan="off",
-                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
-                )
-                LOG.info(
-                    "keel-api listening on http://%s:%d/", settings.api_host, settings.api_port
-                )
-                await serve_until_stopped(ApiServer(config), sock, lifecycle)
+                await serve_api(settings, lifecycle, sock, pool, transport)
             finally:
                 await transport.close()
         finally:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from uuid import UUID
 
 from tenacity import (
@@ -40,8 +41,15 @@ from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import ConductorAPI, Registration
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.exceptions import MessagingTimeout, Unroutable
+from shared.exceptions import (
+    KeelError,
+    MessagingTimeout,
+    ServiceTooOld,
+    TransientError,
+    Unroutable,
+)
 from shared.faults import FaultPoints
+from shared.metrics import Metrics
 from shared.objects.compute_node import NodeResources
 from shared.rpc.server import RPCServer
 from shared.rpc.settlement import RetryPolicy
@@ -52,7 +60,7 @@ from shared.versions import SERVICE_VERSION, apis_for
 LOG = logging.getLogger(__name__)
 
 #: Errors that mean "no conductor is answering yet", as opposed to a refusal.
-_NOT_ANSWERING = (Unroutable, MessagingTimeout)
+_NOT_ANSWERING = (Unroutable, MessagingTimeout, TransientError)
 
 
 class Agent:
@@ -69,6 +77,7 @@ class Agent:
         driver: Driver,
         registration: Registration,
         service_version: int,
+        on_refused: Callable[[KeelError], None] | None = None,
     ) -> None:
         self.settings = settings
         self.registration = registration
@@ -79,6 +88,7 @@ class Agent:
         self._server = server
         self._driver = driver
         self._beats = Lifecycle()
+        self._on_refused = on_refused
         self._heartbeats: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -105,13 +115,19 @@ class Agent:
         except Exception:
             LOG.exception("could not measure resources; sending the heartbeat without them")
             resources = None
-        await self._conductor.service_heartbeat(
-            RequestContext.internal(),
-            service_uuid=self.service_uuid,
-            version=self.service_version,
-            node_uuid=self.registration.node_uuid,
-            resources=resources,
-        )
+        try:
+            await self._conductor.service_heartbeat(
+                RequestContext.internal(),
+                service_uuid=self.service_uuid,
+                version=self.service_version,
+                node_uuid=self.registration.node_uuid,
+                resources=resources,
+            )
+        except ServiceTooOld as exc:
+            LOG.error("the conductor refused this agent's heartbeat: %s", exc.message)
+            self._beats.stopping.set()
+            if self._on_refused is not None:
+                self._on_refused(exc)
 
     async def stop(self) -> None:
         """Stop consuming, drain in-flight work (bounded), stop heartbeats, disconnect."""
@@ -200,6 +216,8 @@ async def start_agent(
     driver: Driver,
     *,
     service_version: int = SERVICE_VERSION,
+    on_refused: Callable[[KeelError], None] | None = None,
+    metrics: Metrics | None = None,
 ) -> Agent:
     """Start keel-compute on ``transport`` (not yet connected; the agent owns it).
 
@@ -230,6 +248,7 @@ async def start_agent(
             manager,
             version=apis.compute,
             policy=RetryPolicy.from_settings(settings.rpc),
+            metrics=metrics,
         )
         await server.start(prefetch=settings.rpc.prefetch)
     except BaseException:
@@ -244,6 +263,7 @@ async def start_agent(
         driver=driver,
         registration=registration,
         service_version=service_version,
+        on_refused=on_refused,
     )
     agent.start_heartbeats()
     return agent

@@ -26,7 +26,16 @@ LOG = logging.getLogger(__name__)
 async def _start_unless_stopped(settings: Settings, lifecycle: Lifecycle) -> Agent | None:
     """Start the agent; ``None`` if asked to stop before start-up finished."""
     transport = AmqpTransport.from_settings(settings)
-    starting = asyncio.create_task(start_agent(settings, transport, load_driver(settings)))
+    starting = asyncio.create_task(
+        start_agent(
+            settings,
+            transport,
+            load_driver(settings),
+            service_version=settings.service_version,
+            on_refused=lifecycle.fail,
+            metrics=lifecycle.metrics,
+        )
+    )
     stopping = asyncio.create_task(lifecycle.stopping.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()

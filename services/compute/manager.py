@@ -16,12 +16,21 @@ taken as a yes).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from services.compute.inflight import InFlight
-from services.compute.rpcapi import BuildAndRunInstance, InstanceSpec, TerminateInstance
+from services.compute.rpcapi import (
+    BuildAndRunInstance,
+    InstanceSpec,
+    RebootInstance,
+    RebootType,
+    StartInstance,
+    StopInstance,
+    TerminateInstance,
+)
 from services.compute.virt.driver import Driver
-from services.conductor.rpcapi import BuildVerdict, ConductorAPI
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI, PowerAction
 from shared.context import RequestContext
 from shared.exceptions import KeelError
 from shared.faults import FaultPoints
@@ -100,14 +109,19 @@ class ComputeManager:
     async def _spawn(self, spec: InstanceSpec) -> str | None:
         """Build the guest; on failure remove what was made and return why it failed."""
         flavor = spec.flavor
+        addresses = ", ".join(ip.address for ip in spec.addresses) or "none given"
         LOG.info(
-            "building guest %s (%s) with flavor %s: %d vCPU, %d MB RAM, %d GB disk",
+            "building guest %s (%s) with flavor %s: %d vCPU, %d MB RAM, %d GB disk; "
+            "addresses: %s; metadata items: %d; user data: %s",
             spec.uuid,
             spec.display_name,
             flavor.name,
             flavor.vcpus,
             flavor.memory_mb,
             flavor.root_gb,
+            addresses,
+            len(spec.metadata),
+            "given" if spec.user_data else "none",
             extra=_extra(spec.uuid),
         )
         try:
@@ -148,3 +162,44 @@ class ComputeManager:
                     extra=_extra(instance_uuid),
                 )
             await self._conductor.instance_deleted(ctx, instance_uuid)
+
+    async def stop_instance(self, ctx: RequestContext, req: StopInstance) -> None:
+        await self._power(ctx, req.instance_uuid, PowerAction.STOP, self._driver.power_off)
+
+    async def start_instance(self, ctx: RequestContext, req: StartInstance) -> None:
+        await self._power(ctx, req.instance_uuid, PowerAction.START, self._driver.power_on)
+
+    async def reboot_instance(self, ctx: RequestContext, req: RebootInstance) -> None:
+        hard = req.reboot_type is RebootType.HARD
+
+        async def reboot(instance_uuid: UUID) -> None:
+            await self._driver.reboot(instance_uuid, hard=hard)
+
+        await self._power(ctx, req.instance_uuid, PowerAction.REBOOT, reboot)
+
+    async def _power(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        action: PowerAction,
+        operation: Callable[[UUID], Awaitable[None]],
+    ) -> None:
+        """Run a power operation on the guest and tell the conductor how it went."""
+        async with self._in_flight.hold(instance_uuid, action.value):
+            try:
+                await operation(instance_uuid)
+            except KeelError as exc:
+                message = exc.message
+                LOG.warning("%s of guest %s failed: %s", action, instance_uuid, message)
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                LOG.exception("%s of guest %s failed unexpectedly", action, instance_uuid)
+            else:
+                LOG.info("%s of guest %s done", action, instance_uuid, extra=_extra(instance_uuid))
+                await self._conductor.instance_action_result(
+                    ctx, instance_uuid, action, success=True
+                )
+                return
+            await self._conductor.instance_action_result(
+                ctx, instance_uuid, action, success=False, message=message
+            )

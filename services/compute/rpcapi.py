@@ -6,23 +6,40 @@ from the service's UUID, never from a host name.
 Compute RPC API history:
 
 * 1.0 — build_and_run_instance (cast), terminate_instance (cast).
+* 1.1 — stop_instance, start_instance, reboot_instance (casts); the instance
+  build_and_run_instance carries gains ``addresses``, ``metadata`` and ``user_data``
+  (left out for a 1.0 agent, which builds the guest without them).
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from uuid import UUID
 
 from pydantic import Field
 
 from shared.context import RequestContext
+from shared.exceptions import ServiceTooOld
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.network import FixedIp
-from shared.rpc.client import RPCClient
+from shared.rpc.client import CapSource, Exclude, RPCClient
 from shared.rpc.transport import Transport
 from shared.versions import SERVICE_VERSION, apis_for
 
 RPC_VERSION = apis_for(SERVICE_VERSION).compute
+
+#: The first compute RPC version of each method (what a cap must reach to send it).
+SINCE: dict[str, str] = {
+    "build_and_run_instance": "1.0",
+    "terminate_instance": "1.0",
+    "stop_instance": "1.1",
+    "start_instance": "1.1",
+    "reboot_instance": "1.1",
+}
+
+#: What a 1.0 agent does not know of a build: the guest's boot-time data.
+BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data"}}
 
 
 def topic_for(service_uuid: UUID) -> str:
@@ -37,7 +54,7 @@ class InstanceSpec(KeelModel):
     flavor: FlavorSnapshot
     image_ref: str = ""
     node: str
-    #: What the guest is told at first boot: its fixed addresses, the server's
+    #: What the guest is told at first boot (1.1): its fixed addresses, the server's
     #: metadata and the user data (base64, as the user gave it).
     addresses: list[FixedIp] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
@@ -52,17 +69,48 @@ class TerminateInstance(KeelModel):
     instance_uuid: UUID
 
 
+class StopInstance(KeelModel):
+    instance_uuid: UUID
+
+
+class StartInstance(KeelModel):
+    instance_uuid: UUID
+
+
+class RebootType(StrEnum):
+    SOFT = "SOFT"
+    HARD = "HARD"
+
+
+class RebootInstance(KeelModel):
+    instance_uuid: UUID
+    reboot_type: RebootType = RebootType.SOFT
+
+
 class ComputeAPI:
     def __init__(
-        self, transport: Transport, *, version_cap: str = RPC_VERSION, timeout: float = 60.0
+        self,
+        transport: Transport,
+        *,
+        version_cap: str | CapSource = RPC_VERSION,
+        timeout: float = 60.0,
     ) -> None:
         self.client = RPCClient(transport, "compute", version_cap=version_cap, timeout=timeout)
+
+    async def can_send(self, method: str) -> bool:
+        """Whether the cap lets ``method`` be sent at all."""
+        return await self.client.can_send_version(SINCE[method])
 
     async def build_and_run_instance(
         self, ctx: RequestContext, service_uuid: UUID, instance: InstanceSpec
     ) -> None:
-        await self.client.for_topic(topic_for(service_uuid)).cast(
-            ctx, "build_and_run_instance", BuildAndRunInstance(instance=instance), version="1.0"
+        req = BuildAndRunInstance(instance=instance)
+        client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version("1.1"):
+            await client.cast(ctx, "build_and_run_instance", req, version="1.1")
+            return
+        await client.cast(
+            ctx, "build_and_run_instance", req, version="1.0", exclude=BUILD_1_0_EXCLUDE
         )
 
     async def terminate_instance(
@@ -71,3 +119,35 @@ class ComputeAPI:
         await self.client.for_topic(topic_for(service_uuid)).cast(
             ctx, "terminate_instance", TerminateInstance(instance_uuid=instance_uuid), version="1.0"
         )
+
+    async def _power(
+        self, ctx: RequestContext, service_uuid: UUID, method: str, req: KeelModel
+    ) -> None:
+        client = self.client.for_topic(topic_for(service_uuid))
+        if not await client.can_send_version(SINCE[method]):
+            raise ServiceTooOld(
+                f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
+            )
+        await client.cast(ctx, method, req, version=SINCE[method])
+
+    async def stop_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        req = StopInstance(instance_uuid=instance_uuid)
+        await self._power(ctx, service_uuid, "stop_instance", req)
+
+    async def start_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        req = StartInstance(instance_uuid=instance_uuid)
+        await self._power(ctx, service_uuid, "start_instance", req)
+
+    async def reboot_instance(
+        self,
+        ctx: RequestContext,
+        service_uuid: UUID,
+        instance_uuid: UUID,
+        reboot_type: RebootType,
+    ) -> None:
+        req = RebootInstance(instance_uuid=instance_uuid, reboot_type=reboot_type)
+        await self._power(ctx, service_uuid, "reboot_instance", req)

@@ -18,12 +18,14 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildVerdict,
     CheckBuild,
+    InstanceActionResult,
     InstanceBuildResult,
+    PowerAction,
 )
 from services.conductor.tasks.build import CREATE_ACTION
 from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances
 from shared.db.pool import Connection
-from shared.objects.states import TaskState, VmState
+from shared.objects.states import PowerState, TaskState, VmState
 
 LOG = logging.getLogger(__name__)
 
@@ -130,3 +132,51 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
     return BuildCheck(
         verdict=BuildVerdict.LEAVE, reason=f"the instance is already {instance.vm_state} here"
     )
+
+
+#: What each power action ends in: the tasks it may be in, and the states it leads to.
+_POWER_OUTCOMES: dict[PowerAction, tuple[tuple[TaskState, ...], VmState, PowerState]] = {
+    PowerAction.STOP: ((TaskState.POWERING_OFF,), VmState.STOPPED, PowerState.SHUTDOWN),
+    PowerAction.START: ((TaskState.POWERING_ON,), VmState.ACTIVE, PowerState.RUNNING),
+    PowerAction.REBOOT: (
+        (TaskState.REBOOTING, TaskState.REBOOTING_HARD),
+        VmState.ACTIVE,
+        PowerState.RUNNING,
+    ),
+}
+
+
+async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) -> None:
+    """End the instance's stop, start or reboot task as the agent reports it went.
+
+    A compare-and-swap on the task the action set: a repeated report, or one for an
+    instance deleted meanwhile, changes nothing. A failure leaves the instance as it was
+    (its vm state unchanged), with the reason on its action record.
+    """
+    tasks, vm_state, power_state = _POWER_OUTCOMES[req.action]
+    extra = {"instance_uuid": str(req.instance_uuid)}
+    async with pool.acquire() as conn, conn.transaction():
+        if req.success:
+            done = await instances.finish_task(
+                conn, req.instance_uuid, tasks, vm_state=vm_state, power_state=power_state
+            )
+        else:
+            done = await instances.finish_task(conn, req.instance_uuid, tasks)
+        if done is None:
+            LOG.info(
+                "ignoring the %s result for instance %s: it is no longer in that task "
+                "(already handled)",
+                req.action,
+                req.instance_uuid,
+                extra=extra,
+            )
+            return
+        await instance_actions.finish(
+            conn, req.instance_uuid, req.action.value, None if req.success else req.message
+        )
+    if req.success:
+        LOG.info("instance %s: %s done", req.instance_uuid, req.action, extra=extra)
+    else:
+        LOG.warning(
+            "instance %s: %s failed: %s", req.instance_uuid, req.action, req.message, extra=extra
+        )

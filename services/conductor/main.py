@@ -18,7 +18,7 @@ import asyncpg
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.manager import ConductorManager
-from services.conductor.rpcapi import RPC_VERSION, TOPIC
+from services.conductor.rpcapi import TOPIC
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.config import Settings
 from shared.faults import FaultPoints
@@ -28,23 +28,36 @@ from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, run
 from shared.service_record import Periodic, ServiceRecord, connected, serve_until_stopped
+from shared.version_pins import Pins
+from shared.versions import apis_for
 
 
 async def run_conductor(
     settings: Settings, lifecycle: Lifecycle, pool: asyncpg.Pool, transport: Transport
 ) -> None:
     """Serve until ``lifecycle.stopping`` is set, then drain."""
-    record = ServiceRecord(pool, settings, binary=Binary.CONDUCTOR, topic=TOPIC)
+    pins = Pins.build(pool, settings, lifecycle.metrics)
+    record = ServiceRecord(
+        pool, settings, binary=Binary.CONDUCTOR, topic=TOPIC, minimums=pins.minimums
+    )
     timeout = settings.rpc.call_timeout
     manager = ConductorManager(
         pool,
-        SchedulerAPI(transport, timeout=timeout),
-        ComputeAPI(transport, timeout=timeout),
+        SchedulerAPI(transport, timeout=timeout, version_cap=pins.scheduler.cap),
+        ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
         service_down_time=settings.service_down_time,
         faults=FaultPoints(settings.fault_inject),
+        minimums=pins.minimums,
     )
-    policy = RetryPolicy.from_settings(settings.rpc)
-    server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION, policy=policy)
+    server = RPCServer(
+        transport,
+        TOPIC,
+        manager,
+        version=apis_for(settings.service_version).conductor,
+        policy=RetryPolicy.from_settings(settings.rpc),
+        metrics=lifecycle.metrics,
+    )
+    lifecycle.on_reload(pins.reload)
     periodic = []
     deadline = BuildDeadline(pool, settings.build_timeout)
     if deadline.enabled:

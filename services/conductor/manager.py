@@ -15,6 +15,7 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildInstances,
     CheckBuild,
+    InstanceActionResult,
     InstanceBuildResult,
     InstanceDeleted,
     RegisterCompute,
@@ -25,6 +26,7 @@ from services.conductor.tasks.build import BuildInstanceTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.faults import FaultPoints
+from shared.version_pins import MinimumVersions
 
 
 class ConductorManager:
@@ -38,13 +40,18 @@ class ConductorManager:
         *,
         service_down_time: float,
         faults: FaultPoints | None = None,
+        minimums: MinimumVersions | None = None,
     ) -> None:
         self._pool = pool
         self._scheduler = scheduler
         self._compute = compute
         self._service_down_time = service_down_time
         self._faults = faults or FaultPoints()
-        self._registry = ComputeRegistry(pool, service_down_time=service_down_time)
+        self._registry = ComputeRegistry(
+            pool,
+            service_down_time=service_down_time,
+            minimums=minimums or MinimumVersions(pool, ttl=60.0),
+        )
 
     async def build_instances(self, ctx: RequestContext, req: BuildInstances) -> None:
         task = BuildInstanceTask(
@@ -69,6 +76,9 @@ class ConductorManager:
 
     async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
         await instance_events.record_deleted(self._pool, req.instance_uuid)
+
+    async def instance_action_result(self, ctx: RequestContext, req: InstanceActionResult) -> None:
+        await instance_events.record_action_result(self._pool, req)
 
     async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
         return await instance_events.check_build(self._pool, req)

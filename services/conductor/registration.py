@@ -15,9 +15,11 @@ import asyncpg
 from services.conductor.rpcapi import RegisterCompute, Registration, ServiceHeartbeat
 from shared.db import compute_nodes, services
 from shared.db.pool import Connection
-from shared.exceptions import ComputeNodeNotFound, Conflict, HostRenameDetected
+from shared.exceptions import ComputeNodeNotFound, Conflict, HostRenameDetected, ServiceTooOld
 from shared.objects.compute_node import ComputeNode
 from shared.objects.service import Binary
+from shared.version_checks import refuse_if_older_than_the_rest, refuse_if_unsupported
+from shared.version_pins import MinimumVersions
 
 LOG = logging.getLogger(__name__)
 
@@ -59,12 +61,38 @@ async def _check_identity(conn: Connection, req: RegisterCompute) -> None:
 class ComputeRegistry:
     """Registers compute agents and records their heartbeats and resource reports."""
 
-    def __init__(self, pool: asyncpg.Pool, *, service_down_time: float) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, service_down_time: float, minimums: MinimumVersions
+    ) -> None:
         self.pool = pool
         self.service_down_time = service_down_time
+        self.minimums = minimums
+
+    async def _check_version(self, req: RegisterCompute) -> int | None:
+        """Refuse an agent older than every other compute service (its own row aside).
+
+        Returns the version its row had before, if it had one.
+        """
+        async with self.pool.acquire() as conn:
+            own = await services.recorded_version(conn, req.host, Binary.COMPUTE.value)
+        counts = await self.minimums.counts(Binary.COMPUTE.value)
+        try:
+            refuse_if_older_than_the_rest(counts, own, req.version)
+        except ServiceTooOld as exc:
+            LOG.warning(
+                "refused compute host %s at version %d: %s",
+                req.host,
+                req.version,
+                exc.message,
+                extra={"decision": "service_too_old"},
+            )
+            raise
+        return own
 
     async def register(self, req: RegisterCompute) -> Registration:
         """Create or refresh the agent's service and node rows, in one transaction."""
+        refuse_if_unsupported(req.version)
+        previous = await self._check_version(req)
         async with self.pool.acquire() as conn, conn.transaction():
             await _check_identity(conn, req)
             service = await services.get_or_create(
@@ -84,6 +112,7 @@ class ComputeRegistry:
                 host=req.host,
                 resources=req.resources,
             )
+        self.minimums.note(Binary.COMPUTE.value, previous, req.version)
         LOG.info(
             "registered compute host %s: service %s (version %d), node %s (%s)",
             req.host,
@@ -100,8 +129,10 @@ class ComputeRegistry:
     async def heartbeat(self, req: ServiceHeartbeat) -> None:
         """Record that the agent is alive; refresh its node's totals if it sent them.
 
-        Only totals are refreshed: usage belongs to the claims in ``allocations``.
+        Only totals are refreshed: usage belongs to the claims in ``allocations``. An
+        agent older than this release supports is refused (it exits).
         """
+        refuse_if_unsupported(req.version)
         async with self.pool.acquire() as conn, conn.transaction():
             await services.heartbeat(conn, req.service_uuid, req.version)
             if req.resources is None:

@@ -5,6 +5,7 @@ Conductor RPC API history:
 * 1.0 — build_instances (cast), register_compute (call), service_heartbeat (call),
   instance_build_result (cast), instance_deleted (cast).
 * 1.1 — check_build (call): whether a build an agent was sent is still wanted there.
+* 1.2 — instance_action_result (cast): how a stop, start or reboot went on the agent.
 """
 
 from __future__ import annotations
@@ -78,6 +79,19 @@ class BuildVerdict(StrEnum):
     ABANDON = "abandon"
 
 
+class PowerAction(StrEnum):
+    STOP = "stop"
+    START = "start"
+    REBOOT = "reboot"
+
+
+class InstanceActionResult(KeelModel):
+    instance_uuid: UUID
+    action: PowerAction
+    success: bool
+    message: str = ""
+
+
 class BuildCheck(KeelModel):
     verdict: BuildVerdict
     #: Why, for the agent's log.
@@ -133,10 +147,24 @@ class ConductorAPI:
         self, ctx: RequestContext, instance_uuid: UUID, compute_node_uuid: UUID
     ) -> BuildCheck | None:
         """Whether the build is still wanted; ``None`` if the conductor is too old to say."""
-        if not self.client.can_send_version("1.1"):
+        if not await self.client.can_send_version("1.1"):
             return None
         req = CheckBuild(instance_uuid=instance_uuid, compute_node_uuid=compute_node_uuid)
         return await self.client.call(ctx, "check_build", req, version="1.1", returns=BuildCheck)
+
+    async def instance_action_result(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        action: PowerAction,
+        *,
+        success: bool,
+        message: str = "",
+    ) -> None:
+        req = InstanceActionResult(
+            instance_uuid=instance_uuid, action=action, success=success, message=message
+        )
+        await self.client.cast(ctx, "instance_action_result", req, version="1.2")
 
     async def instance_deleted(self, ctx: RequestContext, instance_uuid: UUID) -> None:
         req = InstanceDeleted(instance_uuid=instance_uuid)

@@ -21,6 +21,7 @@ from services.manage.commands import (
     network,
     project,
     service,
+    status,
     user,
 )
 from shared.config import Settings, add_config_argument, load_settings
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (db, image, network, service, project, user, dlq):
+    for module in (db, image, network, service, project, user, dlq, status):
         module.register(commands)
     return parser
 

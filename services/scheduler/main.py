@@ -16,7 +16,7 @@ import asyncpg
 
 from services.scheduler.host_manager import HostManager
 from services.scheduler.manager import SchedulerManager
-from services.scheduler.rpcapi import RPC_VERSION, TOPIC
+from services.scheduler.rpcapi import TOPIC
 from shared.config import Settings
 from shared.faults import FaultPoints
 from shared.objects.service import Binary
@@ -25,20 +25,37 @@ from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, run
 from shared.service_record import ServiceRecord, connected, serve_until_stopped
+from shared.version_pins import MinimumVersions
+from shared.versions import apis_for
 
 
 async def run_scheduler(
     settings: Settings, lifecycle: Lifecycle, pool: asyncpg.Pool, transport: Transport
 ) -> None:
     """Serve until ``lifecycle.stopping`` is set, then drain."""
-    record = ServiceRecord(pool, settings, binary=Binary.SCHEDULER, topic=TOPIC)
+    minimums = MinimumVersions(
+        pool, ttl=settings.service_version_cache_ttl, metrics=lifecycle.metrics
+    )
+    record = ServiceRecord(pool, settings, binary=Binary.SCHEDULER, topic=TOPIC, minimums=minimums)
     manager = SchedulerManager(
         pool,
         HostManager(service_down_time=settings.service_down_time),
         FaultPoints(settings.fault_inject),
     )
-    policy = RetryPolicy.from_settings(settings.rpc)
-    server = RPCServer(transport, TOPIC, manager, version=RPC_VERSION, policy=policy)
+    server = RPCServer(
+        transport,
+        TOPIC,
+        manager,
+        version=apis_for(settings.service_version).scheduler,
+        policy=RetryPolicy.from_settings(settings.rpc),
+        metrics=lifecycle.metrics,
+    )
+
+    async def reload(new: Settings) -> None:
+        minimums.ttl = new.service_version_cache_ttl
+        minimums.reset()
+
+    lifecycle.on_reload(reload)
     # Nobody waits for a selection longer than one call timeout.
     await serve_until_stopped(record, server, lifecycle, drain_timeout=settings.rpc.call_timeout)
 

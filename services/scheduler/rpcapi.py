@@ -12,7 +12,7 @@ from uuid import UUID
 from shared.context import RequestContext
 from shared.objects.base import KeelModel
 from shared.objects.instance import RequestSpec
-from shared.rpc.client import RPCClient
+from shared.rpc.client import CapSource, RPCClient
 from shared.rpc.transport import Transport
 from shared.versions import SERVICE_VERSION, apis_for
 
@@ -36,7 +36,11 @@ class Selection(KeelModel):
 
 class SchedulerAPI:
     def __init__(
-        self, transport: Transport, *, version_cap: str = RPC_VERSION, timeout: float = 60.0
+        self,
+        transport: Transport,
+        *,
+        version_cap: str | CapSource = RPC_VERSION,
+        timeout: float = 60.0,
     ) -> None:
         self.client = RPCClient(transport, TOPIC, version_cap=version_cap, timeout=timeout)
 

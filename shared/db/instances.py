@@ -9,6 +9,7 @@ workflow, got there first — and must do nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -208,6 +209,55 @@ async def swap_task_state(
         instance_uuid,
         None if new is None else new.value,
         None if expected is None else expected.value,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def begin_task(
+    conn: Connection,
+    instance_uuid: UUID,
+    task: TaskState,
+    *,
+    vm_states: Sequence[VmState],
+    from_tasks: Sequence[TaskState | None] = (None,),
+) -> Instance | None:
+    """Start ``task`` if the instance is in one of ``vm_states`` with a task in ``from_tasks``.
+
+    ``None`` if the swap was lost (gone, or in another state): the caller refuses with 409.
+    """
+    allowed_tasks = [t.value for t in from_tasks if t is not None]
+    row = await conn.fetchrow(
+        """UPDATE instances SET task_state = $2, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = ANY($3::text[])
+              AND (task_state = ANY($4::text[]) OR ($5 AND task_state IS NULL))
+        RETURNING *""",
+        instance_uuid,
+        task.value,
+        [state.value for state in vm_states],
+        allowed_tasks,
+        None in from_tasks,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def finish_task(
+    conn: Connection,
+    instance_uuid: UUID,
+    tasks: Sequence[TaskState],
+    *,
+    vm_state: VmState | None = None,
+    power_state: PowerState | None = None,
+) -> Instance | None:
+    """End one of ``tasks``, setting the states it led to; ``None`` if lost (not in it)."""
+    row = await conn.fetchrow(
+        """UPDATE instances SET task_state = NULL, updated_at = now(),
+                  vm_state = COALESCE($3, vm_state), power_state = COALESCE($4, power_state)
+            WHERE uuid = $1 AND deleted_at IS NULL AND task_state = ANY($2::text[])
+        RETURNING *""",
+        instance_uuid,
+        [task.value for task in tasks],
+        None if vm_state is None else vm_state.value,
+        None if power_state is None else int(power_state),
     )
     return None if row is None else Instance.from_row(row)
 

@@ -81,16 +81,20 @@ async def list_services(
     *,
     host: str | None = None,
     binary: str | None = None,
+    include_api: bool = False,
 ) -> list[Service]:
+    """Live services, oldest first; keel-api's own rows only with ``include_api``."""
     rows = await conn.fetch(
         SELECT
         + """ WHERE s.deleted_at IS NULL
                 AND ($2::text IS NULL OR s.host = $2)
                 AND ($3::text IS NULL OR s."binary" = $3)
+                AND ($4 OR s."binary" <> 'keel-api')
               ORDER BY s.id""",
         down_time,
         host,
         binary,
+        include_api,
     )
     return [Service.from_row(row) for row in rows]
 
@@ -124,3 +128,41 @@ async def update_status(
     if status == "UPDATE 0":
         raise ServiceNotFound(f"service {service_uuid} not found")
     return await get(conn, service_uuid, down_time)
+
+
+async def version_counts(conn: Connection, binary: str) -> dict[int, int]:
+    """How many live, not forced-down services of ``binary`` run each version."""
+    rows = await conn.fetch(
+        """SELECT version, count(*) AS n FROM services
+            WHERE "binary" = $1 AND deleted_at IS NULL AND NOT forced_down
+            GROUP BY version""",
+        binary,
+    )
+    return {row["version"]: row["n"] for row in rows}
+
+
+async def recorded_version(conn: Connection, host: str, binary: str) -> int | None:
+    """The version the live row of (host, binary) was last stamped with, if there is one."""
+    version: int | None = await conn.fetchval(
+        """SELECT version FROM services
+            WHERE host = $1 AND "binary" = $2 AND deleted_at IS NULL""",
+        host,
+        binary,
+    )
+    return version
+
+
+async def older_than(
+    conn: Connection, binary: str, version: int, down_time: float
+) -> list[Service]:
+    """Live, not forced-down services of ``binary`` stamped below ``version``, oldest first."""
+    rows = await conn.fetch(
+        SELECT
+        + """ WHERE s.deleted_at IS NULL AND NOT s.forced_down AND s."binary" = $2
+                AND s.version < $3
+              ORDER BY s.version, s.host""",
+        down_time,
+        binary,
+        version,
+    )
+    return [Service.from_row(row) for row in rows]

@@ -1,4 +1,8 @@
-"""The base of every keel model: strict about unknown fields, readable from asyncpg rows."""
+"""The base of every keel model: tolerant of unknown fields, readable from asyncpg rows.
+
+Messages and stored JSON written by a newer release may carry fields this one does not
+know; they are ignored (see the compatibility rules in :mod:`shared.rpc`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class KeelModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     @classmethod
     def from_row(cls, row: asyncpg.Record | Mapping[str, Any]) -> Self:

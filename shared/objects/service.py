@@ -13,6 +13,9 @@ class Binary(StrEnum):
     CONDUCTOR = "keel-conductor"
     SCHEDULER = "keel-scheduler"
     COMPUTE = "keel-compute"
+    #: keel-api reports its version like every service, but the compute API's
+    #: os-services does not show it (as Nova does not show its API services).
+    API = "keel-api"
 
 
 class Service(KeelModel):

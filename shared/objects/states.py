@@ -17,6 +17,10 @@ class TaskState(StrEnum):
     SCHEDULING = "scheduling"
     SPAWNING = "spawning"
     DELETING = "deleting"
+    POWERING_OFF = "powering-off"
+    POWERING_ON = "powering-on"
+    REBOOTING = "rebooting"
+    REBOOTING_HARD = "rebooting_hard"
 
 
 class PowerState(IntEnum):

@@ -1,16 +1,19 @@
 """The calling side of an RPC API: typed requests out, typed replies or errors back.
 
 Each service's ``rpcapi.py`` wraps one :class:`RPCClient` and is the only way other code
-talks to that service. The client refuses to send a version above its ``version_cap``,
-so an ``rpcapi`` asks :meth:`RPCClient.can_send_version` and steps its payload down for
-older receivers.
+talks to that service. The client refuses to send a version above its version cap, so an
+``rpcapi`` asks :meth:`RPCClient.can_send_version` and steps its payload down for older
+receivers (``exclude`` leaves out the arguments an older receiver does not know). The cap
+is fixed (a version string) or decided at each send by a :class:`CapSource` such as
+:class:`shared.version_pins.RpcPin`, which follows the deployment's oldest service.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from typing import TypeVar, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,6 +27,18 @@ LOG = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
+#: Decides the version cap at each send (e.g. from the deployment's minimum version).
+CapSource = Callable[[], Awaitable[str]]
+#: What to leave out of a request for an older receiver, as pydantic's ``exclude`` takes it.
+Exclude = set[str] | dict[str, Any]
+
+
+def within(version: str, cap: str) -> bool:
+    """True if ``version`` is within ``cap`` (same major, minor no higher)."""
+    major, minor = parse_version(version)
+    cap_major, cap_minor = parse_version(cap)
+    return major == cap_major and minor <= cap_minor
+
 
 class RPCClient:
     def __init__(
@@ -31,38 +46,51 @@ class RPCClient:
         transport: Transport,
         topic: str,
         *,
-        version_cap: str,
+        version_cap: str | CapSource,
         timeout: float = 60.0,
     ) -> None:
-        parse_version(version_cap)
+        if isinstance(version_cap, str):
+            parse_version(version_cap)
         self.transport = transport
         self.topic = topic
         self.version_cap = version_cap
         self.timeout = timeout
 
-    def can_send_version(self, version: str) -> bool:
+    async def cap(self) -> str:
+        """The highest version this client may send now."""
+        if isinstance(self.version_cap, str):
+            return self.version_cap
+        return await self.version_cap()
+
+    async def can_send_version(self, version: str) -> bool:
         """True if ``version`` is within this client's cap (same major, minor ≤ cap's)."""
-        major, minor = parse_version(version)
-        cap_major, cap_minor = parse_version(self.version_cap)
-        return major == cap_major and minor <= cap_minor
+        return within(version, await self.cap())
 
     def for_topic(self, topic: str) -> RPCClient:
         """The same client aimed at another topic (e.g. one compute agent's queue)."""
         return RPCClient(self.transport, topic, version_cap=self.version_cap, timeout=self.timeout)
 
-    def _envelope(
-        self, ctx: RequestContext, method: str, req: BaseModel, version: str, timeout: float | None
+    async def _envelope(
+        self,
+        ctx: RequestContext,
+        method: str,
+        req: BaseModel,
+        *,
+        version: str,
+        timeout: float | None,
+        exclude: Exclude | None,
     ) -> bytes:
-        if not self.can_send_version(version):
+        cap = await self.cap()
+        if not within(version, cap):
             raise UnsupportedVersion(
                 f"refusing to send {method} at version {version}: "
-                f"the version cap for {self.topic} is {self.version_cap}"
+                f"the version cap for {self.topic} is {cap}"
             )
         envelope = Envelope(
             method=method,
             version=version,
             context=ctx,
-            args=req.model_dump(mode="json"),
+            args=req.model_dump(mode="json", exclude=exclude),
             timeout=timeout,
         )
         return envelope.model_dump_json().encode()
@@ -77,6 +105,7 @@ class RPCClient:
         version: str,
         returns: type[M],
         timeout: float | None = None,
+        exclude: Exclude | None = None,
     ) -> M: ...
 
     @overload
@@ -89,6 +118,7 @@ class RPCClient:
         version: str,
         returns: None = None,
         timeout: float | None = None,
+        exclude: Exclude | None = None,
     ) -> None: ...
 
     async def call(
@@ -100,10 +130,13 @@ class RPCClient:
         version: str,
         returns: type[M] | None = None,
         timeout: float | None = None,
+        exclude: Exclude | None = None,
     ) -> M | None:
         """Send ``req`` and wait for the reply; remote errors are raised here, typed."""
         wait = self.timeout if timeout is None else timeout
-        body = self._envelope(ctx, method, req, version, wait)
+        body = await self._envelope(
+            ctx, method, req, version=version, timeout=wait, exclude=exclude
+        )
         raw = await self.transport.call(
             self.topic, body, message_id=str(uuid.uuid4()), timeout=wait
         )
@@ -122,8 +155,18 @@ class RPCClient:
                 f"unexpected result of {method} from {self.topic}: {exc}"
             ) from None
 
-    async def cast(self, ctx: RequestContext, method: str, req: BaseModel, *, version: str) -> None:
+    async def cast(
+        self,
+        ctx: RequestContext,
+        method: str,
+        req: BaseModel,
+        *,
+        version: str,
+        exclude: Exclude | None = None,
+    ) -> None:
         """Send ``req`` without waiting for it to be handled."""
-        body = self._envelope(ctx, method, req, version, None)
+        body = await self._envelope(
+            ctx, method, req, version=version, timeout=None, exclude=exclude
+        )
         await self.transport.cast(self.topic, body, message_id=str(uuid.uuid4()))
         LOG.debug("cast %s to %s", method, self.topic, extra={"rpc_method": method})

@@ -39,6 +39,7 @@ from shared.exceptions import (
     TransientError,
     UnsupportedVersion,
 )
+from shared.metrics import Metrics
 from shared.rpc.envelope import Envelope, ErrorInfo, Reply
 from shared.rpc.settlement import Outcome, RetryPolicy, classify, describe
 from shared.rpc.transport import Consumer, IncomingMessage, Settle, Settlement, Transport
@@ -93,12 +94,14 @@ class RPCServer:
         *,
         version: str,
         policy: RetryPolicy | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         parse_version(version)
         self.transport = transport
         self.topic = topic
         self.version = version
         self.policy = policy or RetryPolicy()
+        self.metrics = metrics or Metrics()
         self._routes = _routes(endpoint)
         self._consumer: Consumer | None = None
 
@@ -147,12 +150,29 @@ class RPCServer:
                 "dead-lettering message %s on %s: %s", message.message_id, self.topic, error
             )
             reply = _error_reply(type(error).__name__, error.message) if message.is_call else None
-            return Settlement(Settle.DEAD_LETTER, reply, f"{type(error).__name__}: {error}")
+            settlement = Settlement(Settle.DEAD_LETTER, reply, f"{type(error).__name__}: {error}")
+            self._count("unparsable", settlement)
+            return settlement
         token = current_request_id.set(envelope.context.request_id)
         try:
-            return await self._dispatch(message, envelope, route, request)
+            settlement = await self._dispatch(message, envelope, route, request)
         finally:
             current_request_id.reset(token)
+        self._count(envelope.method, settlement)
+        return settlement
+
+    def _count(self, method: str, settlement: Settlement) -> None:
+        self.metrics.messages.labels(
+            topic=self._family, method=method, settled=settlement.settle.value
+        ).inc()
+        if settlement.settle is Settle.DEAD_LETTER:
+            failure = settlement.reason.partition(":")[0] or "unknown"
+            self.metrics.dead_lettered.labels(topic=self._family, failure=failure[:60]).inc()
+
+    @property
+    def _family(self) -> str:
+        """The topic without an agent's uuid, so metrics do not grow a label per agent."""
+        return self.topic.partition(".")[0]
 
     async def _dispatch(
         self, message: IncomingMessage, envelope: Envelope, route: _Route, request: BaseModel

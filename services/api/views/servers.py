@@ -20,7 +20,7 @@ from services.api.microversion import APIVersion
 from services.api.views.timestamps import isotime, naive_isotime
 from shared.objects.instance import Instance
 from shared.objects.network import FixedIp
-from shared.objects.states import VmState
+from shared.objects.states import TaskState, VmState
 
 _STATUS: dict[str, str] = {
     VmState.BUILDING: "BUILD",
@@ -60,7 +60,16 @@ _PROGRESS = {"BUILD": 0, "ACTIVE": 100}
 _DEFAULT_SECURITY_GROUPS = ({"name": "default"},)
 
 
-def server_status(vm_state: str) -> str:
+#: Task states that show instead of an active server's status, as Nova shows them.
+_TASK_STATUS: dict[str, str] = {
+    TaskState.REBOOTING: "REBOOT",
+    TaskState.REBOOTING_HARD: "HARD_REBOOT",
+}
+
+
+def server_status(vm_state: str, task_state: str | None = None) -> str:
+    if vm_state == VmState.ACTIVE and task_state in _TASK_STATUS:
+        return _TASK_STATUS[task_state]
     return _STATUS.get(vm_state, "UNKNOWN")
 
 
@@ -184,7 +193,7 @@ class ServerView:
     def _base(self, instance: Instance) -> dict[str, Any]:
         return {
             **self.summary(instance),
-            "status": server_status(instance.vm_state),
+            "status": server_status(instance.vm_state, instance.task_state),
             "tenant_id": instance.project_id,
             "user_id": instance.user_id,
             "metadata": dict(instance.metadata),

@@ -57,3 +57,15 @@ class Driver(Protocol):
     async def list_instances(self) -> list[UUID]:
         """The guests that exist on this hypervisor."""
         ...
+
+    async def power_off(self, instance_uuid: UUID) -> None:
+        """Shut the guest down; one already off stays off. GuestNotFound if it is missing."""
+        ...
+
+    async def power_on(self, instance_uuid: UUID) -> None:
+        """Start the guest; one already running keeps running. GuestNotFound if missing."""
+        ...
+
+    async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
+        """Restart the guest (a hard reboot also starts one that was off)."""
+        ...

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from services.compute.rpcapi import InstanceSpec
 from services.compute.virt.driver import HypervisorResources
+from shared.exceptions import GuestNotFound
 
 LOG = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class FakeDriver:
         self._totals = HypervisorResources(vcpus=vcpus, memory_mb=memory_mb, local_gb=local_gb)
         self.spawn_delay = spawn_delay
         self._guests: dict[UUID, InstanceSpec] = {}
+        self._running: set[UUID] = set()
 
     def hypervisor_hostname(self) -> str:
         return self._hostname
@@ -51,9 +53,30 @@ class FakeDriver:
         if self.spawn_delay:
             await asyncio.sleep(self.spawn_delay)
         self._guests.setdefault(spec.uuid, spec)
+        self._running.add(spec.uuid)
 
     async def destroy(self, instance_uuid: UUID) -> None:
         self._guests.pop(instance_uuid, None)
+        self._running.discard(instance_uuid)
+
+    def _existing(self, instance_uuid: UUID) -> UUID:
+        if instance_uuid not in self._guests:
+            raise GuestNotFound(f"guest {instance_uuid} does not exist on {self._hostname}")
+        return instance_uuid
+
+    async def power_off(self, instance_uuid: UUID) -> None:
+        self._running.discard(self._existing(instance_uuid))
+
+    async def power_on(self, instance_uuid: UUID) -> None:
+        self._running.add(self._existing(instance_uuid))
+
+    async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
+        self._existing(instance_uuid)
+        if hard or instance_uuid in self._running:
+            self._running.add(instance_uuid)
+
+    def is_running(self, instance_uuid: UUID) -> bool:
+        return instance_uuid in self._running
 
     async def list_instances(self) -> list[UUID]:
         return list(self._guests)

@@ -28,7 +28,7 @@ from uuid import UUID
 from services.compute.durable import fsync_dir, write_synced
 from services.compute.rpcapi import InstanceSpec
 from services.compute.virt.driver import HypervisorResources
-from shared.exceptions import BuildFailed
+from shared.exceptions import BuildFailed, GuestNotFound
 
 LOG = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ GIB = 1024**3
 INSTANCES_DIR = "instances"
 DISK_FILE = "disk"
 METADATA_FILE = "metadata.json"
+POWER_FILE = "power"
+RUNNING, SHUTDOWN = "running", "shutdown"
 _BUILDING = ".building-"
 _DELETING = ".deleting-"
 _GUEST_DIR_MODE = 0o755
@@ -81,6 +83,39 @@ class LocalDriver:
 
     async def list_instances(self) -> list[UUID]:
         return await asyncio.to_thread(self._list)
+
+    async def power_off(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)
+
+    async def power_on(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._set_power, instance_uuid, RUNNING)
+
+    async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
+        current = await asyncio.to_thread(self.power_state, instance_uuid)
+        if hard or current == RUNNING:
+            await asyncio.to_thread(self._set_power, instance_uuid, RUNNING)
+
+    def power_state(self, instance_uuid: UUID) -> str:
+        """``running`` or ``shutdown``; GuestNotFound if the guest does not exist."""
+        guest = self._guest(instance_uuid)
+        try:
+            return (guest / POWER_FILE).read_text(encoding="ascii").strip() or RUNNING
+        except FileNotFoundError:
+            return RUNNING
+
+    def _guest(self, instance_uuid: UUID) -> Path:
+        guest = self.guest_dir(instance_uuid)
+        if not guest.is_dir():
+            raise GuestNotFound(f"guest {instance_uuid} does not exist in {self.instances_dir}")
+        return guest
+
+    def _set_power(self, instance_uuid: UUID, state: str) -> None:
+        guest = self._guest(instance_uuid)
+        scratch = guest / f".{POWER_FILE}.{secrets.token_hex(4)}"
+        write_synced(scratch, f"{state}\n".encode())
+        os.replace(scratch, guest / POWER_FILE)
+        fsync_dir(guest)
+        LOG.info("guest %s is now %s", instance_uuid, state, extra=_extra(instance_uuid))
 
     def _sweep_scratch(self) -> list[str]:
         self.instances_dir.mkdir(parents=True, exist_ok=True)
@@ -172,6 +207,7 @@ def _write_guest(directory: Path, spec: InstanceSpec) -> None:
         disk.truncate(spec.flavor.root_gb * GIB)
         os.fsync(disk.fileno())
     write_synced(directory / METADATA_FILE, spec.model_dump_json(indent=2).encode())
+    write_synced(directory / POWER_FILE, f"{RUNNING}\n".encode())
     fsync_dir(directory)
 
 

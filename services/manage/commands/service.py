@@ -43,7 +43,7 @@ async def list_(args: argparse.Namespace, settings: Settings) -> int:
     """Print every live service; down means forced down or no heartbeat for too long."""
     async with connect(settings.database_url) as conn:
         found = await services.list_services(
-            conn, settings.service_down_time, host=args.host, binary=args.binary
+            conn, settings.service_down_time, host=args.host, binary=args.binary, include_api=True
         )
     if not found:
         print("no services have registered yet")

@@ -62,9 +62,23 @@ def _error(exc_type: str, message: str) -> bytes:
         ("1.10", "1.9", True),
     ],
 )
-def test_can_send_version(cap: str, version: str, allowed: bool) -> None:
+async def test_can_send_version(cap: str, version: str, allowed: bool) -> None:
     client = RPCClient(FakeTransport(), TOPIC, version_cap=cap)
-    assert client.can_send_version(version) is allowed
+    assert await client.can_send_version(version) is allowed
+
+
+async def test_a_cap_source_is_asked_at_every_send(client_transport: FakeTransport) -> None:
+    caps = ["1.0", "1.1"]
+
+    async def current() -> str:
+        return caps[0]
+
+    client = RPCClient(client_transport, TOPIC, version_cap=current)
+    assert not await client.can_send_version("1.1")
+    with pytest.raises(UnsupportedVersion, match=r"the version cap for unit is 1\.0"):
+        await client.cast(RequestContext(), "ping", Ping(n=1), version="1.1")
+    caps.pop(0)
+    assert await client.can_send_version("1.1")
 
 
 def test_malformed_cap_is_refused() -> None:

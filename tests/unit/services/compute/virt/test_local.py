@@ -95,6 +95,7 @@ async def test_concurrent_spawns_of_one_guest_leave_one_whole_guest(driver: Loca
     assert sorted(p.name for p in driver.guest_dir(spec.uuid).iterdir()) == [
         "disk",
         "metadata.json",
+        "power",
     ]
 
 

@@ -1,0 +1,49 @@
+"""Prometheus metrics of one keel process.
+
+Every process builds one :class:`Metrics` (in :func:`shared.runtime.run`) and hands it to
+what counts things. The counters live in the object's own registry, not in a global one,
+and are served over HTTP only when ``KEEL_METRICS_BIND=HOST:PORT`` is set; metrics are off
+by default.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+LOG = logging.getLogger(__name__)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.min_version_queries = Counter(
+            "keel_min_service_version_queries",
+            "Queries of the minimum service version of a binary (the cache missed)",
+            ["binary"],
+            registry=self.registry,
+        )
+        self.messages = Counter(
+            "keel_rpc_messages",
+            "RPC messages handled, by topic, method and how they were settled",
+            ["topic", "method", "settled"],
+            registry=self.registry,
+        )
+        self.dead_lettered = Counter(
+            "keel_rpc_dead_lettered",
+            "RPC messages this process dead-lettered, by topic and kind of failure",
+            ["topic", "failure"],
+            registry=self.registry,
+        )
+
+    def serve(self, bind: str) -> None:
+        """Serve the metrics at ``http://HOST:PORT/`` from a background thread."""
+        host, _, port = bind.rpartition(":")
+        start_http_server(int(port), addr=host, registry=self.registry)
+        LOG.info("serving Prometheus metrics on http://%s/metrics", bind)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of a sample (for tests and benchmarks)."""
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
