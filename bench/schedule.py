@@ -32,8 +32,14 @@ from dataclasses import dataclass
 
 import asyncpg
 from benchkit import LoadResult, figures, report, run_load, target
-from benchkit.db import DEFAULT_PG_SERVER, HostSize, add_hosts, check_capacity, reset_claims
-from benchkit.db import scratch_database
+from benchkit.db import (
+    DEFAULT_PG_SERVER,
+    HostSize,
+    add_hosts,
+    check_capacity,
+    reset_claims,
+    scratch_database,
+)
 from benchkit.host_cache import CachedHostManager
 
 from services.scheduler.host_manager import HostManager
@@ -137,9 +143,7 @@ def make_manager(options: Options, pool: asyncpg.Pool) -> SchedulerManager:
     return SchedulerManager(pool, hosts)
 
 
-async def run_requests(
-    manager: SchedulerManager, requests: int, concurrency: int
-) -> LoadResult:
+async def run_requests(manager: SchedulerManager, requests: int, concurrency: int) -> LoadResult:
     ctx = RequestContext(user_id="bench-user", project_id="bench-project", roles=("member",))
     bodies = [
         SelectDestinations(

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 import asyncpg
 
 from shared.db import allocations, migrate
+from shared.db.pool import Connection
 from shared.db.host_candidates import FREE_DISK_GB, FREE_RAM_MB, FREE_VCPUS
 from shared.versions import SERVICE_VERSION
 
-DEFAULT_PG_SERVER = os.environ.get(
-    "KEEL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
+DEFAULT_PG_SERVER = os.environ.get("KEEL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def with_database(server: str, name: str) -> str:
@@ -64,7 +63,7 @@ class HostSize:
 
 
 async def add_hosts(
-    conn: asyncpg.Connection, first: int, count: int, size: HostSize, *, prefix: str = "bench"
+    conn: Connection, first: int, count: int, size: HostSize, *, prefix: str = "bench"
 ) -> None:
     """Hosts ``prefix-<first>`` … as registered, heartbeating agents (ratios 1.0)."""
     await conn.execute(
@@ -93,7 +92,7 @@ async def add_hosts(
     await conn.execute("ANALYZE services; ANALYZE compute_nodes")
 
 
-async def reset_claims(conn: asyncpg.Connection) -> None:
+async def reset_claims(conn: Connection) -> None:
     """Release every claim and mark every host alive, for the next run."""
     async with conn.transaction():
         await conn.execute("DELETE FROM allocations")
@@ -124,7 +123,7 @@ class CapacityCheck:
         }
 
 
-async def check_capacity(conn: asyncpg.Connection) -> CapacityCheck:
+async def check_capacity(conn: Connection) -> CapacityCheck:
     """The invariant: usage equals allocations on every node, and none is over capacity."""
     drift = await allocations.usage_drift(conn)
     row = await conn.fetchrow(

@@ -53,14 +53,13 @@ class CachedHostManager(HostManager):
     def _with_up(self, now: datetime) -> list[HostState]:
         oldest = now - timedelta(seconds=self.service_down_time)
         hosts = []
-        for state in self._hosts.values():
-            seen = state.service.last_seen_up
-            up = not state.service.forced_down and seen is not None and seen > oldest
-            if up != state.service.is_up:
-                state = state.model_copy(
-                    update={"service": state.service.model_copy(update={"is_up": up})}
-                )
-            hosts.append(state)
+        for cached in self._hosts.values():
+            seen = cached.service.last_seen_up
+            up = not cached.service.forced_down and seen is not None and seen > oldest
+            if up != cached.service.is_up:
+                service = cached.service.model_copy(update={"is_up": up})
+                cached = HostState(node=cached.node, service=service)  # noqa: PLW2901
+            hosts.append(cached)
         return hosts
 
     async def candidates(self, conn: Connection, spec: RequestSpec) -> AsyncIterator[WeighedHost]:

@@ -15,7 +15,7 @@ class RamWeigher:
     """
 
     name = "RamWeigher"
-    sql_score = FREE_RAM_MB
+    sql_score: str | None = FREE_RAM_MB
 
     def __init__(self, multiplier: float = 1.0) -> None:
         self.multiplier = multiplier
