@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import asyncpg
 
 from shared.db import allocations, migrate
-from shared.db.pool import Connection
 from shared.db.host_candidates import FREE_DISK_GB, FREE_RAM_MB, FREE_VCPUS
+from shared.db.pool import Connection
 from shared.versions import SERVICE_VERSION
 
 DEFAULT_PG_SERVER = os.environ.get("KEEL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
