@@ -41,6 +41,7 @@ AMQP_URL = os.environ.get("KEEL_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/
 CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
 ADMIN = {"user_id": "bench-admin", "project_id": "bench-project", "roles": ["admin", "member"]}
 STOP_TIMEOUT = 30.0
+DELETE_CHANNELS = 32
 
 
 class CloudError(Exception):
@@ -153,16 +154,38 @@ class Cloud:
         self.processes[name] = process
         return process
 
-    def start_fleet(self, hosts: int | None = None, *, name: str = "fleet") -> Process:
+    def start_fleet(
+        self,
+        hosts: int | None = None,
+        *,
+        name: str = "fleet",
+        prefix: str = "sim",
+        per_connection: int = 100,
+    ) -> Process:
         shape = self.shape
         count = shape.hosts if hosts is None else hosts
         at_once = shape.start_concurrency or count
         return self.start(
             name,
-            ["keel-fleet", "--hosts", str(count), "--prefix", "sim",
+            ["keel-fleet", "--hosts", str(count), "--prefix", prefix,
              "--vcpus", str(shape.vcpus), "--memory-mb", str(shape.memory_mb),
-             "--local-gb", str(shape.local_gb), "--start-concurrency", str(at_once)],
+             "--local-gb", str(shape.local_gb), "--start-concurrency", str(at_once),
+             "--agents-per-connection", str(per_connection)],
         )  # fmt: skip
+
+    def start_agent(self, host: str) -> Process:
+        """One keel-compute process with the fake driver, as on a real compute host."""
+        shape = self.shape
+        env = {
+            **self.env(),
+            "KEEL_HOST": host,
+            "KEEL_STATE_DIR": str(self.workdir / "state" / host),
+            "KEEL_COMPUTE__DRIVER": "fake",
+            "KEEL_COMPUTE__VCPUS": str(shape.vcpus),
+            "KEEL_COMPUTE__MEMORY_MB": str(shape.memory_mb),
+            "KEEL_COMPUTE__LOCAL_GB": str(shape.local_gb),
+        }
+        return self.start(host, ["keel-compute"], env)
 
     def check_alive(self) -> None:
         dead = [p for p in self.processes.values() if p.popen.poll() is not None]
@@ -238,9 +261,20 @@ def free_port() -> int:
 
 
 async def remove_exchange(exchange: str, topics: list[str]) -> None:
+    """Delete the cloud's queues (many channels at once: each deletion waits on the broker)."""
+    topology = Topology(exchange)
     connection = await aio_pika.connect(AMQP_URL)
     async with connection:
-        await Topology(exchange).delete(await connection.channel(), topics)
+        channels = [await connection.channel() for _ in range(DELETE_CHANNELS)]
+
+        async def delete(index: int) -> None:
+            for topic in topics[index::DELETE_CHANNELS]:
+                await channels[index].queue_delete(topology.queue_name(topic))
+
+        began = time.monotonic()
+        await asyncio.gather(*(delete(index) for index in range(DELETE_CHANNELS)))
+        print(f"deleted {len(topics)} queues in {time.monotonic() - began:.1f}s", file=sys.stderr)
+        await topology.delete(channels[0])
 
 
 @asynccontextmanager
@@ -274,6 +308,10 @@ async def bench_cloud(shape: CloudShape, pg_server: str = DEFAULT_PG_SERVER) -> 
                 try:
                     topics = await cloud.topics()
                 finally:
+                    began = time.monotonic()
                     await asyncio.to_thread(cloud.stop_all)
+                    stopped = time.monotonic()
                     await pool.close()
                     await remove_exchange(cloud.exchange, topics)
+                    print(f"teardown: processes {stopped - began:.1f}s, broker "
+                          f"{time.monotonic() - stopped:.1f}s", file=sys.stderr)  # fmt: skip
