@@ -29,8 +29,8 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import httpx
-from benchkit.db import DEFAULT_PG_SERVER, scratch_database
 
+from benchkit.db import DEFAULT_PG_SERVER, scratch_database
 from shared.config import DatabaseSettings
 from shared.db import images
 from shared.db.pool import create_pool
@@ -247,9 +247,7 @@ class Cloud:
 
     async def topics(self) -> list[str]:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                """SELECT uuid FROM services WHERE "binary" = 'keel-compute'"""
-            )
+            rows = await conn.fetch("""SELECT uuid FROM services WHERE "binary" = 'keel-compute'""")
         return ["conductor", "scheduler", *(f"compute.{row['uuid']}" for row in rows)]
 
 
@@ -278,7 +276,9 @@ async def remove_exchange(exchange: str, topics: list[str]) -> None:
 
 
 @asynccontextmanager
-async def bench_cloud(shape: CloudShape, pg_server: str = DEFAULT_PG_SERVER) -> AsyncIterator[Cloud]:
+async def bench_cloud(
+    shape: CloudShape, pg_server: str = DEFAULT_PG_SERVER
+) -> AsyncIterator[Cloud]:
     """Database, conductor, scheduler(s) and API running; the fleet is the caller's to start."""
     with tempfile.TemporaryDirectory(prefix="keel-bench-") as workdir:
         async with scratch_database(pg_server) as url:
