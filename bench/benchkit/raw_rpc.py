@@ -16,13 +16,14 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from benchkit.load import LoadResult, run_load
 
-QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
+QUEUE_ARGUMENTS: dict[str, Any] = {"x-queue-type": "quorum"}
 
 
 class RawRpc:
