@@ -149,7 +149,10 @@ async def boot_servers(
 
 async def measure(cloud: Cloud, args: argparse.Namespace) -> tuple[LoadResult, dict[str, Any]]:
     headers = {"X-Auth-Token": cloud.token}
-    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
+    # Idle connections are dropped before uvicorn closes them (after 5 s) under a request.
+    limits = httpx.Limits(
+        max_connections=args.clients, max_keepalive_connections=args.clients, keepalive_expiry=2
+    )
     async with httpx.AsyncClient(
         base_url=cloud.api_url + "/v2.1/", headers=headers, timeout=60, limits=limits
     ) as http:
