@@ -85,10 +85,19 @@ class DatabaseSettings(_Group):
 
 
 class ApiSettings(_Group):
+    #: The most items one page of a list holds, whatever ``limit`` asks (Nova's
+    #: ``max_limit``); a list without ``limit`` is cut there too, with a next link.
+    max_limit: int = Field(default=1000, ge=1, le=100_000)
     #: Largest request body keel-api reads; a larger one is refused with 413.
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     #: Who may read the OpenAPI document at ``/openapi.json``.
     openapi: Literal["admin", "public", "off"] = "admin"
+
+
+class SchedulerSettings(_Group):
+    #: The first host a request tries is picked at random among this many of the best
+    #: (Nova's ``host_subset_size``), so concurrent requests do not all race for one host.
+    host_subset_size: int = Field(default=8, ge=1, le=1000)
 
 
 class ComputeSettings(_Group):
@@ -243,6 +252,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)
     identity: IdentitySettings = Field(default_factory=IdentitySettings)

@@ -7,6 +7,14 @@ this package is not a benchmark itself, so ``make bench`` does not run it.
 from __future__ import annotations
 
 from benchkit.load import LoadResult, Operation, run_load
-from benchkit.report import figures, report
+from benchkit.report import figures, not_available, report, target
 
-__all__ = ["LoadResult", "Operation", "figures", "report", "run_load"]
+__all__ = [
+    "LoadResult",
+    "Operation",
+    "figures",
+    "not_available",
+    "report",
+    "run_load",
+    "target",
+]

@@ -17,7 +17,7 @@ from services.api.auth import AdminContext, Context
 from services.api.deps import AppSettings, DbPool
 from services.api.views.os_services import INTERNAL_ZONE, service_zone
 from services.api.views.timestamps import naive_isotime
-from shared.db import compute_nodes, services
+from shared.db import services
 from shared.db.pool import Connection
 from shared.objects.service import Service
 
@@ -26,11 +26,9 @@ router = APIRouter(prefix="/v2.1/os-availability-zone")
 
 async def _zoned_services(conn: Connection, down_time: float) -> list[tuple[str, Service]]:
     """Every service with its zone (``internal`` for control services)."""
-    zones = {
-        s.service.id: s.node.availability_zone
-        for s in await compute_nodes.host_states(conn, down_time)
-    }
-    return [(service_zone(s, zones), s) for s in await services.list_services(conn, down_time)]
+    found = await services.list_with_zones(conn, down_time)
+    zones = {s.id: zone for s, zone in found if zone is not None}
+    return [(service_zone(s, zones), s) for s, _ in found]
 
 
 def _split(zoned: list[tuple[str, Service]]) -> tuple[list[str], list[str]]:

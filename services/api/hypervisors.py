@@ -22,7 +22,7 @@ from services.api.deps import AppSettings, DbPool, RequestLinks, Version
 from services.api.faults import BadRequest, Fault, ItemNotFound
 from services.api.links import Links
 from services.api.microversion import APIVersion
-from services.api.paging import next_marker, page_request, take_page
+from services.api.paging import marker_not_found, next_marker, page_request
 from services.api.server_filters import boolean
 from services.api.views.hypervisors import (
     hypervisor_id,
@@ -30,7 +30,9 @@ from services.api.views.hypervisors import (
     statistics_view,
     with_servers,
 )
-from shared.db import compute_nodes, instances
+from shared.config import Settings
+from shared.db import compute_nodes, instance_search
+from shared.db.instance_search import InstanceSearch
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound
 from shared.objects.compute_node import HostState
@@ -66,15 +68,34 @@ def wants_servers(query: HypervisorQuery, version: APIVersion) -> bool:
 
 async def servers_on(conn: Connection, state: HostState) -> list[Instance]:
     """The live servers on the hypervisor (its host and node)."""
-    on_host = await instances.list_instances(conn, host=state.node.host)
-    return [i for i in on_host if i.node == state.node.hypervisor_hostname]
+    search = InstanceSearch(
+        exact={"host": [state.node.host], "node": [state.node.hypervisor_hostname]}
+    )
+    return await instance_search.search(conn, search)
 
 
-def matching(states: list[HostState], pattern: str) -> list[HostState]:
-    found = [s for s in states if pattern in s.node.hypervisor_hostname]
+async def matching(conn: Connection, down_time: float, pattern: str) -> list[HostState]:
+    found = await compute_nodes.host_states_matching(conn, down_time, pattern)
     if not found:
         raise ItemNotFound(f"No hypervisor matching '{pattern}' could be found.")
     return found
+
+
+async def _after(conn: Connection, marker: str | None, version: APIVersion) -> int | None:
+    """The node id a marker names (a UUID from 2.53, an integer id before); 400 if none."""
+    if marker is None:
+        return None
+    node_id: int | None = None
+    try:
+        if version.at_least("2.53"):
+            node_id = await compute_nodes.live_id(conn, node_uuid=UUID(marker))
+        else:
+            node_id = await compute_nodes.live_id(conn, node_id=int(marker))
+    except ValueError:
+        pass
+    if node_id is None:
+        raise marker_not_found(marker)
+    return node_id
 
 
 Filters = Annotated[HypervisorQuery, Depends(hypervisor_query)]
@@ -83,7 +104,7 @@ Filters = Annotated[HypervisorQuery, Depends(hypervisor_query)]
 async def _list(
     pool: asyncpg.Pool,
     *,
-    down_time: float,
+    settings: Settings,
     version: APIVersion,
     query: HypervisorQuery,
     links: Links,
@@ -91,25 +112,29 @@ async def _list(
     detail: bool,
 ) -> dict[str, Any]:
     servers = wants_servers(query, version)
+    pattern = query.pattern if version.at_least("2.53") else None
+    paging = page_request(query.limit, query.marker, max_limit=settings.api.max_limit)
+    down_time = settings.service_down_time
     async with pool.acquire() as conn:
-        states = await compute_nodes.host_states(conn, down_time)
-        if query.pattern is not None and version.at_least("2.53"):
-            states = matching(states, query.pattern)
-
-        def key(state: HostState) -> str:
-            return str(hypervisor_id(state, version))
-
-        paging = page_request(query.limit, query.marker)
-        page = take_page(states, paging, key=key)
+        after = await _after(conn, paging.marker, version)
+        page = await compute_nodes.host_states_page(
+            conn, down_time, after_id=after, limit=paging.limit, pattern=pattern
+        )
+        if not page and pattern is not None and after is None:
+            raise ItemNotFound(f"No hypervisor matching '{pattern}' could be found.")
         views = [hypervisor_view(s, version, detail=detail) for s in page]
         if servers:
             views = [
                 with_servers(v, await servers_on(conn, s)) for v, s in zip(views, page, strict=True)
             ]
     body: dict[str, Any] = {"hypervisors": views}
-    after = next_marker(page, paging, key=key) if paging.limited else None
-    if after is not None:
-        href = f"{links.compute(path)}?{urlencode({'limit': paging.limit, 'marker': after})}"
+
+    def key(state: HostState) -> str:
+        return str(hypervisor_id(state, version))
+
+    following = next_marker(page, paging, key=key) if paging.limited else None
+    if following is not None:
+        href = f"{links.compute(path)}?{urlencode({'limit': paging.limit, 'marker': following})}"
         body["hypervisors_links"] = [{"rel": "next", "href": href}]
     return body
 
@@ -126,7 +151,7 @@ async def list_hypervisors(
 ) -> dict[str, Any]:
     return await _list(
         pool,
-        down_time=settings.service_down_time,
+        settings=settings,
         version=version,
         query=query,
         links=links,
@@ -147,7 +172,7 @@ async def list_hypervisors_detail(
 ) -> dict[str, Any]:
     return await _list(
         pool,
-        down_time=settings.service_down_time,
+        settings=settings,
         version=version,
         query=query,
         links=links,
@@ -170,12 +195,15 @@ async def _find(
                 return await compute_nodes.host_state(conn, node_uuid, down_time)
         except ComputeNodeNotFound:
             raise not_found from None
-    async with pool.acquire() as conn:
-        states = await compute_nodes.host_states(conn, down_time)
-    for state in states:
-        if str(state.node.id) == hypervisor:
-            return state
-    raise not_found
+    try:
+        node_id = int(hypervisor)
+    except ValueError:
+        raise not_found from None
+    try:
+        async with pool.acquire() as conn:
+            return await compute_nodes.host_state_by_id(conn, node_id, down_time)
+    except ComputeNodeNotFound:
+        raise not_found from None
 
 
 @router.get("/statistics")
@@ -183,8 +211,8 @@ async def show_statistics(
     pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
 ) -> dict[str, Any]:
     async with pool.acquire() as conn:
-        states = await compute_nodes.host_states(conn, settings.service_down_time)
-    return statistics_view(states)
+        totals = await compute_nodes.enabled_totals(conn)
+    return statistics_view(totals)
 
 
 def legacy_only(version: APIVersion) -> None:
@@ -199,9 +227,7 @@ async def search_hypervisors(
 ) -> dict[str, Any]:
     legacy_only(version)
     async with pool.acquire() as conn:
-        states = matching(
-            await compute_nodes.host_states(conn, settings.service_down_time), pattern
-        )
+        states = await matching(conn, settings.service_down_time, pattern)
     return {"hypervisors": [hypervisor_view(s, version, detail=False) for s in states]}
 
 
@@ -211,9 +237,7 @@ async def hypervisor_servers(
 ) -> dict[str, Any]:
     legacy_only(version)
     async with pool.acquire() as conn:
-        states = matching(
-            await compute_nodes.host_states(conn, settings.service_down_time), pattern
-        )
+        states = await matching(conn, settings.service_down_time, pattern)
         views = [
             with_servers(hypervisor_view(s, version, detail=False), await servers_on(conn, s))
             for s in states

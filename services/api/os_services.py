@@ -21,7 +21,7 @@ from services.api.deps import AppSettings, DbPool, Version
 from services.api.faults import BadRequest
 from services.api.os_services_legacy import legacy_update, parse_body
 from services.api.views.os_services import service_view, service_zone
-from shared.db import compute_nodes, services
+from shared.db import services
 from shared.db.pool import Connection
 from shared.objects.service import Binary, Service
 
@@ -30,12 +30,12 @@ LOG = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2.1/os-services")
 
 
-async def _zones(conn: Connection, down_time: float) -> dict[int, str]:
-    """service id → availability zone of its compute node."""
-    return {
-        s.service.id: s.node.availability_zone
-        for s in await compute_nodes.host_states(conn, down_time)
-    }
+async def _with_zones(
+    conn: Connection, down_time: float, *, host: str | None = None, binary: str | None = None
+) -> tuple[list[Service], dict[int, str]]:
+    """The services asked for, and service id → availability zone of its compute node."""
+    found = await services.list_with_zones(conn, down_time, host=host, binary=binary)
+    return [s for s, _ in found], {s.id: zone for s, zone in found if zone is not None}
 
 
 @router.get("")
@@ -50,8 +50,7 @@ async def list_services(
 ) -> dict[str, Any]:
     down_time = settings.service_down_time
     async with pool.acquire() as conn:
-        found = await services.list_services(conn, down_time, host=host, binary=binary)
-        zones = await _zones(conn, down_time)
+        found, zones = await _with_zones(conn, down_time, host=host, binary=binary)
     return {"services": [service_view(s, version, service_zone(s, zones)) for s in found]}
 
 
@@ -117,7 +116,7 @@ async def update_service(
             disabled_reason=update.disabled_reason,
             forced_down=update.forced_down,
         )
-        zones = await _zones(conn, down_time)
+        _, zones = await _with_zones(conn, down_time, host=updated.host, binary=updated.binary)
     LOG.info(
         "service %s (%s on %s) updated by %s: status=%s forced_down=%s reason=%r",
         updated.uuid,

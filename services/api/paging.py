@@ -1,7 +1,8 @@
 """``limit`` and ``marker``: pages of a list, as the compute API pages them.
 
-A page holds at most ``limit`` items (never more than :data:`MAX_LIMIT`) following the
-item whose id is ``marker``. An unknown marker is a 400, as in Nova.
+A page holds at most ``limit`` items (never more than ``max_limit``, the
+``KEEL_API__MAX_LIMIT`` setting, :data:`MAX_LIMIT` by default) following the item whose id
+is ``marker``. An unknown marker is a 400, as in Nova.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ class PageRequest:
     limited: bool = False
 
 
-def page_request(limit: str | None, marker: str | None) -> PageRequest:
+def page_request(
+    limit: str | None, marker: str | None, *, max_limit: int = MAX_LIMIT
+) -> PageRequest:
     """Read ``limit`` and ``marker`` query parameters; a bad limit is a 400."""
     if limit is None or limit == "":
-        return PageRequest(limit=MAX_LIMIT, marker=marker or None)
+        return PageRequest(limit=max_limit, marker=marker or None)
     try:
         number = int(limit)
     except ValueError:
@@ -36,7 +39,7 @@ def page_request(limit: str | None, marker: str | None) -> PageRequest:
     if number < 0:
         raise BadRequest("limit param must be positive")
     return PageRequest(
-        limit=min(number or MAX_LIMIT, MAX_LIMIT), marker=marker or None, limited=True
+        limit=min(number or max_limit, max_limit), marker=marker or None, limited=True
     )
 
 

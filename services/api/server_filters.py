@@ -26,7 +26,7 @@ from starlette.datastructures import QueryParams
 
 from services.api.faults import BadRequest, Forbidden
 from services.api.microversion import APIVersion
-from services.api.paging import PageRequest, marker_not_found, page_request
+from services.api.paging import MAX_LIMIT, PageRequest, marker_not_found, page_request
 from services.api.server_create import last_segment
 from services.api.views.servers import STATUS_FILTERS
 from shared.context import RequestContext
@@ -288,7 +288,7 @@ def _marker(paging: PageRequest) -> UUID | None:
 
 
 def server_search(
-    params: QueryParams, ctx: RequestContext, version: APIVersion
+    params: QueryParams, ctx: RequestContext, version: APIVersion, *, max_limit: int = MAX_LIMIT
 ) -> tuple[InstanceSearch, PageRequest]:
     """The search a list request asks for, and its paging; 400/403 for what is refused."""
     given = _given(params, ctx, version)
@@ -299,7 +299,7 @@ def server_search(
         exact["vm_state"] = vm_states
     since, before = _changes(given, version)
     tags = _tags(given, version)
-    paging = page_request(params.get("limit"), params.get("marker"))
+    paging = page_request(params.get("limit"), params.get("marker"), max_limit=max_limit)
     search = InstanceSearch(
         project_id=_project(given, ctx),
         exact=exact,

@@ -85,8 +85,9 @@ async def server_view(
     shown: Sequence[Instance],
 ) -> ServerView:
     """The view of ``shown`` for this caller: their addresses and zones; for admins
-    from 2.16, each host's status."""
-    states = await compute_nodes.host_states(conn, down_time)
+    from 2.16, each host's status. Reads only the hosts of the servers shown."""
+    hosts = sorted({instance.host for instance in shown if instance.host})
+    states = await compute_nodes.host_states_on(conn, down_time, hosts)
     statuses: dict[str, str] = {}
     if ctx.is_admin and version.at_least("2.16"):
         statuses = {state.service.host: host_status(state.service) for state in states}
@@ -125,9 +126,10 @@ async def _list(
     version: APIVersion,
     links: Links,
     down_time: float,
+    max_limit: int,
     detail: bool,
 ) -> dict[str, Any]:
-    search, paging = server_search(request.query_params, ctx, version)
+    search, paging = server_search(request.query_params, ctx, version, max_limit=max_limit)
     async with pool.acquire() as conn:
         found = await _find_page(conn, search)
         view = await server_view(conn, ctx, version, links, down_time, shown=found)
@@ -151,9 +153,15 @@ async def list_servers(
     links: RequestLinks,
     settings: AppSettings,
 ) -> dict[str, Any]:
-    down_time = settings.service_down_time
     return await _list(
-        request, pool=pool, ctx=ctx, version=version, links=links, down_time=down_time, detail=False
+        request,
+        pool=pool,
+        ctx=ctx,
+        version=version,
+        links=links,
+        down_time=settings.service_down_time,
+        max_limit=settings.api.max_limit,
+        detail=False,
     )
 
 
@@ -167,9 +175,15 @@ async def list_servers_detail(
     links: RequestLinks,
     settings: AppSettings,
 ) -> dict[str, Any]:
-    down_time = settings.service_down_time
     return await _list(
-        request, pool=pool, ctx=ctx, version=version, links=links, down_time=down_time, detail=True
+        request,
+        pool=pool,
+        ctx=ctx,
+        version=version,
+        links=links,
+        down_time=settings.service_down_time,
+        max_limit=settings.api.max_limit,
+        detail=True,
     )
 
 

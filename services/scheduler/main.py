@@ -39,7 +39,10 @@ async def run_scheduler(
     record = ServiceRecord(pool, settings, binary=Binary.SCHEDULER, topic=TOPIC, minimums=minimums)
     manager = SchedulerManager(
         pool,
-        HostManager(service_down_time=settings.service_down_time),
+        HostManager(
+            service_down_time=settings.service_down_time,
+            host_subset_size=settings.scheduler.host_subset_size,
+        ),
         FaultPoints(settings.fault_inject),
     )
     server = RPCServer(

@@ -1,9 +1,11 @@
 """The scheduler's RPC endpoint: pick a host for an instance and claim its resources there.
 
-``select_destinations`` reads every host in one query, filters and weighs them in
-memory, then claims the flavor on the best candidate with one atomic ``UPDATE`` in
-PostgreSQL. If another scheduler filled that host in the meantime, the claim fails and
-the next candidate is tried; two schedulers can never over-commit a host.
+``select_destinations`` reads the best few hosts that pass the filters (one indexed query,
+whatever the size of the cloud), filters and weighs them in memory, then claims the
+flavor on a candidate with one atomic ``UPDATE`` in PostgreSQL: the first one tried is
+picked at random among the best ``host_subset_size``. If another scheduler filled that
+host in the meantime, the claim fails and the next candidate is tried; two schedulers
+can never over-commit a host.
 
 It is also idempotent per consumer: a request is served under a transaction-scoped
 advisory lock on its consumer, and a consumer that already holds a claim gets that claim
@@ -91,21 +93,19 @@ class SchedulerManager:
         return _selection(host)
 
     async def _select(self, conn: Connection, spec: RequestSpec) -> Selection:
-        hosts = await self.host_manager.get_host_states(conn)
-        passed = self.host_manager.filter_hosts(hosts, spec)
-        if not passed:
-            raise NoValidHost(NOT_ENOUGH_HOSTS)
-        candidates = self.host_manager.weigh_hosts(passed, spec)
-        for candidate in candidates:
+        tried = 0
+        async for candidate in self.host_manager.candidates(conn, spec):
+            tried += 1
             if await self._claim(conn, candidate, spec):
                 return _selection(candidate.host)
-        LOG.info(
-            "no host left with room for instance %s: all %d candidates were claimed by "
-            "other requests first",
-            spec.instance_uuid,
-            len(candidates),
-            extra={"instance_uuid": str(spec.instance_uuid), "decision": "no_valid_host"},
-        )
+        if tried:
+            LOG.info(
+                "no host left with room for instance %s: all %d candidates were claimed by "
+                "other requests first",
+                spec.instance_uuid,
+                tried,
+                extra={"instance_uuid": str(spec.instance_uuid), "decision": "no_valid_host"},
+            )
         raise NoValidHost(NOT_ENOUGH_HOSTS)
 
     async def _claim(self, conn: Connection, candidate: WeighedHost, spec: RequestSpec) -> bool:

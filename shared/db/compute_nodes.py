@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from uuid import UUID
+
+from asyncpg import Record
 
 from shared.db import services
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound
-from shared.objects.compute_node import ComputeNode, HostState, NodeResources
+from shared.objects.compute_node import ComputeNode, HostState, NodeResources, NodeTotals
 from shared.objects.service import Service
 
 
@@ -91,10 +94,7 @@ _HOST_STATES = f"""
 async def host_states(conn: Connection, down_time: float) -> list[HostState]:
     """Every live node with its service, in one query (the scheduler's view of the cloud)."""
     rows = await conn.fetch(_HOST_STATES + " ORDER BY n.id", down_time)
-    return [
-        HostState(node=ComputeNode.from_row(r["node"]), service=Service.from_row(r["service"]))
-        for r in rows
-    ]
+    return _states(rows)
 
 
 async def host_state(conn: Connection, node_uuid: UUID, down_time: float) -> HostState:
@@ -113,6 +113,92 @@ async def host_state_by_id(conn: Connection, node_id: int, down_time: float) -> 
     return HostState(
         node=ComputeNode.from_row(row["node"]), service=Service.from_row(row["service"])
     )
+
+
+def _states(rows: list[Record]) -> list[HostState]:
+    return [
+        HostState(node=ComputeNode.from_row(r["node"]), service=Service.from_row(r["service"]))
+        for r in rows
+    ]
+
+
+async def host_states_page(
+    conn: Connection,
+    down_time: float,
+    *,
+    after_id: int | None = None,
+    limit: int,
+    pattern: str | None = None,
+) -> list[HostState]:
+    """Up to ``limit`` live nodes with their services, by id, after node ``after_id``.
+
+    ``pattern`` keeps only nodes whose hypervisor host name contains it.
+    """
+    rows = await conn.fetch(
+        _HOST_STATES
+        + """ AND ($2::bigint IS NULL OR n.id > $2)
+              AND ($3::text IS NULL OR strpos(n.hypervisor_hostname, $3) > 0)
+            ORDER BY n.id LIMIT $4""",
+        down_time,
+        after_id,
+        pattern,
+        limit,
+    )
+    return _states(rows)
+
+
+async def host_states_matching(conn: Connection, down_time: float, pattern: str) -> list[HostState]:
+    """Live nodes whose hypervisor host name contains ``pattern``, by id."""
+    rows = await conn.fetch(
+        _HOST_STATES + " AND strpos(n.hypervisor_hostname, $2) > 0 ORDER BY n.id",
+        down_time,
+        pattern,
+    )
+    return _states(rows)
+
+
+async def host_states_on(
+    conn: Connection, down_time: float, hosts: Sequence[str]
+) -> list[HostState]:
+    """The live nodes of the given compute hosts, with their services."""
+    if not hosts:
+        return []
+    rows = await conn.fetch(
+        _HOST_STATES + " AND n.host = ANY($2::text[]) ORDER BY n.id", down_time, list(hosts)
+    )
+    return _states(rows)
+
+
+async def live_id(
+    conn: Connection, *, node_id: int | None = None, node_uuid: UUID | None = None
+) -> int | None:
+    """The id of a live node named by id or UUID, or ``None`` if there is none."""
+    value: int | None = await conn.fetchval(
+        """SELECT id FROM compute_nodes
+            WHERE deleted_at IS NULL AND ($1::bigint IS NULL OR id = $1)
+              AND ($2::uuid IS NULL OR uuid = $2)
+              AND ($1::bigint IS NOT NULL OR $2::uuid IS NOT NULL)""",
+        node_id,
+        node_uuid,
+    )
+    return value
+
+
+async def enabled_totals(conn: Connection) -> NodeTotals:
+    row = await conn.fetchrow(
+        """SELECT count(*) AS count,
+                  coalesce(sum(n.vcpus), 0)::bigint AS vcpus,
+                  coalesce(sum(n.memory_mb), 0)::bigint AS memory_mb,
+                  coalesce(sum(n.local_gb), 0)::bigint AS local_gb,
+                  coalesce(sum(n.vcpus_used), 0)::bigint AS vcpus_used,
+                  coalesce(sum(n.memory_mb_used), 0)::bigint AS memory_mb_used,
+                  coalesce(sum(n.local_gb_used), 0)::bigint AS local_gb_used,
+                  coalesce(sum(n.running_vms), 0)::bigint AS running_vms
+             FROM compute_nodes n JOIN services s ON s.id = n.service_id
+            WHERE n.deleted_at IS NULL AND s.deleted_at IS NULL AND NOT s.disabled"""
+    )
+    assert row is not None
+    return NodeTotals.from_row(row)
 
 
 async def availability_zones(conn: Connection) -> set[str]:

@@ -99,6 +99,34 @@ async def list_services(
     return [Service.from_row(row) for row in rows]
 
 
+async def list_with_zones(
+    conn: Connection,
+    down_time: float,
+    *,
+    host: str | None = None,
+    binary: str | None = None,
+) -> list[tuple[Service, str | None]]:
+    """Live services, each with the availability zone of its compute node (if it has one)."""
+    rows = await conn.fetch(
+        """SELECT s.*, z.availability_zone,
+                  (NOT s.forced_down AND s.last_seen_up IS NOT NULL
+                   AND s.last_seen_up > now() - make_interval(secs => $1)) AS is_up
+             FROM services s
+             LEFT JOIN LATERAL (
+                  SELECT n.availability_zone FROM compute_nodes n
+                   WHERE n.service_id = s.id AND n.deleted_at IS NULL
+                   ORDER BY n.id LIMIT 1) z ON true
+              WHERE s.deleted_at IS NULL
+                AND ($2::text IS NULL OR s.host = $2)
+                AND ($3::text IS NULL OR s."binary" = $3)
+              ORDER BY s.id""",
+        down_time,
+        host,
+        binary,
+    )
+    return [(Service.from_row(row), row["availability_zone"]) for row in rows]
+
+
 async def update_status(
     conn: Connection,
     service_uuid: UUID,

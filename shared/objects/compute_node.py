@@ -65,3 +65,16 @@ class HostState(KeelModel):
 
     node: ComputeNode
     service: Service
+
+
+class NodeTotals(KeelModel):
+    """Sums over the nodes of enabled compute services (os-hypervisors/statistics)."""
+
+    count: int
+    vcpus: int
+    memory_mb: int
+    local_gb: int
+    vcpus_used: int
+    memory_mb_used: int
+    local_gb_used: int
+    running_vms: int

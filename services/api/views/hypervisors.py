@@ -11,7 +11,7 @@ from typing import Any
 
 from services.api.microversion import APIVersion
 from services.api.views.servers import instance_name
-from shared.objects.compute_node import HostState
+from shared.objects.compute_node import HostState, NodeTotals
 from shared.objects.instance import Instance
 
 HYPERVISOR_VERSION = 1
@@ -66,23 +66,22 @@ def with_servers(body: dict[str, Any], servers: Sequence[Instance]) -> dict[str,
     return body
 
 
-def statistics_view(states: Sequence[HostState]) -> dict[str, Any]:
-    """Totals over the nodes of enabled compute services."""
-    nodes = [state.node for state in states if not state.service.disabled]
-    free_disk = sum(node.local_gb - node.local_gb_used for node in nodes)
+def statistics_view(totals: NodeTotals) -> dict[str, Any]:
+    """Totals over the nodes of enabled compute services, summed by the database."""
+    free_disk = totals.local_gb - totals.local_gb_used
     return {
         "hypervisor_statistics": {
-            "count": len(nodes),
-            "vcpus": sum(node.vcpus for node in nodes),
-            "memory_mb": sum(node.memory_mb for node in nodes),
-            "local_gb": sum(node.local_gb for node in nodes),
-            "vcpus_used": sum(node.vcpus_used for node in nodes),
-            "memory_mb_used": sum(node.memory_mb_used for node in nodes),
-            "local_gb_used": sum(node.local_gb_used for node in nodes),
-            "free_ram_mb": sum(node.memory_mb - node.memory_mb_used for node in nodes),
+            "count": totals.count,
+            "vcpus": totals.vcpus,
+            "memory_mb": totals.memory_mb,
+            "local_gb": totals.local_gb,
+            "vcpus_used": totals.vcpus_used,
+            "memory_mb_used": totals.memory_mb_used,
+            "local_gb_used": totals.local_gb_used,
+            "free_ram_mb": totals.memory_mb - totals.memory_mb_used,
             "free_disk_gb": free_disk,
             "current_workload": 0,
-            "running_vms": sum(node.running_vms for node in nodes),
+            "running_vms": totals.running_vms,
             "disk_available_least": free_disk,
         }
     }

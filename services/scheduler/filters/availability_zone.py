@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from shared.db.host_candidates import HostSql
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
 
@@ -26,3 +27,8 @@ class AvailabilityZoneFilter:
             )
             return False
         return True
+
+    def sql_condition(self, spec: RequestSpec, sql: HostSql) -> str | None:
+        if not spec.availability_zone:
+            return None
+        return f"n.availability_zone = {sql.bind(spec.availability_zone)}::text"

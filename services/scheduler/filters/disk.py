@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from shared.db.host_candidates import FREE_DISK_GB, HostSql
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
 
@@ -30,3 +31,6 @@ class DiskFilter:
             )
             return False
         return True
+
+    def sql_condition(self, spec: RequestSpec, sql: HostSql) -> str | None:
+        return f"{FREE_DISK_GB} >= {sql.bind(float(spec.flavor.disk_gb))}::float8"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from shared.db.host_candidates import HostSql
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
 
@@ -20,3 +21,8 @@ class IgnoreHostsFilter:
             LOG.debug("host %s: ignored by the request", host.node.host)
             return False
         return True
+
+    def sql_condition(self, spec: RequestSpec, sql: HostSql) -> str | None:
+        if not spec.ignore_hosts:
+            return None
+        return f"NOT (n.host = ANY({sql.bind(list(spec.ignore_hosts))}::text[]))"

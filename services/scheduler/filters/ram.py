@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from shared.db.host_candidates import FREE_RAM_MB, HostSql
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
 
@@ -26,3 +27,6 @@ class RamFilter:
             )
             return False
         return True
+
+    def sql_condition(self, spec: RequestSpec, sql: HostSql) -> str | None:
+        return f"{FREE_RAM_MB} >= {sql.bind(float(spec.flavor.memory_mb))}::float8"

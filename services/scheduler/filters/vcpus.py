@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from shared.db.host_candidates import FREE_VCPUS, HostSql
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
 
@@ -26,3 +27,6 @@ class VcpuFilter:
             )
             return False
         return True
+
+    def sql_condition(self, spec: RequestSpec, sql: HostSql) -> str | None:
+        return f"{FREE_VCPUS} >= {sql.bind(float(spec.flavor.vcpus))}::float8"

@@ -5,6 +5,10 @@ A weigher gives each host that passed the filters a raw score from its
 candidate hosts to ``0.0 … 1.0`` (so weighers with different units can be added up),
 multiplied by the weigher's ``multiplier`` and summed; the highest total is tried first.
 A negative multiplier turns a spreading weigher into a stacking one.
+
+``sql_score`` is the raw score as an SQL expression over ``n``/``s`` (or ``None``): the
+first weigher's orders the scheduler's candidate query, which reads only the best few
+hosts; all weighers then score those few in Python.
 """
 
 from __future__ import annotations
@@ -23,3 +27,6 @@ class HostWeigher(Protocol):
     multiplier: float
 
     def weigh(self, host: HostState, spec: RequestSpec) -> float: ...
+
+    #: The raw score as an SQL expression, or ``None`` if it has none.
+    sql_score: str | None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shared.db.host_candidates import FREE_RAM_MB
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
 
@@ -14,6 +15,7 @@ class RamWeigher:
     """
 
     name = "RamWeigher"
+    sql_score: str | None = FREE_RAM_MB
 
     def __init__(self, multiplier: float = 1.0) -> None:
         self.multiplier = multiplier

@@ -6,6 +6,9 @@ path with a trivial echo endpoint, so the figures are the cost of the RPC layer 
 
 * ``rpc call``: ``--calls`` echo calls at each ``--concurrency``; calls/s and the
   round-trip latency percentiles;
+* ``rpc raw aio-pika``: the same calls written directly on aio-pika, in the same run
+  (``benchkit/raw_rpc.py``), and ``rpc ratio``, keel's rate over the raw one (target
+  ≥ 0.7, printed as PASS/FAIL);
 * ``rpc cast``: ``--casts`` casts sent with ``--cast-concurrency`` in flight; the send
   latency (until the broker confirmed the message) and casts/s, counted until the server
   has handled every cast.
@@ -14,11 +17,11 @@ Client and server each have their own transport (their own connection), as two k
 processes would. The server takes ``--prefetch`` messages at once (keel's default unless
 given). Everything lives on a fresh exchange ``keel-bench-<hex>`` whose queues expire on
 their own after 60 s; the exchanges, the dead-letter queues and the topic queue are
-deleted at the end, even on failure. Timing figures are printed, never judged.
+deleted at the end, even on failure. Timing targets are printed, never enforced.
 
 Run it with ``make bench`` (all benchmarks) or::
 
-    .venv/bin/python bench/rpc_roundtrip.py --calls 5000 --concurrency 1 32 --casts 10000
+    .venv/bin/python bench/rpc.py --calls 5000 --concurrency 1 100 --casts 10000
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aio_pika
-from benchkit import LoadResult, figures, report, run_load
+from benchkit import LoadResult, figures, report, run_load, target
+from benchkit.raw_rpc import RawRpc, measure_raw
 from pydantic import BaseModel
 
 from shared.config import RpcSettings
@@ -93,15 +97,15 @@ class Options:
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--calls", type=int, default=5000, help="calls per run (5000)")
+    parser.add_argument("--calls", type=int, default=3000, help="calls per run (3000)")
     parser.add_argument(
         "--concurrency",
         type=int,
         nargs="+",
-        default=[1, 32],
-        help="calls in flight; one run per value (default 1 32)",
+        default=[1, 100],
+        help="calls in flight; one run per value (default 1 100)",
     )
-    parser.add_argument("--casts", type=int, default=10000, help="casts to send (10000)")
+    parser.add_argument("--casts", type=int, default=5000, help="casts to send (5000)")
     parser.add_argument(
         "--cast-concurrency", type=int, default=32, help="casts in flight while sending (32)"
     )
@@ -178,6 +182,23 @@ async def measure_casts(
     return sent, time.perf_counter() - started
 
 
+async def compare_calls(client: RPCClient, options: Options, exchange: str) -> None:
+    """keel's call rate and the raw aio-pika rate, one after the other, per concurrency."""
+    raw = RawRpc(options.amqp_url, exchange, options.prefetch)
+    payload = Echo(seq=0, payload="x" * options.payload_bytes).model_dump_json().encode()
+    async with raw.running():
+        await measure_calls(client, WARM_UP_CALLS, 1, options.payload_bytes)
+        await measure_raw(raw, WARM_UP_CALLS, 1, payload)
+        for concurrency in options.concurrency:
+            keel = await measure_calls(client, options.calls, concurrency, options.payload_bytes)
+            report("rpc call", figures(keel, noun="calls"))
+            baseline = await measure_raw(raw, options.calls, concurrency, payload)
+            report("rpc raw aio-pika", figures(baseline, noun="calls"))
+            ratio = keel.rate / baseline.rate
+            report("rpc ratio", {"concurrency": concurrency, "keel/raw": ratio})
+            target(f"rpc ratio keel/raw, concurrency {concurrency}", ratio, at_least=0.7)
+
+
 async def run_benchmark(options: Options, exchange: str) -> bool:
     """Every measurement on ``exchange``; False if not every cast was handled."""
     endpoint = EchoEndpoint()
@@ -189,12 +210,7 @@ async def run_benchmark(options: Options, exchange: str) -> bool:
         await server.start(prefetch=options.prefetch)
         try:
             client = RPCClient(client_side, TOPIC, version_cap=VERSION, timeout=30.0)
-            await measure_calls(client, WARM_UP_CALLS, 1, options.payload_bytes)
-            for concurrency in options.concurrency:
-                result = await measure_calls(
-                    client, options.calls, concurrency, options.payload_bytes
-                )
-                report("rpc call", figures(result, noun="calls"))
+            await compare_calls(client, options, exchange)
             sent, handled_in = await measure_casts(client, endpoint, options)
         finally:
             await server.stop(drain_timeout=5.0)

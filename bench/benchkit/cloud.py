@@ -1,0 +1,326 @@
+"""A real keel cloud for a benchmark: the console scripts as processes, on a scratch database.
+
+:func:`bench_cloud` creates a fresh database with the ``cirros`` image, picks an exchange
+nobody else uses, and starts what :class:`CloudShape` asks for: keel-conductor,
+keel-scheduler and keel-api from their console scripts, and ``hosts`` compute agents
+in one ``keel-fleet`` process. :meth:`Cloud.start_fleet` starts the fleet and
+:meth:`Cloud.wait_hosts_up` times how long until every agent is up (the storm).
+On the way out every process gets SIGTERM, then SIGKILL after a bounded wait, the
+broker's exchanges and queues are deleted and the database is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import httpx
+
+from benchkit.db import DEFAULT_PG_SERVER, scratch_database
+from shared.config import DatabaseSettings
+from shared.db import images
+from shared.db.pool import create_pool
+from shared.rpc.amqp_topology import Topology
+
+BIN = Path(sys.executable).parent
+AMQP_URL = os.environ.get("KEEL_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
+ADMIN = {"user_id": "bench-admin", "project_id": "bench-project", "roles": ["admin", "member"]}
+STOP_TIMEOUT = 30.0
+DELETE_CHANNELS = 32
+#: Seconds the broker gets to delete a cloud's queues; unused, they expire anyway.
+CLEANUP_TIMEOUT = 30.0
+QUEUE_EXPIRES = 120
+
+
+class CloudError(Exception):
+    """The cloud did not come up; the message carries the processes' log tails."""
+
+
+@dataclass(frozen=True)
+class CloudShape:
+    hosts: int = 10
+    vcpus: int = 64
+    memory_mb: int = 256 * 1024
+    local_gb: int = 4096
+    api: bool = True
+    schedulers: int = 1
+    report_interval: float = 10.0
+    service_down_time: float = 60.0
+    #: Agents starting at once in the fleet (``0``: all of them).
+    start_concurrency: int = 100
+    log_level: str = "WARNING"
+    #: ``KEEL_*`` settings added to every process's environment.
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class Process:
+    name: str
+    log: Path
+    popen: subprocess.Popen[bytes]
+
+    def rss_mb(self) -> float:
+        """Resident memory now, from ``/proc`` (MiB)."""
+        try:
+            status = Path(f"/proc/{self.popen.pid}/status").read_text()
+        except OSError:
+            return float("nan")
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        return self.popen.returncode
+
+
+@dataclass
+class Cloud:
+    shape: CloudShape
+    workdir: Path
+    database_url: str
+    exchange: str
+    api_url: str
+    token: str
+    pool: asyncpg.Pool
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+        shape = self.shape
+        env.update(
+            KEEL_DATABASE_URL=self.database_url,
+            KEEL_TRANSPORT_URL=AMQP_URL,
+            KEEL_EXCHANGE=self.exchange,
+            KEEL_RPC__QUEUE_EXPIRES=str(QUEUE_EXPIRES),
+            KEEL_RPC__CONNECT_TIMEOUT="30",
+            KEEL_DATABASE__CONNECT_TIMEOUT="30",
+            KEEL_REPORT_INTERVAL=str(shape.report_interval),
+            KEEL_SERVICE_DOWN_TIME=str(shape.service_down_time),
+            KEEL_API_BIND=self.api_url.removeprefix("http://"),
+            KEEL_AUTH__TOKENS=json.dumps({self.token: ADMIN}),
+            KEEL_LOG_FORMAT="text",
+            KEEL_LOG_LEVEL=shape.log_level,
+            KEEL_HOST="bench-controller",
+            KEEL_STATE_DIR=str(self.workdir / "state"),
+            KEEL_COMPUTE__CPU_ALLOCATION_RATIO="1",
+            KEEL_COMPUTE__RAM_ALLOCATION_RATIO="1",
+            KEEL_COMPUTE__DISK_ALLOCATION_RATIO="1",
+            KEEL_COMPUTE__DRAIN_TIMEOUT="10",
+            KEEL_NETWORK__CIDR="10.128.0.0/12",
+        )
+        env.update(dict(shape.extra_env))
+        return env
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [str(BIN / argv[0]), *argv[1:]],
+                env=env or self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        process = Process(name, log, popen)
+        self.processes[name] = process
+        return process
+
+    def start_fleet(
+        self,
+        hosts: int | None = None,
+        *,
+        name: str = "fleet",
+        prefix: str = "sim",
+        per_connection: int = 100,
+    ) -> Process:
+        shape = self.shape
+        count = shape.hosts if hosts is None else hosts
+        at_once = shape.start_concurrency or count
+        return self.start(
+            name,
+            ["keel-fleet", "--hosts", str(count), "--prefix", prefix,
+             "--vcpus", str(shape.vcpus), "--memory-mb", str(shape.memory_mb),
+             "--local-gb", str(shape.local_gb), "--start-concurrency", str(at_once),
+             "--agents-per-connection", str(per_connection)],
+        )  # fmt: skip
+
+    def start_agent(self, host: str) -> Process:
+        """One keel-compute process with the fake driver, as on a real compute host."""
+        shape = self.shape
+        env = {
+            **self.env(),
+            "KEEL_HOST": host,
+            "KEEL_STATE_DIR": str(self.workdir / "state" / host),
+            "KEEL_COMPUTE__DRIVER": "fake",
+            "KEEL_COMPUTE__VCPUS": str(shape.vcpus),
+            "KEEL_COMPUTE__MEMORY_MB": str(shape.memory_mb),
+            "KEEL_COMPUTE__LOCAL_GB": str(shape.local_gb),
+        }
+        return self.start(host, ["keel-compute"], env)
+
+    def check_alive(self) -> None:
+        dead = [p for p in self.processes.values() if p.popen.poll() is not None]
+        if dead:
+            raise CloudError(
+                "\n".join(f"{p.name} exited ({p.popen.returncode}):\n{p.tail()}" for p in dead)
+            )
+
+    async def up_count(self, binary: str = "keel-compute") -> int:
+        async with self.pool.acquire() as conn:
+            count: int = await conn.fetchval(
+                """SELECT count(*) FROM services
+                    WHERE "binary" = $1 AND deleted_at IS NULL AND NOT forced_down
+                      AND last_seen_up > now() - make_interval(secs => $2)""",
+                binary,
+                self.shape.service_down_time,
+            )
+        return count
+
+    async def wait_hosts_up(self, hosts: int, timeout: float) -> float:
+        """Seconds until ``hosts`` compute services are up; CloudError after ``timeout``."""
+        started = time.monotonic()
+        while await self.up_count() < hosts:
+            self.check_alive()
+            if time.monotonic() - started > timeout:
+                raise CloudError(f"only {await self.up_count()} of {hosts} hosts up after "
+                                 f"{timeout:g}s\n" + self.tails())  # fmt: skip
+            await asyncio.sleep(0.1)
+        return time.monotonic() - started
+
+    async def wait_control_up(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            ready = await self.up_count("keel-conductor") and await self.up_count("keel-scheduler")
+            if ready and (not self.shape.api or await self._api_answers()):
+                return
+            if time.monotonic() > deadline:
+                raise CloudError("control services not ready\n" + self.tails())
+            await asyncio.sleep(0.2)
+
+    async def _api_answers(self) -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=2) as client:
+                response = await client.get(self.api_url + "/")
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 500
+
+    def tails(self) -> str:
+        return "\n".join(f"----- {p.name}\n{p.tail()}" for p in self.processes.values())
+
+    def stop_all(self) -> None:
+        for process in reversed(self.processes.values()):
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        for process in reversed(self.processes.values()):
+            process.stop()
+
+    async def topics(self) -> list[str]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch("""SELECT uuid FROM services WHERE "binary" = 'keel-compute'""")
+        return ["conductor", "scheduler", *(f"compute.{row['uuid']}" for row in rows)]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def remove_exchange(exchange: str, topics: list[str]) -> None:
+    """Delete the cloud's queues (many channels at once: each deletion waits on the broker)."""
+    topology = Topology(exchange)
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channels = [await connection.channel() for _ in range(DELETE_CHANNELS)]
+
+        async def delete(index: int) -> None:
+            for topic in topics[index::DELETE_CHANNELS]:
+                await channels[index].queue_delete(topology.queue_name(topic))
+
+        began = time.monotonic()
+        await asyncio.gather(*(delete(index) for index in range(DELETE_CHANNELS)))
+        print(f"deleted {len(topics)} queues in {time.monotonic() - began:.1f}s", file=sys.stderr)
+        await topology.delete(channels[0])
+
+
+@asynccontextmanager
+async def bench_cloud(
+    shape: CloudShape, pg_server: str = DEFAULT_PG_SERVER
+) -> AsyncIterator[Cloud]:
+    """Database, conductor, scheduler(s) and API running; the fleet is the caller's to start."""
+    with tempfile.TemporaryDirectory(prefix="keel-bench-") as workdir:
+        async with scratch_database(pg_server) as url:
+            pool = await create_pool(url, DatabaseSettings(pool_max_size=4, connect_timeout=5))
+            cloud = Cloud(
+                shape=shape,
+                workdir=Path(workdir),
+                database_url=url,
+                exchange=f"keel-bench-{uuid.uuid4().hex[:12]}",
+                api_url=f"http://127.0.0.1:{free_port()}",
+                token=f"bench-{uuid.uuid4().hex}",
+                pool=pool,
+            )
+            topics: list[str] = ["conductor", "scheduler"]
+            try:
+                async with pool.acquire() as conn:
+                    await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
+                cloud.start("conductor", ["keel-conductor"])
+                for number in range(1, shape.schedulers + 1):
+                    env = {**cloud.env(), "KEEL_HOST": f"bench-controller-{number}"}
+                    cloud.start(f"scheduler{number}", ["keel-scheduler"], env)
+                if shape.api:
+                    cloud.start("api", ["keel-api"])
+                await cloud.wait_control_up()
+                yield cloud
+            finally:
+                try:
+                    topics = await cloud.topics()
+                finally:
+                    began = time.monotonic()
+                    await asyncio.to_thread(cloud.stop_all)
+                    stopped = time.monotonic()
+                    await pool.close()
+                    try:
+                        async with asyncio.timeout(CLEANUP_TIMEOUT):
+                            await remove_exchange(cloud.exchange, topics)
+                    except TimeoutError:
+                        print(f"the broker did not delete the queues within {CLEANUP_TIMEOUT:g}s; "
+                              f"unused, they expire by themselves after {QUEUE_EXPIRES}s",
+                              file=sys.stderr)  # fmt: skip
+                    print(f"teardown: processes {stopped - began:.1f}s, broker "
+                          f"{time.monotonic() - stopped:.1f}s", file=sys.stderr)  # fmt: skip

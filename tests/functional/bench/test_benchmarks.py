@@ -1,0 +1,97 @@
+"""Every benchmark, run tiny, so none can rot; the scheduler's capacity invariant each time.
+
+Each script runs as ``make bench`` runs it (a subprocess of this Python), against the
+real PostgreSQL and RabbitMQ, at a size that takes seconds. Timings are never judged:
+the test checks that each printed its figures as JSON lines and, wherever it claimed
+resources, that usage equals allocations and no node is over capacity.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.functional, pytest.mark.timeout(120)]
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+
+
+def run(script: str, *args: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{result.stderr}"
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def lines(records: list[dict[str, Any]], bench: str) -> list[dict[str, Any]]:
+    found = [r for r in records if r["bench"] == bench]
+    assert found, f"no {bench!r} line in {records}"
+    return found
+
+
+def assert_capacity_held(records: list[dict[str, Any]]) -> None:
+    for check in lines(records, "capacity check"):
+        assert check["over_capacity"] == 0, check
+        assert check["usage_drift"] == 0, check
+        assert check["result"] == "ok", check
+
+
+def test_schedule_at_two_sizes_and_two_concurrencies() -> None:
+    records = run(
+        "schedule.py", "--hosts", "5", "20", "--requests", "12", "--concurrency", "1", "4"
+    )
+    runs = lines(records, "schedule")
+    assert [(r["hosts"], r["concurrency"]) for r in runs] == [(5, 1), (5, 4), (20, 1), (20, 4)]
+    assert all(r["ok"] == 12 for r in runs)
+    assert_capacity_held(records)
+    assert [c["allocations"] for c in lines(records, "capacity check")] == [12] * 4
+
+
+def test_schedule_with_the_cache_strategy() -> None:
+    records = run("schedule.py", "--strategy", "cache", "--hosts", "5", "--requests", "8")
+    assert {r["strategy"] for r in lines(records, "schedule")} == {"cache"}
+    assert_capacity_held(records)
+
+
+def test_rpc_compares_keel_with_raw_aio_pika() -> None:
+    records = run("rpc.py", "--calls", "20", "--concurrency", "1", "4", "--casts", "20")
+    assert [r["concurrency"] for r in lines(records, "rpc ratio")] == [1, 4]
+    assert all(r["ok"] == 20 for r in lines(records, "rpc raw aio-pika"))
+    assert lines(records, "rpc cast")[0]["handled"] == 20
+
+
+def test_storm() -> None:
+    storm = lines(run("storm.py", "--hosts", "3"), "storm")[0]
+    assert storm["hosts"] == 3
+    assert storm["fleet_rss_mb"] > 0
+
+
+def test_memory() -> None:
+    records = run("memory.py", "--fleet-hosts", "3")
+    assert lines(records, "memory agent")[0]["rss_mb"] > 0
+    assert lines(records, "memory fleet")[0]["agents"] == 3
+    assert len(lines(records, "memory control")) == 2
+
+
+def test_boot() -> None:
+    records = run("boot.py", "--servers", "8", "--clients", "3", "--hosts", "2")
+    boot = lines(records, "boot")[0]
+    assert (boot["servers"], boot["ok"], boot["failed"]) == (8, 8, 0)
+    assert boot["casts/boot"] > 0
+    assert_capacity_held(records)
+
+
+@pytest.mark.parametrize("script", ["evacuate.py", "backfill.py"])
+def test_benchmarks_of_missing_features_say_so(script: str) -> None:
+    (record,) = run(script)
+    assert record["result"] == "not available yet"
