@@ -56,7 +56,7 @@ class ServiceRecord:
         await check_computes_supported(self.pool, self.settings, self.binary.value)
         async with self.pool.acquire() as conn:
             own = await services.recorded_version(conn, self.settings.host, self.binary.value)
-        counts = await self.minimums.counts(self.binary.value)
+        counts = await self.minimums.counts(self.binary.value, empty_is_fresh=True)
         refuse_if_older_than_the_rest(counts, own, self.version)
 
     async def register(self) -> Service:

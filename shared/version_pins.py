@@ -110,10 +110,20 @@ class MinimumVersions:
         self._cached.clear()
         self._seen_empty.clear()
 
-    async def counts(self, binary: str) -> VersionCounts:
+    async def counts(self, binary: str, *, empty_is_fresh: bool = False) -> VersionCounts:
+        """How many services of ``binary`` run each version, from the cache if fresh.
+
+        An answer of "no such services" is not cached for the pins (the first service
+        to register must change the next decision at once), but a caller that only
+        compares a registering service with the others (``empty_is_fresh``) may reuse
+        it for the TTL: registrations are noted as they happen (:meth:`note`).
+        """
         cached = self._fresh(binary)
         if cached is not None:
             return cached
+        empty_since = self._seen_empty.get(binary)
+        if empty_is_fresh and empty_since is not None and self._within_ttl(empty_since):
+            return VersionCounts({})
         asking = self._asking.get(binary)
         if asking is None:
             asking = asyncio.get_running_loop().create_future()

@@ -75,7 +75,7 @@ class ComputeRegistry:
         """
         async with self.pool.acquire() as conn:
             own = await services.recorded_version(conn, req.host, Binary.COMPUTE.value)
-        counts = await self.minimums.counts(Binary.COMPUTE.value)
+        counts = await self.minimums.counts(Binary.COMPUTE.value, empty_is_fresh=True)
         try:
             refuse_if_older_than_the_rest(counts, own, req.version)
         except ServiceTooOld as exc:

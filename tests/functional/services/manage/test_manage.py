@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from shared.db import services
+from shared.versions import SERVICE_VERSION, release_name
 from tests.conftest import PG_SERVER
 
 pytestmark = pytest.mark.functional
@@ -150,3 +151,42 @@ def test_service_list_on_a_new_cloud_says_so(database_url: str) -> None:
     result = manage(database_url, "service", "list")
     assert result.returncode == 0
     assert result.stdout == "no services have registered yet\n"
+
+
+async def test_upgrade_check_exit_codes(database_url: str, db_pool: asyncpg.Pool) -> None:
+    empty = manage(database_url, "status", "upgrade-check")
+    assert (empty.returncode, empty.stdout.splitlines()[-1]) == (
+        0,
+        f"SUCCESS: every service runs release {SERVICE_VERSION} ({release_name(SERVICE_VERSION)}).",
+    )
+
+    async with db_pool.acquire() as conn:
+        for host, version in (("new", SERVICE_VERSION), ("behind", 1)):
+            await services.get_or_create(
+                conn,
+                host=host,
+                binary="keel-compute",
+                topic="compute",
+                version=version,
+                down_time=60,
+            )
+    behind = manage(database_url, "status", "upgrade-check")
+    assert behind.returncode == 1, behind.stdout
+    assert "keel-compute  1 (arbor)" in behind.stdout
+    assert "WARNING: not yet on the latest release" in behind.stdout
+    assert "keel-compute on behind (v1)" in behind.stdout
+
+    async with db_pool.acquire() as conn:
+        await services.get_or_create(
+            conn, host="ancient", binary="keel-compute", topic="compute", version=0, down_time=60
+        )
+    ancient = manage(database_url, "status", "upgrade-check")
+    assert ancient.returncode == 2, ancient.stdout
+    assert "FAILURE: older than this release supports (v1): keel-compute on ancient (v0)" in (
+        ancient.stdout
+    )
+
+    async with db_pool.acquire() as conn:
+        await conn.execute("UPDATE services SET forced_down = true WHERE host <> 'new'")
+    settled = manage(database_url, "status", "upgrade-check")
+    assert settled.returncode == 0, settled.stdout
