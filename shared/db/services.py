@@ -106,7 +106,7 @@ async def list_with_zones(
     host: str | None = None,
     binary: str | None = None,
 ) -> list[tuple[Service, str | None]]:
-    """Live services, each with the availability zone of its compute node (if it has one)."""
+    """Live services but keel-api's, each with the zone of its compute node (if any)."""
     rows = await conn.fetch(
         """SELECT s.*, z.availability_zone,
                   (NOT s.forced_down AND s.last_seen_up IS NOT NULL
@@ -116,7 +116,7 @@ async def list_with_zones(
                   SELECT n.availability_zone FROM compute_nodes n
                    WHERE n.service_id = s.id AND n.deleted_at IS NULL
                    ORDER BY n.id LIMIT 1) z ON true
-              WHERE s.deleted_at IS NULL
+              WHERE s.deleted_at IS NULL AND s."binary" <> 'keel-api'
                 AND ($2::text IS NULL OR s.host = $2)
                 AND ($3::text IS NULL OR s."binary" = $3)
               ORDER BY s.id""",
