@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 
 import pytest
 
+from shared.config import Settings
 from shared.exceptions import KeelError
 from shared.runtime import Lifecycle, repeat
 
@@ -52,3 +55,43 @@ async def test_business_errors_are_one_line_and_bugs_keep_their_traceback(
     assert records[0].getMessage() == "heartbeat failed: conductor busy"
     assert records[0].exc_info is None
     assert records[1].exc_info is not None
+
+
+async def test_sighup_rereads_the_config_file_and_runs_the_hooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in [n for n in os.environ if n.startswith("KEEL_")]:
+        monkeypatch.delenv(name)
+    config = tmp_path / "keel.toml"
+    config.write_text('[upgrade_levels]\ncompute = "auto"\n')
+    lifecycle = Lifecycle(config_file=config)
+    seen: list[Settings] = []
+
+    async def hook(settings: Settings) -> None:
+        seen.append(settings)
+
+    lifecycle.on_reload(hook)
+    config.write_text('log_level = "DEBUG"\n[upgrade_levels]\ncompute = "arbor"\n')
+    root = logging.getLogger()
+    level = root.level
+    try:
+        await lifecycle.reload()
+        assert root.level == logging.DEBUG
+    finally:
+        root.setLevel(level)
+    assert [s.upgrade_levels.compute for s in seen] == ["arbor"]
+
+    config.write_text("this is not toml = [")
+    caplog.set_level(logging.ERROR, logger="shared.runtime")
+    await lifecycle.reload()
+    assert len(seen) == 1
+    assert "SIGHUP: keeping the current settings" in caplog.text
+
+
+async def test_a_refusal_while_running_stops_the_process_with_it() -> None:
+    lifecycle = Lifecycle()
+    lifecycle.fail(KeelError("too old"))
+    lifecycle.fail(KeelError("later"))
+    assert lifecycle.stopping.is_set()
+    assert lifecycle.failure is not None
+    assert lifecycle.failure.message == "too old"
