@@ -115,6 +115,37 @@ class ComputeSettings(_Group):
     drain_timeout: float = Field(default=60.0, gt=0)
 
 
+#: The guest operations a rehearsal can make fail (``KEEL_VIRT__FAIL_OPERATIONS``).
+VIRT_OPERATIONS = frozenset({"spawn", "rebuild", "destroy", "power_off", "power_on", "reboot"})
+
+
+class VirtSettings(_Group):
+    """For tests and rehearsals only: guest operations that fail or take their time."""
+
+    #: Operations that raise instead of running: spawn, rebuild, destroy, power_off,
+    #: power_on, reboot (comma-separated).
+    fail_operations: str = ""
+    #: Seconds every guest operation takes before it runs.
+    delay_s: float = Field(default=0.0, ge=0, le=3600)
+
+    @field_validator("fail_operations")
+    @classmethod
+    def _known_operations(cls, value: str) -> str:
+        unknown = set(cls.names(value)) - VIRT_OPERATIONS
+        if unknown:
+            known = ", ".join(sorted(VIRT_OPERATIONS))
+            raise ValueError(f"unknown operations {sorted(unknown)}; known: {known}")
+        return value
+
+    @staticmethod
+    def names(value: str) -> list[str]:
+        return [name.strip() for name in value.split(",") if name.strip()]
+
+    @property
+    def failing(self) -> frozenset[str]:
+        return frozenset(self.names(self.fail_operations))
+
+
 #: Network ids derive from the network's name in this namespace unless set explicitly.
 NETWORK_ID_NAMESPACE = uuid.UUID("5d0c1a44-2f0e-4f6b-9a51-6b65656c0001")
 #: The largest network keel hands addresses out of (a /12: about a million addresses),
@@ -252,6 +283,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
+    virt: VirtSettings = Field(default_factory=VirtSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)

@@ -5,13 +5,32 @@ from __future__ import annotations
 from services.compute.virt.driver import Driver, HypervisorResources
 from services.compute.virt.fake import FakeDriver
 from services.compute.virt.local import LocalDriver
+from services.compute.virt.rehearsal import RehearsalDriver
 from shared.config import Settings
 
-__all__ = ["Driver", "FakeDriver", "HypervisorResources", "LocalDriver", "load_driver"]
+__all__ = [
+    "Driver",
+    "FakeDriver",
+    "HypervisorResources",
+    "LocalDriver",
+    "RehearsalDriver",
+    "load_driver",
+]
 
 
 def load_driver(settings: Settings) -> Driver:
-    """The driver ``settings.compute.driver`` names, sized by ``settings.compute``."""
+    """The driver ``settings.compute.driver`` names, sized by ``settings.compute``.
+
+    With rehearsal settings (``KEEL_VIRT__*``) it is wrapped to fail or delay operations.
+    """
+    driver = _base_driver(settings)
+    virt = settings.virt
+    if virt.failing or virt.delay_s:
+        return RehearsalDriver(driver, fail=virt.failing, delay=virt.delay_s)
+    return driver
+
+
+def _base_driver(settings: Settings) -> Driver:
     compute = settings.compute
     if compute.driver == "fake":
         return FakeDriver(

@@ -50,6 +50,13 @@ class Driver(Protocol):
         """
         ...
 
+    async def rebuild(self, spec: InstanceSpec) -> None:
+        """Build the guest anew on this host from its spec (an evacuation's destination).
+
+        Like :meth:`spawn`: nothing happens if it already exists here.
+        """
+        ...
+
     async def destroy(self, instance_uuid: UUID) -> None:
         """Remove the guest and everything it left behind; a missing guest is fine."""
         ...

@@ -55,6 +55,9 @@ class FakeDriver:
         self._guests.setdefault(spec.uuid, spec)
         self._running.add(spec.uuid)
 
+    async def rebuild(self, spec: InstanceSpec) -> None:
+        await self.spawn(spec)
+
     async def destroy(self, instance_uuid: UUID) -> None:
         self._guests.pop(instance_uuid, None)
         self._running.discard(instance_uuid)

@@ -78,6 +78,9 @@ class LocalDriver:
     async def spawn(self, spec: InstanceSpec) -> None:
         await asyncio.to_thread(self._spawn, spec)
 
+    async def rebuild(self, spec: InstanceSpec) -> None:
+        await self.spawn(spec)
+
     async def destroy(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._destroy, instance_uuid)
 

@@ -1,0 +1,84 @@
+"""A driver wrapper for tests and rehearsals: guest operations that are slow or fail.
+
+``KEEL_VIRT__FAIL_OPERATIONS`` names operations (``spawn``, ``rebuild``, ``destroy``,
+``power_off``, ``power_on``, ``reboot``) that raise instead of running, and
+``KEEL_VIRT__DELAY_S`` makes every guest operation take that many seconds first. Both
+are for rehearsing failures (an evacuation whose destination cannot rebuild, a source
+host returning while the rebuild is still under way); never set them in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from uuid import UUID
+
+from services.compute.rpcapi import InstanceSpec
+from services.compute.virt.driver import Driver, HypervisorResources
+from shared.config import VIRT_OPERATIONS
+from shared.exceptions import BuildFailed
+
+LOG = logging.getLogger(__name__)
+
+
+class RehearsalDriver:
+    """Wraps a real driver; delays and fails the operations it is told to."""
+
+    def __init__(self, driver: Driver, *, fail: frozenset[str], delay: float) -> None:
+        unknown = fail - VIRT_OPERATIONS
+        if unknown:
+            raise ValueError(f"unknown operations {sorted(unknown)}")
+        self._driver = driver
+        self.fail = fail
+        self.delay = delay
+        if fail or delay:
+            LOG.warning(
+                "rehearsal settings in force: failing %s, every guest operation delayed %gs",
+                ", ".join(sorted(fail)) or "nothing",
+                delay,
+            )
+
+    async def _rehearse(self, operation: str, instance_uuid: UUID) -> None:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if operation in self.fail:
+            raise BuildFailed(
+                f"{operation} of guest {instance_uuid} failed on purpose "
+                "(KEEL_VIRT__FAIL_OPERATIONS)"
+            )
+
+    def hypervisor_hostname(self) -> str:
+        return self._driver.hypervisor_hostname()
+
+    async def init_host(self) -> None:
+        await self._driver.init_host()
+
+    async def resources(self) -> HypervisorResources:
+        return await self._driver.resources()
+
+    async def list_instances(self) -> list[UUID]:
+        return await self._driver.list_instances()
+
+    async def spawn(self, spec: InstanceSpec) -> None:
+        await self._rehearse("spawn", spec.uuid)
+        await self._driver.spawn(spec)
+
+    async def rebuild(self, spec: InstanceSpec) -> None:
+        await self._rehearse("rebuild", spec.uuid)
+        await self._driver.rebuild(spec)
+
+    async def destroy(self, instance_uuid: UUID) -> None:
+        await self._rehearse("destroy", instance_uuid)
+        await self._driver.destroy(instance_uuid)
+
+    async def power_off(self, instance_uuid: UUID) -> None:
+        await self._rehearse("power_off", instance_uuid)
+        await self._driver.power_off(instance_uuid)
+
+    async def power_on(self, instance_uuid: UUID) -> None:
+        await self._rehearse("power_on", instance_uuid)
+        await self._driver.power_on(instance_uuid)
+
+    async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
+        await self._rehearse("reboot", instance_uuid)
+        await self._driver.reboot(instance_uuid, hard=hard)
