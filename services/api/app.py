@@ -21,9 +21,11 @@ from services.api import (
     hypervisors,
     identity,
     images,
+    instance_actions,
     keypairs,
     limits,
     openapi,
+    os_migrations,
     os_services,
     quota_sets,
     server_actions,
@@ -63,6 +65,8 @@ def create_app(
     app.include_router(versions.router)
     app.include_router(servers.router)
     app.include_router(server_actions.router)
+    app.include_router(instance_actions.router)
+    app.include_router(os_migrations.router)
     app.include_router(server_update.router)
     app.include_router(server_metadata.router)
     app.include_router(server_tags.router)

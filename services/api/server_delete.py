@@ -68,7 +68,7 @@ async def local_delete(
             await instance_actions.start(conn, ctx, instance_uuid, DELETE_ACTION)
         released = await allocations.release_instance(conn, instance_uuid)
         await fixed_ips.release(conn, instance_uuid)
-        await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason)
+        await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason, error=False)
         return released
 
     released = await in_transaction(pool, delete, what=f"deleting server {instance_uuid}")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from uuid import UUID
 
 from shared.context import RequestContext
 from shared.db.pool import Connection
+from shared.exceptions import NotFound
+from shared.objects.instance import InstanceAction
 
 
 async def start(conn: Connection, ctx: RequestContext, instance_uuid: UUID, action: str) -> None:
@@ -21,15 +24,75 @@ async def start(conn: Connection, ctx: RequestContext, instance_uuid: UUID, acti
 
 
 async def finish(
-    conn: Connection, instance_uuid: UUID, action: str, message: str | None = None
+    conn: Connection,
+    instance_uuid: UUID,
+    action: str,
+    message: str | None = None,
+    *,
+    error: bool | None = None,
 ) -> None:
-    """Close the newest open record of ``action`` for the instance (idempotent)."""
+    """Close the newest open record of ``action`` for the instance (idempotent).
+
+    A ``message`` says why it failed unless ``error=False`` (then it only explains).
+    """
+    failed = message is not None if error is None else error
     await conn.execute(
-        """UPDATE instance_actions SET finish_time = now(), message = $3
+        """UPDATE instance_actions SET finish_time = now(), message = $3, result = $4
             WHERE id = (SELECT id FROM instance_actions
                          WHERE instance_uuid = $1 AND action = $2 AND finish_time IS NULL
                          ORDER BY start_time DESC LIMIT 1)""",
         instance_uuid,
         action,
         message,
+        "Error" if failed else "Success",
     )
+
+
+async def list_for(
+    conn: Connection,
+    instance_uuid: UUID,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    marker: str | None = None,
+    limit: int | None = None,
+) -> list[InstanceAction]:
+    """The instance's actions, newest first; ``marker`` is a request id (exclusive)."""
+    after = None
+    if marker is not None:
+        after = await conn.fetchrow(
+            """SELECT start_time, id FROM instance_actions
+                WHERE instance_uuid = $1 AND request_id = $2""",
+            instance_uuid,
+            marker,
+        )
+        if after is None:
+            raise NotFound(f"Marker {marker} could not be found.")
+    rows = await conn.fetch(
+        """SELECT * FROM instance_actions
+            WHERE instance_uuid = $1
+              AND ($2::timestamptz IS NULL OR coalesce(finish_time, start_time) >= $2)
+              AND ($3::timestamptz IS NULL OR (start_time, id) < ($3, $4::bigint))
+              AND ($6::timestamptz IS NULL OR coalesce(finish_time, start_time) <= $6)
+            ORDER BY start_time DESC, id DESC
+            LIMIT $5""",
+        instance_uuid,
+        since,
+        None if after is None else after["start_time"],
+        None if after is None else after["id"],
+        limit,
+        until,
+    )
+    return [InstanceAction.from_row(row) for row in rows]
+
+
+async def get(conn: Connection, instance_uuid: UUID, request_id: str) -> InstanceAction:
+    row = await conn.fetchrow(
+        """SELECT * FROM instance_actions WHERE instance_uuid = $1 AND request_id = $2
+            ORDER BY start_time DESC LIMIT 1""",
+        instance_uuid,
+        request_id,
+    )
+    if row is None:
+        raise NotFound(f"Action {request_id} on instance {instance_uuid} could not be found.")
+    return InstanceAction.from_row(row)

@@ -70,3 +70,18 @@ class Allocation(KeelModel):
     vcpus: int
     memory_mb: int
     local_gb: int
+
+
+class InstanceAction(KeelModel):
+    """A row of ``instance_actions``: one thing done to an instance, and how it ended."""
+
+    id: int
+    instance_uuid: UUID
+    action: str
+    request_id: str | None
+    user_id: str | None
+    project_id: str | None
+    message: str | None
+    start_time: datetime
+    finish_time: datetime | None
+    result: str | None = None

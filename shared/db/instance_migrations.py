@@ -1,0 +1,166 @@
+"""Queries on ``migrations``: the record of every evacuation and cold migration.
+
+Status changes are compare-and-swaps on the status expected, like the instance's: a
+twin delivery of the same step finds the record already moved on and does nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from shared.context import RequestContext
+from shared.db.pool import Connection
+from shared.exceptions import NotFound
+from shared.objects.compute_node import ComputeNode
+from shared.objects.migration import Migration
+
+
+async def create(
+    conn: Connection,
+    ctx: RequestContext,
+    *,
+    instance_uuid: UUID,
+    migration_type: str,
+    status: str,
+    source: ComputeNode | None,
+    dest_host: str | None = None,
+) -> Migration:
+    row = await conn.fetchrow(
+        """INSERT INTO migrations (uuid, instance_uuid, migration_type, status,
+                                   source_compute, source_node, source_compute_id,
+                                   dest_host, user_id, project_id, updated_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) RETURNING *""",
+        uuid.uuid4(),
+        instance_uuid,
+        migration_type,
+        status,
+        None if source is None else source.host,
+        None if source is None else source.hypervisor_hostname,
+        None if source is None else source.id,
+        dest_host,
+        ctx.user_id,
+        ctx.project_id,
+    )
+    assert row is not None
+    return Migration.from_row(row)
+
+
+async def get(conn: Connection, migration_uuid: UUID) -> Migration:
+    row = await conn.fetchrow("SELECT * FROM migrations WHERE uuid = $1", migration_uuid)
+    if row is None:
+        raise NotFound(f"Migration {migration_uuid} could not be found.")
+    return Migration.from_row(row)
+
+
+async def swap_status(
+    conn: Connection,
+    migration_uuid: UUID,
+    *,
+    expected: Sequence[str],
+    new: str,
+    dest: ComputeNode | None = None,
+) -> Migration | None:
+    """``expected`` → ``new`` (recording the destination if given); ``None`` if lost."""
+    row = await conn.fetchrow(
+        """UPDATE migrations
+              SET status = $3, updated_at = now(),
+                  dest_compute = COALESCE($4, dest_compute),
+                  dest_node = COALESCE($5, dest_node),
+                  dest_compute_id = COALESCE($6, dest_compute_id)
+            WHERE uuid = $1 AND status = ANY($2::text[]) AND deleted_at IS NULL
+        RETURNING *""",
+        migration_uuid,
+        list(expected),
+        new,
+        None if dest is None else dest.host,
+        None if dest is None else dest.hypervisor_hostname,
+        None if dest is None else dest.id,
+    )
+    return None if row is None else Migration.from_row(row)
+
+
+async def from_source(
+    conn: Connection, node_id: int, migration_type: str, statuses: Sequence[str]
+) -> list[Migration]:
+    """Moves away from node ``node_id`` in one of ``statuses``, oldest first."""
+    rows = await conn.fetch(
+        """SELECT * FROM migrations
+            WHERE source_compute_id = $1 AND migration_type = $2
+              AND status = ANY($3::text[]) AND deleted_at IS NULL
+            ORDER BY id""",
+        node_id,
+        migration_type,
+        list(statuses),
+    )
+    return [Migration.from_row(row) for row in rows]
+
+
+async def in_progress(conn: Connection, instance_uuid: UUID) -> Migration | None:
+    """The instance's move that has not ended yet, if any."""
+    row = await conn.fetchrow(
+        """SELECT * FROM migrations
+            WHERE instance_uuid = $1 AND deleted_at IS NULL
+              AND status IN ('accepted', 'pre-migrating', 'finished', 'confirming',
+                             'reverting')
+            ORDER BY id DESC LIMIT 1""",
+        instance_uuid,
+    )
+    return None if row is None else Migration.from_row(row)
+
+
+@dataclass(frozen=True)
+class MigrationQuery:
+    """The filters ``GET /os-migrations`` takes (``None``: not filtered)."""
+
+    host: str | None = None
+    status: str | None = None
+    instance_uuid: UUID | None = None
+    migration_type: str | None = None
+    source_compute: str | None = None
+    project_id: str | None = None
+    user_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+async def list_page(
+    conn: Connection, query: MigrationQuery, *, marker: UUID | None, limit: int | None
+) -> list[Migration]:
+    """Matching migrations, newest first, after the ``marker`` migration."""
+    after = None
+    if marker is not None:
+        after = await conn.fetchrow("SELECT id FROM migrations WHERE uuid = $1", marker)
+        if after is None:
+            raise NotFound(f"Marker {marker} could not be found.")
+    rows = await conn.fetch(
+        """SELECT * FROM migrations
+            WHERE deleted_at IS NULL
+              AND ($1::text IS NULL OR source_compute = $1 OR dest_compute = $1)
+              AND ($2::text IS NULL OR status = $2)
+              AND ($3::uuid IS NULL OR instance_uuid = $3)
+              AND ($4::text IS NULL OR migration_type = $4)
+              AND ($5::text IS NULL OR source_compute = $5)
+              AND ($6::text IS NULL OR project_id = $6)
+              AND ($7::text IS NULL OR user_id = $7)
+              AND ($8::timestamptz IS NULL OR coalesce(updated_at, created_at) >= $8)
+              AND ($9::timestamptz IS NULL OR coalesce(updated_at, created_at) <= $9)
+              AND ($10::bigint IS NULL OR id < $10)
+            ORDER BY id DESC
+            LIMIT $11""",
+        query.host,
+        query.status,
+        query.instance_uuid,
+        query.migration_type,
+        query.source_compute,
+        query.project_id,
+        query.user_id,
+        query.since,
+        query.until,
+        None if after is None else after["id"],
+        limit,
+    )
+    return [Migration.from_row(row) for row in rows]
