@@ -11,6 +11,8 @@ History:
 * 1 — first release: compute 1.0, conductor 1.0, scheduler 1.0.
 * 2 — delivery semantics: conductor 1.1 (``check_build``: an agent asks whether a build
   it was sent is still wanted before and after creating the guest).
+* 3 — stable compute identity: conductor 1.2 (``resolve_compute``: an agent asks what
+  the database knows about its host before it creates an identity file or registers).
 """
 
 from __future__ import annotations
@@ -32,9 +34,16 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     None,
     ReleaseApis(compute="1.0", conductor="1.0", scheduler="1.0"),
     ReleaseApis(compute="1.0", conductor="1.1", scheduler="1.0"),
+    ReleaseApis(compute="1.0", conductor="1.2", scheduler="1.0"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
+
+#: The first release whose agents never register without an identity file the
+#: conductor resolved first. A compute service row last written by an older release
+#: may belong to an agent that kept no identity file: on upgrade, an agent without one
+#: adopts its host's node UUID when that host has exactly one node.
+STABLE_IDENTITY_VERSION = 3
 
 
 def apis_for(service_version: int) -> ReleaseApis:

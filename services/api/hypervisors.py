@@ -30,7 +30,7 @@ from services.api.views.hypervisors import (
     statistics_view,
     with_servers,
 )
-from shared.db import compute_nodes, instances
+from shared.db import compute_nodes, placement
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound
 from shared.objects.compute_node import HostState
@@ -65,9 +65,8 @@ def wants_servers(query: HypervisorQuery, version: APIVersion) -> bool:
 
 
 async def servers_on(conn: Connection, state: HostState) -> list[Instance]:
-    """The live servers on the hypervisor (its host and node)."""
-    on_host = await instances.list_instances(conn, host=state.node.host)
-    return [i for i in on_host if i.node == state.node.hypervisor_hostname]
+    """The live servers on the hypervisor (linked to its node by id)."""
+    return await placement.instances_on(conn, state.node)
 
 
 def matching(states: list[HostState], pattern: str) -> list[HostState]:

@@ -15,10 +15,12 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildInstances,
     CheckBuild,
+    ComputeResolution,
     InstanceBuildResult,
     InstanceDeleted,
     RegisterCompute,
     Registration,
+    ResolveCompute,
     ServiceHeartbeat,
 )
 from services.conductor.tasks.build import BuildInstanceTask
@@ -57,6 +59,9 @@ class ConductorManager:
             faults=self._faults,
         )
         await task.run()
+
+    async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
+        return await self._registry.resolve(req)
 
     async def register_compute(self, ctx: RequestContext, req: RegisterCompute) -> Registration:
         return await self._registry.register(req)

@@ -213,9 +213,11 @@ async def test_admins_see_placement_and_members_do_not(
 ) -> None:
     await add_image(db_pool)
     server_id = await create(client)
-    await add_compute(db_pool, "compute-1")
+    _, node = await add_compute(db_pool, "compute-1")
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
 
     admin = (await client.get(f"/v2.1/servers/{server_id}", headers=at("2.73"))).json()["server"]
     member = (await client.get(f"/v2.1/servers/{server_id}", headers=at("2.73", MEMBER))).json()
@@ -281,7 +283,9 @@ async def test_delete_on_a_live_host_asks_its_agent(
     service, node = await add_compute(db_pool, "compute-1")
     await agents.serve(service.uuid)
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
         await allocations.claim(conn, node.id, UUID(server_id), FLAVOR)
 
     response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
@@ -300,7 +304,9 @@ async def test_delete_on_a_down_host_is_local_and_releases_the_claim(
     server_id = await create(client)
     _, node = await add_compute(db_pool, "compute-1", up=False)
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
         await allocations.claim(conn, node.id, UUID(server_id), FLAVOR)
 
     response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
@@ -317,9 +323,11 @@ async def test_delete_when_the_agent_has_no_queue_is_local(
 ) -> None:
     await add_image(db_pool)
     server_id = await create(client)
-    await add_compute(db_pool, "compute-1")
+    _, node = await add_compute(db_pool, "compute-1")
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
     response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
     assert response.status_code == 204
     assert (await client.get(f"/v2.1/servers/{server_id}", headers=MEMBER)).status_code == 404

@@ -2,8 +2,8 @@
 
 :class:`StandInConductor` serves the conductor's RPC API on topic ``conductor`` the way
 the real one answers agents, and records what it was sent, so a test can assert what an
-agent reported. It refuses a node registering from another host, as the real conductor
-does, with :class:`~shared.exceptions.HostRenameDetected`.
+agent reported. It refuses a node resolving or registering from another host, as the
+real conductor does, with :class:`~shared.exceptions.HostRenameDetected`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildVerdict,
     CheckBuild,
+    ComputeResolution,
     InstanceBuildResult,
     InstanceDeleted,
     RegisterCompute,
     Registration,
+    ResolveCompute,
     ServiceHeartbeat,
 )
 from shared.context import RequestContext
@@ -46,6 +48,7 @@ class StandInConductor:
 
     def __init__(self) -> None:
         self.nodes: dict[UUID, _Node] = {}
+        self.resolutions: list[ResolveCompute] = []
         self.registrations: list[RegisterCompute] = []
         self.heartbeats: list[ServiceHeartbeat] = []
         self.build_results: list[InstanceBuildResult] = []
@@ -54,6 +57,18 @@ class StandInConductor:
         #: is taken in turn, the last one repeated.
         self.verdicts: dict[UUID, list[BuildVerdict]] = {}
         self.checks: list[CheckBuild] = []
+
+    async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
+        self.resolutions.append(req)
+        node = self.nodes.get(req.node_uuid) if req.node_uuid else None
+        if node is None:
+            return ComputeResolution(decision="new", node_uuid=req.node_uuid)
+        if node.host != req.host:
+            raise HostRenameDetected(
+                f"compute node {req.node_uuid} belongs to host {node.host!r}, "
+                f"not {req.host!r}; refusing to start"
+            )
+        return ComputeResolution(decision="known", node_uuid=req.node_uuid)
 
     async def register_compute(self, ctx: RequestContext, req: RegisterCompute) -> Registration:
         self.registrations.append(req)

@@ -150,7 +150,8 @@ async def test_renamed_host_is_refused_without_retry(world: World, tmp_path: Pat
     with pytest.raises(HostRenameDetected, match="belongs to host 'old-name'"):
         await world.start(_settings(tmp_path, host="new-name"))
 
-    assert [r.host for r in world.conductor.registrations] == ["old-name", "new-name"]
+    assert [r.host for r in world.conductor.resolutions] == ["old-name", "new-name"]
+    assert [r.host for r in world.conductor.registrations] == ["old-name"]
     assert set(world.broker.queues) == queues_before
 
 
