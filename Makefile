@@ -55,6 +55,10 @@ test-e2e: $(BIN)/python ## end-to-end tests (real processes, real openstack CLI)
 run: install ## run a local cloud in the foreground; Ctrl-C stops it
 	$(BIN)/python deploy/localcloud.py
 
+.PHONY: clean
+clean: $(BIN)/python ## drop the local cloud's database and .keel/ (refused while it runs)
+	$(BIN)/python deploy/localcloud.py clean
+
 .PHONY: bench
 bench: $(BIN)/python ## run the benchmarks in bench/
 	@found=0; for script in bench/*.py; do \

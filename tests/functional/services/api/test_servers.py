@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from uuid import UUID
 
 import asyncpg
@@ -350,3 +351,48 @@ async def test_bad_requests_are_400_with_a_fault_body(client: httpx.AsyncClient)
     assert bad_regex.status_code == 400
     bad_marker = await client.get("/v2.1/servers", headers=MEMBER, params={"marker": "nope"})
     assert bad_marker.status_code == 400
+
+
+async def test_delete_of_a_row_without_compute_id_reaches_its_agent_by_host_name(
+    client: httpx.AsyncClient,
+    db_pool: asyncpg.Pool,
+    conductor: Recorder,
+    agents: StandInAgents,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await add_image(db_pool)
+    server_id = await create(client)
+    service, node = await add_compute(db_pool, "compute-1")
+    await agents.serve(service.uuid)
+    async with db_pool.acquire() as conn:
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
+        # As a release without compute_id wrote it.
+        await conn.execute("UPDATE instances SET compute_id = NULL WHERE uuid = $1", server_id)
+
+    with caplog.at_level(logging.WARNING, logger="shared.db.placement"):
+        response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
+
+    assert response.status_code == 204
+    assert str(await agents.recorder.next_termination()) == server_id
+    assert any("online-data-migrations" in r.getMessage() for r in caplog.records)
+
+
+async def test_delete_follows_compute_id_even_when_the_names_are_stale(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder, agents: StandInAgents
+) -> None:
+    await add_image(db_pool)
+    server_id = await create(client)
+    service, node = await add_compute(db_pool, "compute-1")
+    await add_compute(db_pool, "compute-2")
+    await agents.serve(service.uuid)
+    async with db_pool.acquire() as conn:
+        await instances.set_scheduled(
+            conn, UUID(server_id), host="compute-2", node="compute-2", compute_id=node.id
+        )
+
+    response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
+
+    assert response.status_code == 204
+    assert str(await agents.recorder.next_termination()) == server_id

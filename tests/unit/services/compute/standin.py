@@ -36,7 +36,7 @@ from shared.rpc.transport import Transport
 
 
 @dataclass(frozen=True)
-class _Node:
+class Node:
     host: str
     service_uuid: UUID
     service_id: int
@@ -47,8 +47,10 @@ class StandInConductor:
     """The conductor's agent-facing RPC methods, answered from memory."""
 
     def __init__(self) -> None:
-        self.nodes: dict[UUID, _Node] = {}
+        self.nodes: dict[UUID, Node] = {}
         self.resolutions: list[ResolveCompute] = []
+        #: What ``resolve_compute`` answers for an agent without an identity file, if set.
+        self.answer_without_file: ComputeResolution | None = None
         self.registrations: list[RegisterCompute] = []
         self.heartbeats: list[ServiceHeartbeat] = []
         self.build_results: list[InstanceBuildResult] = []
@@ -61,6 +63,8 @@ class StandInConductor:
     async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
         self.resolutions.append(req)
         node = self.nodes.get(req.node_uuid) if req.node_uuid else None
+        if req.node_uuid is None and self.answer_without_file is not None:
+            return self.answer_without_file
         if node is None:
             return ComputeResolution(decision="new", node_uuid=req.node_uuid)
         if node.host != req.host:
@@ -75,7 +79,7 @@ class StandInConductor:
         node = self.nodes.get(req.node_uuid)
         if node is None:
             number = len(self.nodes) + 1
-            node = _Node(req.host, uuid.uuid4(), service_id=number, node_id=number)
+            node = Node(req.host, uuid.uuid4(), service_id=number, node_id=number)
             self.nodes[req.node_uuid] = node
         elif node.host != req.host:
             raise HostRenameDetected(
@@ -108,11 +112,11 @@ class StandInConductor:
         return [r for r in self.build_results if r.instance_uuid == instance_uuid]
 
 
-async def serve_standin(transport: Transport, standin: StandInConductor) -> RPCServer:
-    """Serve ``standin`` on topic ``conductor`` of a connected transport."""
-    server = RPCServer(
-        transport, conductor_rpcapi.TOPIC, standin, version=conductor_rpcapi.RPC_VERSION
-    )
+async def serve_standin(
+    transport: Transport, standin: StandInConductor, version: str = conductor_rpcapi.RPC_VERSION
+) -> RPCServer:
+    """Serve ``standin`` on topic ``conductor`` of a connected transport, at ``version``."""
+    server = RPCServer(transport, conductor_rpcapi.TOPIC, standin, version=version)
     await server.start(prefetch=8)
     return server
 
