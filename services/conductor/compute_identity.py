@@ -86,7 +86,7 @@ async def _known_node(
     if owner != req.host:
         raise await _renamed(conn, req, node, owner)
     return ComputeResolution(
-        decision="known", node_uuid=node.uuid, reason=f"node {node.uuid} is host {owner!r}'s"
+        decision="known", node_uuid=node.uuid, reason=f"node {node.uuid} belongs to host {owner!r}"
     )
 
 

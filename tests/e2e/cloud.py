@@ -107,6 +107,8 @@ class Cloud:
     member_token: str
     pool: asyncpg.Pool
     processes: dict[str, Process] = field(default_factory=dict)
+    #: The environment every keel process of this cloud starts with.
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def clouds_yaml(self) -> Path:
@@ -150,6 +152,69 @@ class Cloud:
 
     def log_tails(self) -> list[tuple[str, str]]:
         return [(name, p.tail()) for name, p in self.processes.items()]
+
+    def agent_env(self, host: str, state_dir: Path, **settings: str) -> dict[str, str]:
+        """An agent's environment: the cloud's, with its host, state dir and ``settings``."""
+        return {**self.env, "KEEL_HOST": host, "KEEL_STATE_DIR": str(state_dir), **settings}
+
+    def start_agent(
+        self, name: str, host: str, state_dir: Path, *args: str, **settings: str
+    ) -> Process:
+        """Start a keel-compute (``args`` after the binary, e.g. ``--config FILE``)."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        start_process(self, name, "keel-compute", self.agent_env(host, state_dir, **settings), args)
+        return self.processes[name]
+
+    def run_agent(
+        self,
+        host: str,
+        state_dir: Path,
+        *args: str,
+        timeout: float = READY_TIMEOUT,
+        **settings: str,
+    ) -> tuple[int | None, str]:
+        """Start a keel-compute expected to exit by itself: its exit code and its log.
+
+        ``None`` if it was still running after ``timeout`` seconds (it is then stopped).
+        """
+        name = f"run-{uuid.uuid4().hex[:8]}"
+        process = self.start_agent(name, host, state_dir, *args, **settings)
+        try:
+            code: int | None = process.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.stop()
+            code = None
+        del self.processes[name]
+        return code, process.log.read_text(encoding="utf-8", errors="replace")
+
+    async def wait_for_service(self, host: str, *, up: bool, binary: str = "keel-compute") -> None:
+        """Until the service of ``binary`` on ``host`` is up (or down)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while ((binary, host) in await up_services(self)) != up:
+            if time.monotonic() > deadline:
+                raise CloudError(
+                    f"{binary} on {host} not {'up' if up else 'down'}\n{describe(self)}"
+                )
+            await asyncio.sleep(0.25)
+
+    async def dump(self, *, compute_services_only: bool = True) -> dict[str, list[str]]:
+        """services, compute_nodes, instances and allocations, every row as JSON text.
+
+        Conductors and schedulers stamp their own service rows with heartbeats, so by
+        default only compute services are dumped.
+        """
+        where = {"services": "WHERE \"binary\" = 'keel-compute'" if compute_services_only else ""}
+        async with self.pool.acquire() as conn:
+            return {
+                table: [
+                    row[0]
+                    for row in await conn.fetch(
+                        f"SELECT to_jsonb(t)::text FROM {table} t {where.get(table, '')} "
+                        "ORDER BY id"
+                    )
+                ]
+                for table in ("services", "compute_nodes", "instances", "allocations")
+            }
 
     def stop_all(self) -> None:
         for process in reversed(self.processes.values()):
@@ -252,12 +317,14 @@ def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[s
     return env
 
 
-def start_process(cloud: Cloud, name: str, binary: str, env: dict[str, str]) -> None:
+def start_process(
+    cloud: Cloud, name: str, binary: str, env: dict[str, str], args: tuple[str, ...] = ()
+) -> None:
     log = cloud.workdir / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         popen = subprocess.Popen(
-            [str(BIN / binary)],
+            [str(BIN / binary), *args],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -341,7 +408,8 @@ async def running_cloud(workdir: Path, config: CloudConfig | None = None) -> Asy
     try:
         await prepare_database(pool)
         cloud.clouds_yaml.write_text(clouds_yaml(cloud.api_url, admin_token, member_token))
-        start_all(cloud, process_env(cloud, {admin_token: ADMIN, member_token: MEMBER}))
+        cloud.env = process_env(cloud, {admin_token: ADMIN, member_token: MEMBER})
+        start_all(cloud, cloud.env)
         await wait_until_ready(cloud)
         yield cloud
     finally:
