@@ -33,6 +33,7 @@ from shared.db import images, migrate, services
 from shared.db.pool import create_pool
 from tests.broker import AMQP_URL, remove_exchange
 from tests.faults.proxy import url_through
+from tests.polling import wait_until
 
 PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -138,10 +139,60 @@ class Cloud:
             argv, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False
         )
 
+    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``keel-manage`` with this cloud's settings."""
+        return subprocess.run(
+            [str(BIN / "keel-manage"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT,
+            check=False,
+        )
+
     def http(self, token: str | None = None) -> httpx.AsyncClient:
         """An HTTP client for the compute API (base ``/v2.1/``) with ``token`` if given."""
         headers = {"X-Auth-Token": token} if token else {}
         return httpx.AsyncClient(base_url=self.api_url + "/v2.1/", headers=headers, timeout=30)
+
+    async def get(self, path: str, version: str = "2.53") -> Any:
+        """GET a compute API path as the admin at ``version``; its JSON body."""
+        headers = {"OpenStack-API-Version": f"compute {version}"}
+        async with self.http(self.admin_token) as http:
+            response = await http.get(path, headers=headers)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    async def create_server(self, name: str, zone: str | None = None) -> dict[str, Any]:
+        """Create an m1.tiny cirros server as the admin; wait (polling) until it is ACTIVE."""
+        body: dict[str, Any] = {"name": name, "flavorRef": "1", "imageRef": str(CIRROS_ID)}
+        if zone is not None:
+            body["availability_zone"] = zone
+        async with self.http(self.admin_token) as http:
+            created = await http.post("servers", json={"server": body})
+            assert created.status_code == 202, created.text
+            path = f"servers/{created.json()['server']['id']}"
+            shown: dict[str, Any] = {}
+
+            async def settled() -> bool:
+                nonlocal shown
+                shown = (await http.get(path)).json()["server"]
+                return shown["status"] in ("ACTIVE", "ERROR")
+
+            await wait_until(settled, what=f"server {name} settling", timeout=READY_TIMEOUT)
+        assert shown["status"] == "ACTIVE", shown
+        return shown
+
+    async def delete_server(self, server_id: str) -> None:
+        """Delete a server as the admin; wait (polling) until it is gone."""
+        async with self.http(self.admin_token) as http:
+            response = await http.delete(f"servers/{server_id}")
+            assert response.status_code == 204, response.text
+
+            async def gone() -> bool:
+                return (await http.get(f"servers/{server_id}")).status_code == 404
+
+            await wait_until(gone, what=f"deleting server {server_id}", timeout=READY_TIMEOUT)
 
     def logs(self) -> dict[str, str]:
         """Every process's whole log so far."""

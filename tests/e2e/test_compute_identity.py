@@ -75,10 +75,8 @@ class Quiet:
 
 
 @pytest.fixture(scope="module")
-def quiet(cloud: Cloud) -> Quiet:
-    server = cloud.openstack(
-        "server", "create", "--flavor", "m1.tiny", "--image", "cirros", "--wait", "kept"
-    )
+async def quiet(cloud: Cloud) -> Quiet:
+    server = await cloud.create_server("kept")
     busy = server["OS-EXT-SRV-ATTR:host"]
     idle = next(h for h in cloud.config.computes if h != busy)
     for host in cloud.config.computes:
@@ -86,9 +84,7 @@ def quiet(cloud: Cloud) -> Quiet:
     return Quiet(cloud, busy, idle, server["id"])
 
 
-async def refused(
-    quiet: Quiet, host: str, state_dir: Path, *args: str, **settings: str
-) -> str:
+async def refused(quiet: Quiet, host: str, state_dir: Path, *args: str, **settings: str) -> str:
     """Start an agent that must be refused; its log. The database must not change."""
     before = await quiet.cloud.dump()
     code, log = quiet.cloud.run_agent(host, state_dir, *args, **settings)
@@ -167,9 +163,7 @@ async def test_replaced_uuid_is_a_duplicate_node_record(quiet: Quiet, tmp_path: 
 async def test_new_host_whose_hypervisor_holds_servers_is_refused(
     quiet: Quiet, tmp_path: Path
 ) -> None:
-    log = await refused(
-        quiet, "newcomer", tmp_path, KEEL_COMPUTE__HYPERVISOR_HOSTNAME=quiet.busy
-    )
+    log = await refused(quiet, "newcomer", tmp_path, KEEL_COMPUTE__HYPERVISOR_HOSTNAME=quiet.busy)
 
     assert f"its hypervisor {quiet.busy!r} already holds servers: 1 under host" in log
     assert not (tmp_path / "compute_id").exists()
