@@ -87,9 +87,8 @@ def _parse(path: Path, raw: bytes) -> UUID:
         raise ConfigError(
             f"the node identity file {path} is corrupt: expected one UUID, found {shown!r}. "
             "keel-compute will not replace it, because a new identity would orphan this "
-            "node's guests; restore the file (the node's UUID is shown by "
-            "`openstack hypervisor list --long` or `keel-manage service list`), then start "
-            "the agent again"
+            "node's guests; restore the file (the node's UUID is this host's hypervisor ID in "
+            "`openstack hypervisor list`), then start the agent again"
         ) from None
 
 
@@ -112,9 +111,9 @@ def read_identity(state_dir: Path, config_file: Path | None = None) -> NodeIdent
         listed = "; ".join(f"{path} holds {value}" for path, value in found)
         raise ConfigError(
             f"the node identity files disagree: {listed}. keel-compute will not guess which "
-            "node this host is; keep the copy holding the UUID that `openstack hypervisor "
-            "list --long` shows for this host, make the other copy match it (or remove it), "
-            "then start the agent again"
+            "node this host is; keep the copy holding this host's hypervisor ID in `openstack "
+            "hypervisor list`, make the other copy match it (or remove it), then start the "
+            "agent again"
         )
     return NodeIdentity(
         state_file=state_file,
