@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.cloud import Cloud
@@ -27,6 +28,13 @@ def guest_dir(state_dir: Path, server: dict[str, Any]) -> Path:
 async def compute_services(cloud: Cloud) -> dict[str, dict[str, Any]]:
     listed = await cloud.get("os-services?binary=keel-compute")
     return {s["host"]: s for s in listed["services"]}
+
+
+async def delete_service(cloud: Cloud, service_id: str) -> httpx.Response:
+    async with cloud.http(cloud.admin_token) as http:
+        return await http.delete(
+            f"os-services/{service_id}", headers={"OpenStack-API-Version": "compute 2.53"}
+        )
 
 
 async def test_a_row_written_without_compute_id_is_deleted_through_its_agent(
@@ -112,17 +120,14 @@ async def test_service_delete_refused_with_servers_then_done(cloud: Cloud, tmp_p
     service_id = (await compute_services(cloud))["doomed"]["id"]
     node_uuid = (tmp_path / "compute_id").read_text().strip()
 
-    async with cloud.http(cloud.admin_token) as http:
-        up = await http.delete(
-            f"os-services/{service_id}", headers={"OpenStack-API-Version": "compute 2.53"}
-        )
+    up = await delete_service(cloud, service_id)
     assert up.status_code == 409
     assert "is up" in up.json()["conflictingRequest"]["message"]
     assert cloud.processes["doomed"].stop() == 0
     await cloud.wait_for_service("doomed", up=False)
-    hosting = cloud.openstack_raw("compute", "service", "delete", service_id, as_json=False)
-    assert hosting.returncode != 0
-    assert "hosting instances" in hosting.stderr
+    hosting = await delete_service(cloud, service_id)
+    assert hosting.status_code == 409
+    assert "hosting instances" in hosting.json()["conflictingRequest"]["message"]
 
     await cloud.delete_server(server["id"])
     cloud.openstack("compute", "service", "delete", service_id, as_json=False)
