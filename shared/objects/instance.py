@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
@@ -66,6 +67,14 @@ class RequestSpec(KeelModel):
     #: Host names to avoid, as older releases wrote them; honoured by name only through
     #: the logged fallback of the IgnoreHostsFilter. keel writes ``ignore_nodes``.
     ignore_hosts: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_ignore_nodes(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave out an empty ``ignore_nodes``, so releases that do not know it read specs."""
+        data = handler(self)
+        if isinstance(data, dict) and not self.ignore_nodes:
+            data.pop("ignore_nodes", None)
+        return data
 
 
 class Allocation(KeelModel):

@@ -6,6 +6,7 @@ were, and names what to do.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -253,3 +254,23 @@ async def test_hypervisor_host_name_change_keeps_the_node_and_is_logged(
     )
     async with db_pool.acquire() as conn:
         assert (await instances.get(conn, server)).node == "hv-newer"
+
+
+async def test_twin_resolves_and_registrations_agree(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    node_uuid = uuid.uuid4()
+    resolved = await asyncio.gather(*(resolve(conductor, "twin", node_uuid) for _ in range(2)))
+    assert [r.decision for r in resolved] == ["new", "new"]
+
+    first, second = await asyncio.gather(
+        *(register(conductor, "twin", node_uuid) for _ in range(2))
+    )
+
+    assert first == second
+    async with db_pool.acquire() as conn:
+        counts = await conn.fetchrow(
+            """SELECT (SELECT count(*) FROM services WHERE host = 'twin') AS services,
+                      (SELECT count(*) FROM compute_nodes WHERE host = 'twin') AS nodes"""
+        )
+    assert (counts["services"], counts["nodes"]) == (1, 1)
