@@ -146,7 +146,7 @@ async def _target(
             return await services.get(conn, UUID(service_id), down_time)
         except ValueError:
             raise BadRequest(f"Invalid uuid {service_id}") from None
-    if not service_id.isdigit() or len(service_id) > 18:
+    if not (service_id.isascii() and service_id.isdigit()) or len(service_id) > 18:
         raise BadRequest(f"Invalid service id {service_id}")
     return await services.get_by_id(conn, int(service_id), down_time)
 

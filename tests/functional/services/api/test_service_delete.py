@@ -80,10 +80,11 @@ async def test_ids_below_2_53_bad_ids_and_members(
     member = await client.delete(f"/v2.1/os-services/{service.id}", headers=MEMBER)
     bad_uuid = await client.delete("/v2.1/os-services/42", headers=at("2.53"))
     bad_id = await client.delete(f"/v2.1/os-services/{service.uuid}", headers=ADMIN)
+    superscript = await client.delete("/v2.1/os-services/%C2%B2", headers=ADMIN)
     unknown = await client.delete("/v2.1/os-services/999999", headers=ADMIN)
     by_id = await client.delete(f"/v2.1/os-services/{service.id}", headers=ADMIN)
 
     assert member.status_code == 403
-    assert (bad_uuid.status_code, bad_id.status_code) == (400, 400)
+    assert (bad_uuid.status_code, bad_id.status_code, superscript.status_code) == (400, 400, 400)
     assert unknown.status_code == 404
     assert by_id.status_code == 204

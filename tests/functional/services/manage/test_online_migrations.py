@@ -17,14 +17,20 @@ import asyncpg
 import pytest
 
 from services.manage.commands.online_migrations import run_all
+from services.manage.main import build_parser, execute
+from shared.config import Settings
 from shared.db import migrate, online_migrations
 from tests.conftest import PG_SERVER
 from tests.functional.services.manage.test_manage import manage, url_for
 
 pytestmark = pytest.mark.functional
 
-#: The last schema migration of release 1.
-RELEASE_1_SCHEMA = 7
+#: The last schema migration before instances were linked to their node by id.
+RELEASE_1_SCHEMA = max(
+    m.version
+    for m in migrate.available()
+    if m.version < next(n.version for n in migrate.available() if n.name == "instances_compute_id")
+)
 
 FLAVOR = '{"flavorid": "1", "name": "m1.tiny", "vcpus": 1, "memory_mb": 512, "root_gb": 1}'
 
@@ -129,7 +135,7 @@ async def test_upgrade_from_release_1_then_backfill_in_steps_of_one(release_1_ur
     rows = await release_1_rows(release_1_url)
     synced = manage(release_1_url, "db", "sync")
     assert synced.returncode == 0, synced.stderr
-    assert "applied 0050_instances_compute_id" in synced.stdout
+    assert "_instances_compute_id" in synced.stdout
 
     codes, outputs = [], []
     for _ in range(10):
@@ -177,11 +183,13 @@ async def test_running_before_db_sync_is_an_error_that_says_so(release_1_url: st
 
 
 @pytest.mark.parametrize("bad", ["0", "-3", "many", "1.5", ""])
-async def test_max_count_must_be_a_positive_integer(database_url: str, bad: str) -> None:
-    result = manage(database_url, "db", "online-data-migrations", "--max-count", bad)
-    assert result.returncode == 127
-    assert "--max-count must be a positive integer" in result.stderr
-    assert result.stdout == ""
+def test_max_count_must_be_a_positive_integer(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["db", "online-data-migrations", "--max-count", bad])
+    # Refused before any database is reached.
+    assert execute(args, Settings(database_url="postgresql://postgres@127.0.0.1:1/x")) == 127
+    out, err = capsys.readouterr()
+    assert "--max-count must be a positive integer" in err
+    assert out == ""
 
 
 async def test_unreachable_database_is_an_error(database_url: str) -> None:
