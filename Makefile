@@ -55,6 +55,10 @@ test-e2e: $(BIN)/python ## end-to-end tests (real processes, real openstack CLI)
 run: install ## run a local cloud in the foreground; Ctrl-C stops it
 	$(BIN)/python deploy/localcloud.py
 
+.PHONY: clean
+clean: $(BIN)/python ## drop the local cloud's database and .keel/ (refused while it runs)
+	$(BIN)/python deploy/localcloud.py clean
+
 # Each benchmark prints a human line and a JSON line per figure, and PASS/FAIL against
 # its targets (never enforced). `make bench` is the quick set (a few minutes);
 # `make bench-full` runs the issue's sizes. bench/RESULTS.md records a run.

@@ -12,6 +12,13 @@ both agents are up; print how to use the cloud. Ctrl-C or SIGTERM stops every pr
 (SIGTERM, then SIGKILL after a bound) and exits 0. If a process dies, the tail of its
 log is printed and the rest are stopped.
 
+Before starting anything, it checks that the database's compute hosts ``compute1`` and
+``compute2`` (if it has them) are this checkout's: their node identity files must be in
+``<workdir>``. If not (another checkout ran a cloud on this database, or ``<workdir>``
+was deleted), it says so, with the ways out, and exits 1. ``localcloud.py clean`` (what
+``make clean`` runs) drops the database and ``<workdir>`` after printing what it
+removes; it refuses while this checkout's cloud runs (see ``localstate.py``).
+
 Settings come from the same ``KEEL_*`` variables as the services themselves.
 """
 
@@ -35,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
+
+from localstate import clean, explain_foreign, foreign_hosts, forget_pid, record_pid, running_pid
 
 from services.manage.database import connect
 from shared.config import Settings, load_settings
@@ -398,11 +407,26 @@ def run(settings: Settings, workdir: Path) -> int:
         settings.api_host, settings.api_port
     ):
         return 1
+    if (pid := running_pid(workdir)) is not None:
+        say(f"this checkout's local cloud is already running (pid {pid})")
+        return 1
     if subprocess.run([str(BIN / "keel-manage"), "db", "sync"], check=False).returncode != 0:
+        return 1
+    foreign = asyncio.run(foreign_hosts(settings, workdir, COMPUTE_HOSTS))
+    if foreign:
+        say(explain_foreign(settings, workdir, foreign))
         return 1
     if asyncio.run(seed_image(settings.database_url)):
         say(f"registered image cirros ({CIRROS_ID})")
     workdir.mkdir(parents=True, exist_ok=True)
+    record_pid(workdir)
+    try:
+        return _run_cloud(settings, workdir, api_url)
+    finally:
+        forget_pid(workdir)
+
+
+def _run_cloud(settings: Settings, workdir: Path, api_url: str) -> int:
     admin, member = accounts = asyncio.run(ensure_accounts(settings.database_url))
     clouds = workdir / "clouds.yaml"
     write_clouds_yaml(clouds, api_url, admin, member)
@@ -432,6 +456,13 @@ def run(settings: Settings, workdir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "clean"),
+        default="run",
+        help="run the cloud (default), or clean: drop its database and work directory",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=Path(".keel"),
@@ -440,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = load_settings(None)
+        if args.action == "clean":
+            clean(settings, args.workdir, say)
+            return 0
         return run(settings, args.workdir)
     except ConfigError as exc:
         say(exc.message)

@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -111,6 +112,9 @@ class ComputeSettings(_Group):
     ram_allocation_ratio: float = Field(default=1.0, gt=0)
     disk_allocation_ratio: float = Field(default=1.0, gt=0)
     availability_zone: str = "nova"
+    #: The name the agent reports for its hypervisor; unset, the agent's host name. It may
+    #: change while the node keeps its identity (the new name is recorded and logged).
+    hypervisor_hostname: str | None = Field(default=None, min_length=1, max_length=255)
     #: Seconds SIGTERM waits for in-flight work before the agent exits anyway.
     drain_timeout: float = Field(default=60.0, gt=0)
 
@@ -291,6 +295,9 @@ class Settings(BaseSettings):
     upgrade_levels: UpgradeLevelSettings = Field(default_factory=UpgradeLevelSettings)
     workarounds: WorkaroundSettings = Field(default_factory=WorkaroundSettings)
 
+    #: The ``--config`` file these settings were read with (not itself a setting).
+    _config_file: Path | None = PrivateAttr(default=None)
+
     @field_validator("transport_url")
     @classmethod
     def _amqp_url(cls, value: str) -> str:
@@ -347,6 +354,16 @@ class Settings(BaseSettings):
         return release_number(self.emulate_service_version)
 
     @property
+    def config_file(self) -> Path | None:
+        """The ``--config`` file these settings were read with, if any."""
+        return self._config_file
+
+    @property
+    def hypervisor_hostname(self) -> str:
+        """An agent's hypervisor host name: the setting, or else the host name."""
+        return self.compute.hypervisor_hostname or self.host
+
+    @property
     def api_host(self) -> str:
         return self.api_bind.rpartition(":")[0]
 
@@ -395,7 +412,7 @@ def load_settings(config_file: Path | None = None) -> Settings:
             return tuple(sources)
 
     try:
-        return _Settings()
+        settings = _Settings()
     except ValidationError as exc:
         error = exc.errors()[0]
         raise ConfigError(
@@ -403,6 +420,8 @@ def load_settings(config_file: Path | None = None) -> Settings:
             if error["loc"]
             else f"invalid settings: {error['msg'].removeprefix('Value error, ')}"
         ) from None
+    settings._config_file = config_file
+    return settings
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,12 @@
     ├── InvalidFixedIp              a requested fixed address cannot be given
     ├── OverQuota                   a request would take a project past one of its quotas
     ├── NoValidHost                 the scheduler found no host for a request
-    ├── HostRenameDetected          an agent's node belongs to a service on another host
+    ├── IdentityRefused             an agent's node identity does not match the database
+    │   ├── HostRenameDetected      its node belongs to a service on another host
+    │   ├── IdentityLost            its host registered before, but it has no identity file
+    │   ├── DuplicateComputeNode    its host already has a node with another UUID
+    │   ├── HypervisorInUse         a new host whose hypervisor already holds servers
+    │   └── ComputeNodeDeleted      its node was deleted by an operator
     ├── ServiceTooOld               this release is too old for the deployment
     ├── BuildFailed                 the virt driver could not build a guest
     ├── GuestNotFound               the hypervisor has no guest for an instance
@@ -136,7 +141,27 @@ class NoValidHost(KeelError):
         super().__init__(message.strip())
 
 
-class HostRenameDetected(KeelError):
+class IdentityRefused(KeelError):
+    """An agent may not start as the node it presents; the message says what to do."""
+
+
+class HostRenameDetected(IdentityRefused):
+    pass
+
+
+class IdentityLost(IdentityRefused):
+    pass
+
+
+class DuplicateComputeNode(IdentityRefused):
+    pass
+
+
+class HypervisorInUse(IdentityRefused):
+    pass
+
+
+class ComputeNodeDeleted(IdentityRefused):
     pass
 
 
@@ -207,6 +232,10 @@ REMOTE_ALLOWED: dict[str, type[KeelError]] = {
         Conflict,
         NoValidHost,
         HostRenameDetected,
+        IdentityLost,
+        DuplicateComputeNode,
+        HypervisorInUse,
+        ComputeNodeDeleted,
         ServiceTooOld,
         BuildFailed,
         TransientError,

@@ -16,6 +16,9 @@ History:
 * 3 (``capstan``) — server power actions: compute 1.1 (``stop_instance``,
   ``start_instance``, ``reboot_instance``; the instance a build carries gains its
   addresses, metadata and user data), conductor 1.2 (``instance_action_result``).
+* 4 (``davit``) — stable compute identity: conductor 1.3 (``resolve_compute``: an agent
+  asks what the database knows about its host before it creates an identity file or
+  registers).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.0", conductor="1.0", scheduler="1.0"),
     ReleaseApis(compute="1.0", conductor="1.1", scheduler="1.0"),
     ReleaseApis(compute="1.1", conductor="1.2", scheduler="1.0"),
+    ReleaseApis(compute="1.1", conductor="1.3", scheduler="1.0"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -55,7 +59,13 @@ SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
 OLDEST_SUPPORTED_SERVICE_VERSION = 1
 
 #: Release names, usable in settings instead of numbers.
-RELEASE_NAMES: dict[str, int] = {"arbor": 1, "bulwark": 2, "capstan": 3}
+RELEASE_NAMES: dict[str, int] = {"arbor": 1, "bulwark": 2, "capstan": 3, "davit": 4}
+
+#: The first release whose agents never register without an identity file the
+#: conductor resolved first. A compute service row last written by an older release
+#: may belong to an agent that kept no identity file: on upgrade, an agent without one
+#: adopts its host's node UUID when that host has exactly one node.
+STABLE_IDENTITY_VERSION = 4
 
 
 def apis_for(service_version: int) -> ReleaseApis:

@@ -31,8 +31,7 @@ from services.api.views.hypervisors import (
     with_servers,
 )
 from shared.config import Settings
-from shared.db import compute_nodes, instance_search
-from shared.db.instance_search import InstanceSearch
+from shared.db import compute_nodes, placement
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound
 from shared.objects.compute_node import HostState
@@ -67,11 +66,8 @@ def wants_servers(query: HypervisorQuery, version: APIVersion) -> bool:
 
 
 async def servers_on(conn: Connection, state: HostState) -> list[Instance]:
-    """The live servers on the hypervisor (its host and node)."""
-    search = InstanceSearch(
-        exact={"host": [state.node.host], "node": [state.node.hypervisor_hostname]}
-    )
-    return await instance_search.search(conn, search)
+    """The live servers on the hypervisor (linked to its node by id)."""
+    return await placement.instances_on(conn, state.node)
 
 
 async def matching(conn: Connection, down_time: float, pattern: str) -> list[HostState]:

@@ -5,6 +5,10 @@
 service is changed with ``PUT /os-services/{uuid}``: enable, disable with a reason, or
 force down. Below 2.53 the same path takes an action instead of a uuid
 (:mod:`services.api.os_services_legacy`).
+
+``DELETE /os-services/{id}`` (an integer id below 2.53, the UUID from 2.53) removes a
+service whose process is stopped, with its compute node when it hosts no servers
+(:mod:`shared.db.service_maintenance`); otherwise 409 says why.
 """
 
 from __future__ import annotations
@@ -13,16 +17,18 @@ import logging
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.auth import AdminContext
 from services.api.deps import AppSettings, DbPool, Version
-from services.api.faults import BadRequest
+from services.api.faults import BadRequest, ItemNotFound
+from services.api.microversion import APIVersion
 from services.api.os_services_legacy import legacy_update, parse_body
 from services.api.views.os_services import service_view, service_zone
-from shared.db import services
+from shared.db import service_maintenance, services
 from shared.db.pool import Connection
+from shared.exceptions import ServiceNotFound
 from shared.objects.service import Binary, Service
 
 LOG = logging.getLogger(__name__)
@@ -128,3 +134,44 @@ async def update_service(
         updated.disabled_reason,
     )
     return {"service": service_view(updated, version, service_zone(updated, zones))}
+
+
+async def _target(
+    conn: Connection, service_id: str, version: APIVersion, down_time: float
+) -> Service:
+    """The service a path names: by UUID from 2.53, by integer id below."""
+    if version.at_least("2.53"):
+        try:
+            return await services.get(conn, UUID(service_id), down_time)
+        except ValueError:
+            raise BadRequest(f"Invalid uuid {service_id}") from None
+    if not (service_id.isascii() and service_id.isdigit()) or len(service_id) > 18:
+        raise BadRequest(f"Invalid service id {service_id}")
+    return await services.get_by_id(conn, int(service_id), down_time)
+
+
+@router.delete("/{service_id}", status_code=204, response_class=Response)
+async def delete_service(
+    service_id: str,
+    *,
+    pool: DbPool,
+    ctx: AdminContext,
+    version: Version,
+    settings: AppSettings,
+) -> Response:
+    down_time = settings.service_down_time
+    async with pool.acquire() as conn:
+        try:
+            service = await _target(conn, service_id, version, down_time)
+        except ServiceNotFound:
+            raise ItemNotFound(f"Service {service_id} not found.") from None
+        nodes = await service_maintenance.delete_service(conn, service, down_time)
+    LOG.info(
+        "service %s (%s on %s) and %d compute node(s) deleted by %s",
+        service.uuid,
+        service.binary,
+        service.host,
+        nodes,
+        ctx.user_id,
+    )
+    return Response(status_code=204)

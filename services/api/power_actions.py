@@ -145,7 +145,7 @@ async def run_power_action(
             + await _too_old(pool, compute, action, down_time)
             + "."
         )
-    service = None if instance.host is None else await host_service(pool, instance, down_time)
+    service = await host_service(pool, instance, down_time)
     if service is None:
         raise ConflictingRequest(
             f"Cannot '{action.name}' instance {instance.uuid} while it is in vm_state "

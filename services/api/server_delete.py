@@ -5,7 +5,8 @@
   only while no host is recorded for it. If the conductor placed it in the meantime,
   the delete goes to that host's agent instead, since a guest may be on its way there.
 * On a host whose compute service is up: task state ``deleting`` and
-  ``terminate_instance`` cast to ``compute.<service-uuid>``. The agent destroys the guest
+  ``terminate_instance`` cast to ``compute.<service-uuid>``, the service found by id
+  (instance → compute node → service; see :mod:`shared.db.placement`). The agent destroys the guest
   and tells the conductor, which releases the claims and soft-deletes the row.
 * On a host whose service is down, gone, or has no queue on the broker: a local delete,
   with a WARNING naming the host, because the guest's files remain there until the
@@ -25,16 +26,10 @@ import asyncpg
 from services.api.faults import ServiceUnavailable
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, services
+from shared.db import allocations, fixed_ips, instance_actions, instances, placement
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
-from shared.exceptions import (
-    ComputeNodeNotFound,
-    InstanceNotFound,
-    MessagingError,
-    ServiceNotFound,
-    Unroutable,
-)
+from shared.exceptions import InstanceNotFound, MessagingError, Unroutable
 from shared.objects.instance import Allocation, Instance
 from shared.objects.service import Service
 from shared.objects.states import TaskState
@@ -85,16 +80,10 @@ async def local_delete(
 
 
 async def host_service(pool: asyncpg.Pool, instance: Instance, down_time: float) -> Service | None:
-    """The compute service of the instance's node, or ``None`` if it no longer exists."""
-    assert instance.host is not None
-    try:
-        async with pool.acquire() as conn:
-            node = await compute_nodes.get_by_host_node(conn, instance.host, instance.node or "")
-            if node.service_id is None:
-                return None
-            return await services.get_by_id(conn, node.service_id, down_time)
-    except (ComputeNodeNotFound, ServiceNotFound):
-        return None
+    """The compute service of the instance's node (by id), or ``None`` if it is gone."""
+    async with pool.acquire() as conn:
+        host = await placement.host_of(conn, instance, down_time)
+    return None if host is None else host.service
 
 
 def _warn_files_remain(instance: Instance, why: str) -> None:

@@ -2,13 +2,19 @@
 
 Start-up (:func:`start_agent`):
 
-1. read the node identity file, or create it on a host that never had one;
+1. read every copy of the node identity file (:mod:`services.compute.identity`); a
+   corrupt copy, or copies that disagree, stop the agent before anything else;
 2. connect to the broker;
-3. register with the conductor (the agent's only path to the database), retrying while
-   no conductor answers yet, for at most ``settings.rpc.connect_timeout`` seconds. A
-   refusal (e.g. :class:`~shared.exceptions.HostRenameDetected`) is not retried: it
-   stops the agent with the conductor's message;
-4. let the driver tidy the host, start consuming ``compute.<service uuid>``, then start
+3. ask the conductor (read-only, ``resolve_compute``) what the database knows about this
+   host and the identity presented; a refusal (a possible rename, a lost or replaced
+   identity, a deleted node...) stops the agent with the conductor's message, and a
+   conductor too old to answer stops it too. Only then, if the host had no identity
+   file, is one written: a fresh UUID for a new host, or the host's node UUID when
+   upgrading from a release that kept none;
+4. register with the conductor (the agent's only path to the database). Calls to the
+   conductor are retried while none answers yet, for at most
+   ``settings.rpc.connect_timeout`` seconds; a refusal is never retried;
+5. let the driver tidy the host, start consuming ``compute.<service uuid>``, then start
    heartbeats: registration does not mark the service up, its first heartbeat does, so
    the scheduler never picks a host whose queue does not exist yet.
 
@@ -21,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from uuid import UUID
 
 from tenacity import (
@@ -38,15 +46,17 @@ from services.compute.manager import ComputeManager
 from services.compute.resources import node_resources
 from services.compute.rpcapi import topic_for
 from services.compute.virt.driver import Driver
-from services.conductor.rpcapi import ConductorAPI, Registration
+from services.conductor.rpcapi import ComputeResolution, ConductorAPI, Registration
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.exceptions import (
     KeelError,
     MessagingTimeout,
+    NoSuchMethod,
     ServiceTooOld,
     TransientError,
     Unroutable,
+    UnsupportedVersion,
 )
 from shared.faults import FaultPoints
 from shared.metrics import Metrics
@@ -55,7 +65,7 @@ from shared.rpc.server import RPCServer
 from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, repeat
-from shared.versions import SERVICE_VERSION, apis_for
+from shared.versions import SERVICE_VERSION, STABLE_IDENTITY_VERSION, apis_for
 
 LOG = logging.getLogger(__name__)
 
@@ -157,22 +167,19 @@ class Agent:
         LOG.info("compute service %s stopped", self.service_uuid)
 
 
-async def register(
-    conductor: ConductorAPI,
-    settings: Settings,
-    node_uuid: UUID,
-    service_version: int,
-    resources: NodeResources,
-) -> Registration:
-    """Register with the conductor, retrying while none answers (bounded)."""
+T = TypeVar("T")
+
+
+async def until_answered(settings: Settings, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """Run ``call``, retrying while no conductor answers (bounded by the connect timeout)."""
     within = settings.rpc.connect_timeout
 
     def log_retry(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
         elapsed = state.seconds_since_start or 0.0
         LOG.warning(
-            "no conductor answered registration attempt %d (%s); retrying in %.1fs, "
-            "giving up in %.0fs",
+            "no conductor answered %s attempt %d (%s); retrying in %.1fs, giving up in %.0fs",
+            what,
             state.attempt_number,
             error,
             state.upcoming_sleep,
@@ -186,20 +193,87 @@ async def register(
         before_sleep=log_retry,
     )
     try:
-        registration: Registration = await retrying(
-            conductor.register_compute,
+        result: T = await retrying(call)
+    except RetryError as exc:
+        raise MessagingTimeout(
+            f"no keel-conductor answered the {what} of host {settings.host!r} within "
+            f"{within:g}s (last error: {exc.last_attempt.exception()}); check that "
+            f"keel-conductor is running and uses exchange {settings.exchange!r}"
+        ) from None
+    return result
+
+
+def _conductor_too_old(detail: str) -> ServiceTooOld:
+    return ServiceTooOld(
+        f"keel-conductor cannot resolve this agent's node identity ({detail}): it runs an "
+        "older release than this agent. Nothing was changed. Upgrade every keel-conductor "
+        "first (agents last), then start this agent again."
+    )
+
+
+async def resolve_identity(
+    conductor: ConductorAPI,
+    settings: Settings,
+    found: identity.NodeIdentity,
+    hypervisor_hostname: str,
+) -> UUID:
+    """Ask the conductor about this host, then settle the node UUID (writing it if new)."""
+
+    async def ask() -> ComputeResolution | None:
+        return await conductor.resolve_compute(
+            RequestContext.internal(),
+            host=settings.host,
+            node_uuid=found.node_uuid,
+            hypervisor_hostname=hypervisor_hostname,
+            identity_file=found.describe(),
+        )
+
+    try:
+        resolution = await until_answered(settings, "identity check", ask)
+    except (UnsupportedVersion, NoSuchMethod) as exc:
+        raise _conductor_too_old(exc.message) from None
+    if resolution is None:
+        raise _conductor_too_old(f"its RPC API is capped at {conductor.client.version_cap}")
+    LOG.info(
+        "node identity of host %s: %s (%s)",
+        settings.host,
+        resolution.decision,
+        resolution.reason,
+        extra={"decision": f"identity_{resolution.decision}"},
+    )
+    if found.node_uuid is not None:
+        LOG.info("node identity %s read from %s", found.node_uuid, found.describe())
+        return found.node_uuid
+    node_uuid = resolution.node_uuid or uuid.uuid4()
+    return await asyncio.to_thread(identity.create_identity, settings.state_dir, node_uuid)
+
+
+async def legacy_identity(settings: Settings, found: identity.NodeIdentity) -> UUID:
+    """An agent behaving as a release before stable identities: create, then register."""
+    if found.node_uuid is not None:
+        return found.node_uuid
+    return await asyncio.to_thread(identity.create_identity, settings.state_dir, uuid.uuid4())
+
+
+async def register(
+    conductor: ConductorAPI,
+    settings: Settings,
+    node_uuid: UUID,
+    service_version: int,
+    resources: NodeResources,
+) -> Registration:
+    """Register with the conductor, retrying while none answers (bounded)."""
+
+    async def call() -> Registration:
+        return await conductor.register_compute(
             RequestContext.internal(),
             host=settings.host,
             node_uuid=node_uuid,
             version=service_version,
             resources=resources,
         )
-    except RetryError as exc:
-        raise MessagingTimeout(
-            f"no keel-conductor answered the registration of host {settings.host!r} within "
-            f"{within:g}s (last error: {exc.last_attempt.exception()}); check that "
-            f"keel-conductor is running and uses exchange {settings.exchange!r}"
-        ) from None
+
+    registration = await until_answered(settings, "registration", call)
     LOG.info(
         "registered as compute service %s (node %s, id %d) at service version %d",
         registration.service_uuid,
@@ -227,13 +301,21 @@ async def start_agent(
     disconnecting.
     """
     apis = apis_for(service_version)
-    node_uuid = await asyncio.to_thread(identity.load_or_create, settings.state_dir)
+    found = await asyncio.to_thread(
+        identity.read_identity, settings.state_dir, settings.config_file
+    )
     await transport.connect()
     try:
         conductor = ConductorAPI(
             transport, version_cap=apis.conductor, timeout=settings.rpc.call_timeout
         )
         resources = await node_resources(driver, settings.compute)
+        if service_version >= STABLE_IDENTITY_VERSION:
+            node_uuid = await resolve_identity(
+                conductor, settings, found, resources.hypervisor_hostname
+            )
+        else:
+            node_uuid = await legacy_identity(settings, found)
         registration = await register(conductor, settings, node_uuid, service_version, resources)
         await driver.init_host()
         manager = ComputeManager(

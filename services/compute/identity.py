@@ -1,21 +1,25 @@
 """The node identity file: the compute node's UUID, kept on the host's own disk.
 
 ``<state_dir>/compute_id`` holds one UUID. It is the agent's only claim to its compute
-node record, so it is created once and never replaced: a deployment tool may write it
-before the first start (it is then honoured as it is), and keel writes it only when no
-file exists. A file that is present but does not hold a UUID stops the agent with a
-message saying so; generating a fresh identity instead would orphan every guest the old
-node record accounts for.
+node record, so it is created once and never replaced. A deployment tool may provision
+it before the first start, in the state directory or beside the ``--config`` file
+(``<config dir>/compute_id``); every copy present is read, and they must agree.
 
-The file is written atomically (a temporary file, fsync, then a hard link that fails if
-the name already exists), so a crash never leaves a half-written identity and two agents
-started at once on one state directory end up with the same UUID.
+A copy that is present but does not hold a UUID, or copies that disagree, stop the
+agent with a message naming the files: generating a fresh identity instead would orphan
+every guest the old node record accounts for.
+
+keel writes the file only when no copy exists, and only after the conductor said what
+the database knows about this host (see :mod:`services.compute.agent`). It is written
+atomically (a temporary file, fsync, then a hard link that fails if the name already
+exists), so a crash never leaves a half-written identity and two agents started at once
+on one state directory end up with the same UUID.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
@@ -29,16 +33,36 @@ _FILE_MODE = 0o644
 _MAX_SIZE = 4096
 
 
-def compute_id_path(state_dir: Path) -> Path:
-    return state_dir / COMPUTE_ID_FILE
+def compute_id_path(directory: Path) -> Path:
+    return directory / COMPUTE_ID_FILE
 
 
-def read_compute_id(state_dir: Path) -> UUID | None:
-    """The UUID in the identity file; ``None`` if there is no file.
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What the identity files say: the UUID (``None`` when there is no copy) and where."""
+
+    #: Where keel writes the identity: ``<state dir>/compute_id``.
+    state_file: Path
+    #: Every copy that was looked for, in the order read (state directory first).
+    candidates: tuple[Path, ...]
+    #: The copies found, all holding :attr:`node_uuid`.
+    found: tuple[Path, ...] = ()
+    node_uuid: UUID | None = None
+
+    def describe(self) -> str:
+        """The files that hold the identity, or where it would be, for messages."""
+        return " and ".join(str(p) for p in self.found or (self.state_file,))
+
+
+def read_compute_id(directory: Path) -> UUID | None:
+    """The UUID in ``<directory>/compute_id``; ``None`` if there is no file.
 
     Raises :class:`ConfigError` if the file exists but cannot be read or is not a UUID.
     """
-    path = compute_id_path(state_dir)
+    return _read(compute_id_path(directory))
+
+
+def _read(path: Path) -> UUID | None:
     try:
         with path.open("rb") as stream:
             raw = stream.read(_MAX_SIZE + 1)
@@ -63,9 +87,40 @@ def _parse(path: Path, raw: bytes) -> UUID:
         raise ConfigError(
             f"the node identity file {path} is corrupt: expected one UUID, found {shown!r}. "
             "keel-compute will not replace it, because a new identity would orphan this "
-            "node's guests; restore the file (the node's UUID is shown by "
-            "`openstack hypervisor show`), then start the agent again"
+            "node's guests; restore the file (the node's UUID is this host's hypervisor ID in "
+            "`openstack hypervisor list`), then start the agent again"
         ) from None
+
+
+def read_identity(state_dir: Path, config_file: Path | None = None) -> NodeIdentity:
+    """Read every copy of the identity: in ``state_dir`` and beside ``config_file``.
+
+    Raises :class:`ConfigError` naming the files when a copy is unreadable or corrupt,
+    or when copies disagree.
+    """
+    state_file = compute_id_path(state_dir)
+    candidates = [state_file]
+    if config_file is not None:
+        beside = compute_id_path(config_file.resolve().parent)
+        if beside.resolve() != state_file.resolve():
+            candidates.append(beside)
+    values = [(path, _read(path)) for path in candidates]
+    found = [(path, value) for path, value in values if value is not None]
+    distinct = {value for _, value in found}
+    if len(distinct) > 1:
+        listed = "; ".join(f"{path} holds {value}" for path, value in found)
+        raise ConfigError(
+            f"the node identity files disagree: {listed}. keel-compute will not guess which "
+            "node this host is; keep the copy holding this host's hypervisor ID in `openstack "
+            "hypervisor list`, make the other copy match it (or remove it), then start the "
+            "agent again"
+        )
+    return NodeIdentity(
+        state_file=state_file,
+        candidates=tuple(candidates),
+        found=tuple(path for path, _ in found),
+        node_uuid=found[0][1] if found else None,
+    )
 
 
 def write_compute_id(state_dir: Path, node_uuid: UUID) -> UUID:
@@ -84,22 +139,15 @@ def write_compute_id(state_dir: Path, node_uuid: UUID) -> UUID:
     return existing
 
 
-def load_or_create(state_dir: Path) -> UUID:
-    """The node's UUID: read from the identity file, or generated and written once."""
+def create_identity(state_dir: Path, node_uuid: UUID) -> UUID:
+    """Write the identity the conductor agreed to; refuse if another process won a race."""
+    on_disk = write_compute_id(state_dir, node_uuid)
     path = compute_id_path(state_dir)
-    existing = read_compute_id(state_dir)
-    if existing is not None:
-        LOG.info("node identity %s read from %s", existing, path, extra={"decision": "reuse"})
-        return existing
-    generated = uuid.uuid4()
-    node_uuid = write_compute_id(state_dir, generated)
-    if node_uuid != generated:
-        LOG.info("node identity %s was written to %s by another process", node_uuid, path)
-        return node_uuid
-    LOG.info(
-        "no node identity file at %s: this host starts as a new compute node %s",
-        path,
-        node_uuid,
-        extra={"decision": "create"},
-    )
+    if on_disk != node_uuid:
+        raise ConfigError(
+            f"another process wrote the node identity file {path} ({on_disk}) while this "
+            "agent was starting; make sure only one keel-compute uses this state directory, "
+            "then start the agent again"
+        )
+    LOG.info("wrote node identity %s to %s", node_uuid, path, extra={"decision": "create"})
     return node_uuid

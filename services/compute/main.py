@@ -3,8 +3,8 @@
 The composition root: it builds the RabbitMQ transport and the virt driver from the
 settings, then hands them to :func:`services.compute.agent.start_agent`, which does the
 start-up in order. It runs until SIGTERM/SIGINT, then drains and exits 0. A refusal to
-start (a corrupt identity file, a renamed host, no conductor answering) exits 1 with
-one line that says why.
+start (a corrupt identity file, a renamed host, a lost or replaced identity, a conductor
+too old or not answering) exits 1 with one line that says why and what to do.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from services.conductor.rpcapi import (
     PowerAction,
 )
 from services.conductor.tasks.build import CREATE_ACTION
-from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances
+from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, placement
 from shared.db.pool import Connection
 from shared.objects.states import PowerState, TaskState, VmState
 
@@ -110,9 +110,10 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
     async with pool.acquire() as conn:
         node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
         instance = await instances.find(conn, req.instance_uuid)
-    if instance is None or instance.deleted_at is not None:
-        return BuildCheck(verdict=BuildVerdict.ABANDON, reason="the instance was deleted")
-    if (instance.host, instance.node) != (node.host, node.hypervisor_hostname):
+        if instance is None or instance.deleted_at is not None:
+            return BuildCheck(verdict=BuildVerdict.ABANDON, reason="the instance was deleted")
+        placed_on = await placement.node_of(conn, instance)
+    if placed_on is None or placed_on.id != node.id:
         where = f"{instance.host}/{instance.node}" if instance.host else "no host yet"
         return BuildCheck(
             verdict=BuildVerdict.LEAVE, reason=f"the instance is placed elsewhere ({where})"

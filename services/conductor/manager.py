@@ -15,11 +15,13 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildInstances,
     CheckBuild,
+    ComputeResolution,
     InstanceActionResult,
     InstanceBuildResult,
     InstanceDeleted,
     RegisterCompute,
     Registration,
+    ResolveCompute,
     ServiceHeartbeat,
 )
 from services.conductor.tasks.build import BuildInstanceTask
@@ -64,6 +66,9 @@ class ConductorManager:
             faults=self._faults,
         )
         await task.run()
+
+    async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
+        return await self._registry.resolve(req)
 
     async def register_compute(self, ctx: RequestContext, req: RegisterCompute) -> Registration:
         return await self._registry.register(req)

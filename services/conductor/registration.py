@@ -1,22 +1,34 @@
 """Compute agents' registration and heartbeats: their only path to the database.
 
-An agent presents its node UUID (from its identity file) and its host name. A node
-belongs to one host for life: an agent whose node UUID is on record under another host
-name is refused with :class:`~shared.exceptions.HostRenameDetected` before anything is
-written, so a renamed host cannot quietly take over, or fork, another host's records.
+An agent first asks :meth:`ComputeRegistry.resolve` what the database knows about its
+host (read-only), then registers with its node UUID. Registration runs the same checks
+again inside its transaction (:mod:`services.conductor.compute_identity`), so a renamed
+host, a lost or replaced identity, or a deleted node is refused before anything is
+written, whichever release the agent runs.
+
+A node keeps its UUID when its hypervisor host name changes: the new name is recorded
+(and copied to the servers on it), and the change is logged.
 """
 
 from __future__ import annotations
 
 import logging
+from uuid import UUID
 
 import asyncpg
 
-from services.conductor.rpcapi import RegisterCompute, Registration, ServiceHeartbeat
+from services.conductor import compute_identity
+from services.conductor.rpcapi import (
+    ComputeResolution,
+    RegisterCompute,
+    Registration,
+    ResolveCompute,
+    ServiceHeartbeat,
+)
 from shared.db import compute_nodes, services
 from shared.db.pool import Connection
-from shared.exceptions import ComputeNodeNotFound, Conflict, HostRenameDetected, ServiceTooOld
-from shared.objects.compute_node import ComputeNode
+from shared.exceptions import ComputeNodeNotFound, HostRenameDetected, ServiceTooOld
+from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.service import Binary
 from shared.version_checks import refuse_if_older_than_the_rest, refuse_if_unsupported
 from shared.version_pins import MinimumVersions
@@ -27,35 +39,37 @@ LOG = logging.getLogger(__name__)
 COMPUTE_TOPIC = "compute"
 
 
-async def _node_or_none(conn: Connection, req: RegisterCompute) -> ComputeNode | None:
-    try:
-        return await compute_nodes.get_by_uuid(conn, req.node_uuid)
-    except ComputeNodeNotFound:
-        return None
-
-
-async def _check_identity(conn: Connection, req: RegisterCompute) -> None:
-    """Refuse a node on record under another host, or a host on record with another node."""
-    node = await _node_or_none(conn, req)
-    if node is not None and node.host != req.host:
-        raise HostRenameDetected(
-            f"compute node {req.node_uuid} belongs to host {node.host!r}, but this agent says "
-            f"its host is {req.host!r}; nothing was changed. If the host was renamed, set "
-            f"KEEL_HOST back to {node.host!r}; if this is a different machine, give it its "
-            f"own node identity."
-        )
-    if node is not None:
-        return
-    nodename = req.resources.hypervisor_hostname
-    try:
-        other = await compute_nodes.get_by_host_node(conn, req.host, nodename)
-    except ComputeNodeNotFound:
-        return
-    raise Conflict(
-        f"host {req.host!r} already has compute node {nodename!r} with UUID {other.uuid}, but "
-        f"this agent presents node UUID {req.node_uuid}; nothing was changed. Restore the "
-        f"agent's node identity file to {other.uuid}."
+async def _record_node(
+    conn: Connection,
+    *,
+    node_uuid: UUID,
+    service_id: int,
+    host: str,
+    resources: NodeResources,
+    before: ComputeNode | None,
+) -> ComputeNode:
+    """Upsert the node; log a hypervisor host name change and copy it to its servers."""
+    node = await compute_nodes.upsert(
+        conn, node_uuid=node_uuid, service_id=service_id, host=host, resources=resources
     )
+    if before is not None and before.hypervisor_hostname != node.hypervisor_hostname:
+        moved = await conn.execute(
+            """UPDATE instances SET node = $2, updated_at = now()
+                WHERE compute_id = $1 AND deleted_at IS NULL""",
+            node.id,
+            node.hypervisor_hostname,
+        )
+        LOG.warning(
+            "hypervisor host name of compute node %s (host %s) changed: %r → %r; the node "
+            "keeps its UUID, and its %s server(s) now show the new name",
+            node.uuid,
+            host,
+            before.hypervisor_hostname,
+            node.hypervisor_hostname,
+            moved.rpartition(" ")[2],
+            extra={"decision": "hypervisor_renamed"},
+        )
+    return node
 
 
 class ComputeRegistry:
@@ -89,12 +103,33 @@ class ComputeRegistry:
             raise
         return own
 
+    async def resolve(self, req: ResolveCompute) -> ComputeResolution:
+        """What the database knows about the agent's host and node; writes nothing."""
+        async with self.pool.acquire() as conn:
+            resolution = await compute_identity.resolve(conn, req, self.service_down_time)
+        LOG.info(
+            "resolved compute host %s (node %s): %s, %s",
+            req.host,
+            req.node_uuid or "none presented",
+            resolution.decision,
+            resolution.reason,
+            extra={"decision": f"identity_{resolution.decision}"},
+        )
+        return resolution
+
     async def register(self, req: RegisterCompute) -> Registration:
         """Create or refresh the agent's service and node rows, in one transaction."""
         refuse_if_unsupported(req.version)
         previous = await self._check_version(req)
+        check = ResolveCompute(
+            host=req.host,
+            node_uuid=req.node_uuid,
+            hypervisor_hostname=req.resources.hypervisor_hostname,
+            identity_file="the agent's node identity file",
+        )
         async with self.pool.acquire() as conn, conn.transaction():
-            await _check_identity(conn, req)
+            await compute_identity.resolve(conn, check, self.service_down_time)
+            before = await compute_nodes.find_by_uuid(conn, req.node_uuid)
             service = await services.get_or_create(
                 conn,
                 host=req.host,
@@ -105,12 +140,13 @@ class ComputeRegistry:
             )
             # Not marked up here: the agent's first heartbeat does that, once it consumes
             # its queue.
-            node = await compute_nodes.upsert(
+            node = await _record_node(
                 conn,
                 node_uuid=req.node_uuid,
                 service_id=service.id,
                 host=req.host,
                 resources=req.resources,
+                before=before,
             )
         self.minimums.note(Binary.COMPUTE.value, previous, req.version)
         LOG.info(
@@ -148,15 +184,16 @@ class ComputeRegistry:
                 node = await compute_nodes.get_by_uuid(conn, req.node_uuid)
             except ComputeNodeNotFound:
                 node = None
-            if node is not None and node.host != service.host:
+            if node is not None and node.service_id not in (None, service.id):
                 raise HostRenameDetected(
-                    f"compute node {req.node_uuid} belongs to host {node.host!r}, but service "
-                    f"{service.uuid} is on host {service.host!r}; the report was not recorded."
+                    f"compute node {req.node_uuid} belongs to another service than "
+                    f"{service.uuid} (host {service.host!r}); the report was not recorded."
                 )
-            await compute_nodes.upsert(
+            await _record_node(
                 conn,
                 node_uuid=req.node_uuid,
                 service_id=service.id,
                 host=service.host,
                 resources=req.resources,
+                before=node,
             )

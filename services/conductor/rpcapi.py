@@ -6,11 +6,14 @@ Conductor RPC API history:
   instance_build_result (cast), instance_deleted (cast).
 * 1.1 — check_build (call): whether a build an agent was sent is still wanted there.
 * 1.2 — instance_action_result (cast): how a stop, start or reboot went on the agent.
+* 1.3 — resolve_compute (call, read-only): what the database knows about an agent's host
+  and node identity, asked before the agent creates an identity file or registers.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 from uuid import UUID
 
 from pydantic import Field
@@ -36,6 +39,32 @@ class RegisterCompute(KeelModel):
     node_uuid: UUID
     version: int = Field(ge=0)
     resources: NodeResources
+
+
+class ResolveCompute(KeelModel):
+    host: str = Field(min_length=1, max_length=255)
+    #: The UUID in the agent's identity file; ``None`` when it has none.
+    node_uuid: UUID | None = None
+    hypervisor_hostname: str = Field(min_length=1, max_length=255)
+    #: Where the agent keeps (or would keep) its identity file, for refusal messages.
+    identity_file: str = Field(default="compute_id", max_length=4096)
+
+
+class ComputeResolution(KeelModel):
+    """The conductor's answer: which node UUID the agent is to register with.
+
+    * ``known``: the node is on record for this host; go on with it.
+    * ``new``: the database knows nothing of this host or node: a new compute node
+      (with the presented UUID, or a fresh one the agent generates).
+    * ``adopt``: the host was registered by a release that kept no identity file and has
+      exactly one node: write ``node_uuid`` as the identity file.
+
+    Every other case is a refusal, raised as an error.
+    """
+
+    decision: Literal["known", "new", "adopt"]
+    node_uuid: UUID | None = None
+    reason: str = ""
 
 
 class Registration(KeelModel):
@@ -121,6 +150,28 @@ class ConductorAPI:
         req = RegisterCompute(host=host, node_uuid=node_uuid, version=version, resources=resources)
         return await self.client.call(
             ctx, "register_compute", req, version="1.0", returns=Registration
+        )
+
+    async def resolve_compute(
+        self,
+        ctx: RequestContext,
+        *,
+        host: str,
+        node_uuid: UUID | None,
+        hypervisor_hostname: str,
+        identity_file: str,
+    ) -> ComputeResolution | None:
+        """What the database knows of this host; ``None`` if the conductor cannot say."""
+        if not await self.client.can_send_version("1.3"):
+            return None
+        req = ResolveCompute(
+            host=host,
+            node_uuid=node_uuid,
+            hypervisor_hostname=hypervisor_hostname,
+            identity_file=identity_file,
+        )
+        return await self.client.call(
+            ctx, "resolve_compute", req, version="1.3", returns=ComputeResolution
         )
 
     async def service_heartbeat(

@@ -137,3 +137,30 @@ async def ensure_database(url: str) -> bool:
         await admin.close()
     LOG.info("created database %s on %s", name, server_of(url))
     return True
+
+
+async def drop_database(url: str) -> bool:
+    """Drop the database ``url`` names; False if there was none.
+
+    Refused (a :class:`KeelError`) while anything else is connected to it.
+    """
+    name = database_name(url)
+    admin = await _connect(with_database(url, MAINTENANCE_DB))
+    try:
+        if not await admin.fetchval("SELECT true FROM pg_database WHERE datname = $1", name):
+            return False
+        quoted = '"' + name.replace('"', '""') + '"'
+        await admin.execute(f"DROP DATABASE {quoted}")
+    except asyncpg.ObjectInUseError:
+        raise KeelError(
+            f"database {name!r} on {server_of(url)} is in use by another process (a keel cloud "
+            "of another checkout?); stop it first"
+        ) from None
+    except asyncpg.InsufficientPrivilegeError:
+        raise KeelError(
+            f"the user in KEEL_DATABASE_URL may not drop database {name!r} on "
+            f"{server_of(url)}: drop it as its owner or a superuser"
+        ) from None
+    finally:
+        await admin.close()
+    return True

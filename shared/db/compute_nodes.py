@@ -1,4 +1,9 @@
-"""Queries on ``compute_nodes``: agent reports, and host state for the scheduler."""
+"""Queries on ``compute_nodes``: agent reports, and host state for the scheduler.
+
+A node belongs to its service by ``service_id``; ``host`` repeats the service's host
+name for display. A deleted node (its service removed by an operator) keeps its row, and
+its UUID is never brought back to life: :func:`upsert` refuses it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from asyncpg import Record
 
 from shared.db import services
 from shared.db.pool import Connection
-from shared.exceptions import ComputeNodeNotFound
+from shared.exceptions import ComputeNodeDeleted, ComputeNodeNotFound
 from shared.objects.compute_node import ComputeNode, HostState, NodeResources, NodeTotals
 from shared.objects.service import Service
 
@@ -22,10 +27,12 @@ async def upsert(
     host: str,
     resources: NodeResources,
 ) -> ComputeNode:
-    """Create the node an agent reports, or refresh its totals (never its usage).
+    """Create the node an agent reports, or refresh it (never its usage).
 
-    Usage columns belong to the claims in ``allocations``; an agent report does not
-    touch them.
+    The report's hypervisor host name replaces the recorded one (a single-host driver
+    may see its system host name change). Usage columns belong to the claims in
+    ``allocations``; an agent report does not touch them. A node that was deleted is
+    not revived: :class:`ComputeNodeDeleted`.
     """
     row = await conn.fetchrow(
         """INSERT INTO compute_nodes
@@ -35,6 +42,7 @@ async def upsert(
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
            ON CONFLICT (uuid) DO UPDATE SET
                service_id = EXCLUDED.service_id,
+               hypervisor_hostname = EXCLUDED.hypervisor_hostname,
                hypervisor_type = EXCLUDED.hypervisor_type,
                availability_zone = EXCLUDED.availability_zone,
                vcpus = EXCLUDED.vcpus, memory_mb = EXCLUDED.memory_mb,
@@ -43,6 +51,7 @@ async def upsert(
                ram_allocation_ratio = EXCLUDED.ram_allocation_ratio,
                disk_allocation_ratio = EXCLUDED.disk_allocation_ratio,
                updated_at = now()
+             WHERE compute_nodes.deleted_at IS NULL
            RETURNING *""",
         node_uuid,
         service_id,
@@ -58,8 +67,37 @@ async def upsert(
         resources.ram_allocation_ratio,
         resources.disk_allocation_ratio,
     )
-    assert row is not None
+    if row is None:
+        raise ComputeNodeDeleted(
+            f"compute node {node_uuid} was deleted; its UUID cannot be used again. Remove "
+            "the agent's node identity file to start this host as a new compute node"
+        )
     return ComputeNode.from_row(row)
+
+
+async def find_by_uuid(conn: Connection, node_uuid: UUID) -> ComputeNode | None:
+    """The node with this UUID, deleted or not; ``None`` if there never was one."""
+    row = await conn.fetchrow("SELECT * FROM compute_nodes WHERE uuid = $1", node_uuid)
+    return None if row is None else ComputeNode.from_row(row)
+
+
+async def get_by_id(conn: Connection, node_id: int) -> ComputeNode:
+    row = await conn.fetchrow(
+        "SELECT * FROM compute_nodes WHERE id = $1 AND deleted_at IS NULL", node_id
+    )
+    if row is None:
+        raise ComputeNodeNotFound(f"compute node {node_id} not found")
+    return ComputeNode.from_row(row)
+
+
+async def of_service(conn: Connection, service_id: int) -> list[ComputeNode]:
+    """The live nodes of a service, oldest first."""
+    rows = await conn.fetch(
+        """SELECT * FROM compute_nodes
+            WHERE service_id = $1 AND deleted_at IS NULL ORDER BY id""",
+        service_id,
+    )
+    return [ComputeNode.from_row(row) for row in rows]
 
 
 async def get_by_uuid(conn: Connection, node_uuid: UUID) -> ComputeNode:
@@ -68,18 +106,6 @@ async def get_by_uuid(conn: Connection, node_uuid: UUID) -> ComputeNode:
     )
     if row is None:
         raise ComputeNodeNotFound(f"compute node {node_uuid} not found")
-    return ComputeNode.from_row(row)
-
-
-async def get_by_host_node(conn: Connection, host: str, nodename: str) -> ComputeNode:
-    row = await conn.fetchrow(
-        """SELECT * FROM compute_nodes
-            WHERE host = $1 AND hypervisor_hostname = $2 AND deleted_at IS NULL""",
-        host,
-        nodename,
-    )
-    if row is None:
-        raise ComputeNodeNotFound(f"compute node {nodename} on host {host} not found")
     return ComputeNode.from_row(row)
 
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+from shared.db import placement
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
@@ -40,10 +41,11 @@ def _iso(expr: str) -> str:
     return f"""to_char({expr} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US')"""
 
 
+#: A placed server's zone is its node's (found by id, see :mod:`shared.db.placement`).
 _ZONE = (
     "COALESCE((SELECT n.availability_zone FROM compute_nodes n"
-    " WHERE n.host = i.host AND n.hypervisor_hostname = i.node AND n.deleted_at IS NULL"
-    " LIMIT 1), i.availability_zone)"
+    f" WHERE n.id = {placement.node_id_sql('i')} AND n.deleted_at IS NULL),"
+    " i.availability_zone)"
 )
 _UPDATED = "COALESCE(i.updated_at, i.created_at)"
 _PROGRESS = "(CASE i.vm_state WHEN 'active' THEN 100 ELSE 0 END)"

@@ -64,43 +64,21 @@ async def find(conn: Connection, instance_uuid: UUID) -> Instance | None:
     return None if row is None else Instance.from_row(row)
 
 
-async def list_instances(
-    conn: Connection,
-    *,
-    project_id: str | None = None,
-    name: str | None = None,
-    host: str | None = None,
-    limit: int | None = None,
-) -> list[Instance]:
-    """Live instances, newest first. ``name`` is a POSIX regular expression, as in Nova."""
-    rows = await conn.fetch(
-        """SELECT * FROM instances
-            WHERE deleted_at IS NULL
-              AND ($1::text IS NULL OR project_id = $1)
-              AND ($2::text IS NULL OR display_name ~ $2)
-              AND ($3::text IS NULL OR host = $3)
-            ORDER BY created_at DESC, id DESC
-            LIMIT $4""",
-        project_id,
-        name,
-        host,
-        limit,
-    )
-    return [Instance.from_row(row) for row in rows]
-
-
 async def set_scheduled(
-    conn: Connection, instance_uuid: UUID, *, host: str, node: str
+    conn: Connection, instance_uuid: UUID, *, host: str, node: str, compute_id: int
 ) -> Instance | None:
     """building/scheduling → building/spawning on ``host``/``node``; ``None`` if lost.
 
-    Setting the same placement again is a success (a repeated build), so a redelivered
-    build finds the instance where its first delivery put it.
+    The compute node's id is recorded in the same statement as its names: it is the
+    link routing follows. Setting the same placement again is a success (a repeated
+    build), so a redelivered build finds the instance where its first delivery put it.
     """
     row = await conn.fetchrow(
-        """UPDATE instances SET host = $2, node = $3, task_state = $4, updated_at = now()
+        """UPDATE instances SET host = $2, node = $3, compute_id = $7, task_state = $4,
+                  updated_at = now()
             WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $5
-              AND (task_state = $6 OR (task_state = $4 AND host = $2 AND node = $3))
+              AND (task_state = $6
+                   OR (task_state = $4 AND host = $2 AND node = $3 AND compute_id = $7))
         RETURNING *""",
         instance_uuid,
         host,
@@ -108,6 +86,7 @@ async def set_scheduled(
         TaskState.SPAWNING.value,
         VmState.BUILDING.value,
         TaskState.SCHEDULING.value,
+        compute_id,
     )
     return None if row is None else Instance.from_row(row)
 
@@ -290,44 +269,3 @@ async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
         int(PowerState.NOSTATE),
     )
     return status != "UPDATE 0"
-
-
-async def list_page(
-    conn: Connection,
-    *,
-    project_id: str | None = None,
-    name: str | None = None,
-    host: str | None = None,
-    vm_states: list[str] | None = None,
-    marker: UUID | None = None,
-    limit: int | None = None,
-) -> list[Instance]:
-    """A page of live instances, newest first, following the instance ``marker``.
-
-    ``name`` is a POSIX regular expression. The marker may be a deleted instance; one
-    that never existed raises :class:`InstanceNotFound`.
-    """
-    after = None
-    if marker is not None:
-        after = await conn.fetchrow("SELECT created_at, id FROM instances WHERE uuid = $1", marker)
-        if after is None:
-            raise InstanceNotFound(f"marker [{marker}] not found")
-    rows = await conn.fetch(
-        """SELECT * FROM instances
-            WHERE deleted_at IS NULL
-              AND ($1::text IS NULL OR project_id = $1)
-              AND ($2::text IS NULL OR display_name ~ $2)
-              AND ($3::text IS NULL OR host = $3)
-              AND ($4::text[] IS NULL OR vm_state = ANY($4))
-              AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::bigint))
-            ORDER BY created_at DESC, id DESC
-            LIMIT $7""",
-        project_id,
-        name,
-        host,
-        vm_states,
-        None if after is None else after["created_at"],
-        None if after is None else after["id"],
-        limit,
-    )
-    return [Instance.from_row(row) for row in rows]

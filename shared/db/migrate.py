@@ -45,8 +45,8 @@ async def applied(conn: asyncpg.Connection) -> set[int]:
     return {row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")}
 
 
-async def sync(conn: asyncpg.Connection) -> list[Migration]:
-    """Apply what is missing; return what was applied (empty when up to date)."""
+async def sync(conn: asyncpg.Connection, up_to: int | None = None) -> list[Migration]:
+    """Apply what is missing (up to version ``up_to`` if given); return what was applied."""
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
     try:
         await conn.execute(
@@ -58,7 +58,7 @@ async def sync(conn: asyncpg.Connection) -> list[Migration]:
         done = await applied(conn)
         ran = []
         for migration in available():
-            if migration.version in done:
+            if migration.version in done or (up_to is not None and migration.version > up_to):
                 continue
             async with conn.transaction():
                 await conn.execute(migration.sql)

@@ -75,6 +75,18 @@ async def get_by_id(conn: Connection, service_id: int, down_time: float) -> Serv
     return Service.from_row(row)
 
 
+async def find_compute(conn: Connection, host: str, down_time: float) -> Service | None:
+    """The live compute service of ``host``, if it has one."""
+    row = await conn.fetchrow(
+        SELECT
+        + """ WHERE s.host = $2 AND s."binary" = 'keel-compute'
+                       AND s.deleted_at IS NULL""",
+        down_time,
+        host,
+    )
+    return None if row is None else Service.from_row(row)
+
+
 async def list_services(
     conn: Connection,
     down_time: float,

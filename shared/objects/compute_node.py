@@ -46,6 +46,8 @@ class ComputeNode(KeelModel):
     disk_allocation_ratio: float
     created_at: datetime
     updated_at: datetime | None
+    #: Set when an operator deleted the node (with its service); its UUID is never reused.
+    deleted_at: datetime | None = None
 
     @property
     def free_vcpus(self) -> float:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
@@ -24,8 +25,12 @@ class Instance(KeelModel):
     project_id: str
     user_id: str
     display_name: str
+    #: Where the instance runs, as the API shows it: the compute host and node names.
     host: str | None
     node: str | None
+    #: The link that routing and ownership follow: the compute node's id. ``None`` until
+    #: placed, and on rows an older release wrote until the online data migration ran.
+    compute_id: int | None = None
     vm_state: str
     task_state: str | None
     power_state: int
@@ -57,8 +62,19 @@ class RequestSpec(KeelModel):
     flavor: FlavorSnapshot
     image_ref: str = ""
     availability_zone: str | None = None
-    #: Hosts a previous attempt already failed on.
+    #: Compute nodes (by UUID) this request must not be placed on.
+    ignore_nodes: list[UUID] = Field(default_factory=list)
+    #: Host names to avoid, as older releases wrote them; honoured by name only through
+    #: the logged fallback of the IgnoreHostsFilter. keel writes ``ignore_nodes``.
     ignore_hosts: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_ignore_nodes(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave out an empty ``ignore_nodes``, so releases that do not know it read specs."""
+        data = handler(self)
+        if isinstance(data, dict) and not self.ignore_nodes:
+            data.pop("ignore_nodes", None)
+        return data
 
 
 class Allocation(KeelModel):

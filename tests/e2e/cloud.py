@@ -33,6 +33,7 @@ from shared.db import images, migrate, services
 from shared.db.pool import create_pool
 from tests.broker import AMQP_URL, remove_exchange
 from tests.faults.proxy import url_through
+from tests.polling import wait_until
 
 PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -109,8 +110,8 @@ class Cloud:
     member_token: str
     pool: asyncpg.Pool
     processes: dict[str, Process] = field(default_factory=dict)
-    #: The environment every process starts from.
-    base_env: dict[str, str] = field(default_factory=dict)
+    #: The environment every keel process of this cloud starts with.
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def clouds_yaml(self) -> Path:
@@ -140,10 +141,60 @@ class Cloud:
             argv, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False
         )
 
+    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``keel-manage`` with this cloud's settings."""
+        return subprocess.run(
+            [str(BIN / "keel-manage"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT,
+            check=False,
+        )
+
     def http(self, token: str | None = None) -> httpx.AsyncClient:
         """An HTTP client for the compute API (base ``/v2.1/``) with ``token`` if given."""
         headers = {"X-Auth-Token": token} if token else {}
         return httpx.AsyncClient(base_url=self.api_url + "/v2.1/", headers=headers, timeout=30)
+
+    async def get(self, path: str, version: str = "2.53") -> Any:
+        """GET a compute API path as the admin at ``version``; its JSON body."""
+        headers = {"OpenStack-API-Version": f"compute {version}"}
+        async with self.http(self.admin_token) as http:
+            response = await http.get(path, headers=headers)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    async def create_server(self, name: str, zone: str | None = None) -> dict[str, Any]:
+        """Create an m1.tiny cirros server as the admin; wait (polling) until it is ACTIVE."""
+        body: dict[str, Any] = {"name": name, "flavorRef": "1", "imageRef": str(CIRROS_ID)}
+        if zone is not None:
+            body["availability_zone"] = zone
+        async with self.http(self.admin_token) as http:
+            created = await http.post("servers", json={"server": body})
+            assert created.status_code == 202, created.text
+            path = f"servers/{created.json()['server']['id']}"
+            shown: dict[str, Any] = {}
+
+            async def settled() -> bool:
+                nonlocal shown
+                shown = (await http.get(path)).json()["server"]
+                return shown["status"] in ("ACTIVE", "ERROR")
+
+            await wait_until(settled, what=f"server {name} settling", timeout=READY_TIMEOUT)
+        assert shown["status"] == "ACTIVE", shown
+        return shown
+
+    async def delete_server(self, server_id: str) -> None:
+        """Delete a server as the admin; wait (polling) until it is gone."""
+        async with self.http(self.admin_token) as http:
+            response = await http.delete(f"servers/{server_id}")
+            assert response.status_code == 204, response.text
+
+            async def gone() -> bool:
+                return (await http.get(f"servers/{server_id}")).status_code == 404
+
+            await wait_until(gone, what=f"deleting server {server_id}", timeout=READY_TIMEOUT)
 
     def logs(self) -> dict[str, str]:
         """Every process's whole log so far."""
@@ -160,13 +211,76 @@ class Cloud:
         old = self.processes.get(name)
         if old is not None and old.popen.poll() is None:
             raise AssertionError(f"{name} is still running")
-        settings = {**self.base_env, "KEEL_HOST": host, **env}
+        settings = {**self.env, "KEEL_HOST": host, **env}
         if binary == "keel-compute":
             state = self.state_dir(host)
             state.mkdir(parents=True, exist_ok=True)
             settings.setdefault("KEEL_STATE_DIR", str(state))
         start_process(self, name, binary, settings)
         return self.processes[name]
+
+    def agent_env(self, host: str, state_dir: Path, **settings: str) -> dict[str, str]:
+        """An agent's environment: the cloud's, with its host, state dir and ``settings``."""
+        return {**self.env, "KEEL_HOST": host, "KEEL_STATE_DIR": str(state_dir), **settings}
+
+    def start_agent(
+        self, name: str, host: str, state_dir: Path, *args: str, **settings: str
+    ) -> Process:
+        """Start a keel-compute (``args`` after the binary, e.g. ``--config FILE``)."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        start_process(self, name, "keel-compute", self.agent_env(host, state_dir, **settings), args)
+        return self.processes[name]
+
+    def run_agent(
+        self,
+        host: str,
+        state_dir: Path,
+        *args: str,
+        timeout: float = READY_TIMEOUT,
+        **settings: str,
+    ) -> tuple[int | None, str]:
+        """Start a keel-compute expected to exit by itself: its exit code and its log.
+
+        ``None`` if it was still running after ``timeout`` seconds (it is then stopped).
+        """
+        name = f"run-{uuid.uuid4().hex[:8]}"
+        process = self.start_agent(name, host, state_dir, *args, **settings)
+        try:
+            code: int | None = process.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.stop()
+            code = None
+        del self.processes[name]
+        return code, process.log.read_text(encoding="utf-8", errors="replace")
+
+    async def wait_for_service(self, host: str, *, up: bool, binary: str = "keel-compute") -> None:
+        """Until the service of ``binary`` on ``host`` is up (or down)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while ((binary, host) in await up_services(self)) != up:
+            if time.monotonic() > deadline:
+                raise CloudError(
+                    f"{binary} on {host} not {'up' if up else 'down'}\n{describe(self)}"
+                )
+            await asyncio.sleep(0.25)
+
+    async def dump(self, *, compute_services_only: bool = True) -> dict[str, list[str]]:
+        """services, compute_nodes, instances and allocations, every row as JSON text.
+
+        Conductors and schedulers stamp their own service rows with heartbeats, so by
+        default only compute services are dumped.
+        """
+        where = {"services": "WHERE \"binary\" = 'keel-compute'" if compute_services_only else ""}
+        async with self.pool.acquire() as conn:
+            return {
+                table: [
+                    row[0]
+                    for row in await conn.fetch(
+                        f"SELECT to_jsonb(t)::text FROM {table} t {where.get(table, '')} "
+                        "ORDER BY id"
+                    )
+                ]
+                for table in ("services", "compute_nodes", "instances", "allocations")
+            }
 
     def stop_all(self) -> None:
         for process in reversed(self.processes.values()):
@@ -270,13 +384,15 @@ def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[s
     return env
 
 
-def start_process(cloud: Cloud, name: str, binary: str, env: dict[str, str]) -> None:
+def start_process(
+    cloud: Cloud, name: str, binary: str, env: dict[str, str], args: tuple[str, ...] = ()
+) -> None:
     """Start ``binary`` as ``name``; its output goes to ``logs/<name>.log`` (appended)."""
     log = cloud.workdir / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         popen = subprocess.Popen(
-            [str(BIN / binary)],
+            [str(BIN / binary), *args],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -360,8 +476,8 @@ async def running_cloud(workdir: Path, config: CloudConfig | None = None) -> Asy
     try:
         await prepare_database(pool)
         cloud.clouds_yaml.write_text(clouds_yaml(cloud.api_url, admin_token, member_token))
-        cloud.base_env = process_env(cloud, {admin_token: ADMIN, member_token: MEMBER})
-        start_all(cloud, cloud.base_env)
+        cloud.env = process_env(cloud, {admin_token: ADMIN, member_token: MEMBER})
+        start_all(cloud, cloud.env)
         await wait_until_ready(cloud)
         yield cloud
     finally:

@@ -1,4 +1,5 @@
-"""``make run``: the local-cloud launcher brings a cloud up, and Ctrl-C takes it down."""
+"""``make run``: the local-cloud launcher brings a cloud up, Ctrl-C takes it down, and
+``make clean`` lets a fresh clone start over on a database another checkout used."""
 
 from __future__ import annotations
 
@@ -104,20 +105,67 @@ async def fresh_database_url() -> AsyncIterator[str]:
     await drop_database(url)
 
 
-def test_make_run_starts_a_usable_cloud_and_stops_it_on_ctrl_c(
-    tmp_path: Path, fresh_database_url: str, run_exchange: str
-) -> None:
-    database_url = fresh_database_url
-    exchange = run_exchange
-    workdir = tmp_path / "keel"
-    launcher = subprocess.Popen(
+def launch(workdir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, str(LAUNCHER), "--workdir", str(workdir)],
-        env=launcher_env(database_url, exchange, free_port()),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def run_to_end(workdir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the launcher to its end (``clean``, or a run that is refused)."""
+    return subprocess.run(
+        [sys.executable, str(LAUNCHER), *args, "--workdir", str(workdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=READY_TIMEOUT,
+        check=False,
+    )
+
+
+def a_fresh_clone_recovers(fresh: Path, env: dict[str, str]) -> None:
+    """After a cloud ran on the database: a clone is told the way out, and takes it."""
+    refused = run_to_end(fresh, env)
+    assert refused.returncode == 1, refused.stdout
+    assert "already has compute hosts whose node identity files are not in" in refused.stdout
+    assert "compute1: node" in refused.stdout
+    assert "compute2: node" in refused.stdout
+    assert "make clean" in refused.stdout
+    cleaned = run_to_end(fresh, env, "clean")
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert "removing database" in cleaned.stdout
+    assert "dropped database" in cleaned.stdout
+    launcher = launch(fresh, env)
+    try:
+        read_until_ready(launcher)
+        server = openstack(
+            fresh / "clouds.yaml", "keel", "server", "create", "--flavor", "m1.tiny",
+            "--image", "cirros", "--wait", "after-clean",
+        )  # fmt: skip
+        assert server.returncode == 0, server.stderr
+        assert json.loads(server.stdout)["status"] == "ACTIVE"
+        launcher.send_signal(signal.SIGINT)
+        output, _ = launcher.communicate(timeout=STOP_TIMEOUT)
+        assert launcher.returncode == 0, output
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_make_run_starts_a_usable_cloud_stops_on_ctrl_c_and_make_clean_starts_over(
+    tmp_path: Path, fresh_database_url: str, run_exchange: str
+) -> None:
+    database_url = fresh_database_url
+    exchange = run_exchange
+    workdir = tmp_path / "keel"
+    env = launcher_env(database_url, exchange, free_port())
+    launcher = launch(workdir, env)
     try:
         banner = read_until_ready(launcher)
         clouds = workdir / "clouds.yaml"
@@ -146,12 +194,18 @@ def test_make_run_starts_a_usable_cloud_and_stops_it_on_ctrl_c(
         assert same_project.returncode == 0, same_project.stderr
         listed = openstack(clouds, "keel", "server", "list", "--all-projects")
         assert listed.returncode == 0, listed.stderr
+        while_running = run_to_end(workdir, env, "clean")
+        assert while_running.returncode == 1
+        assert "this checkout's local cloud is running" in while_running.stdout
+        assert clouds.exists()
 
         launcher.send_signal(signal.SIGINT)
         output, _ = launcher.communicate(timeout=STOP_TIMEOUT)
         assert launcher.returncode == 0, output
         assert processes_in(exchange) == []
         assert (workdir / "logs" / "api.log").stat().st_size > 0
+
+        a_fresh_clone_recovers(tmp_path / "clone" / ".keel", env)
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -200,7 +200,7 @@ async def test_control_plane_refuses_to_start_beside_too_old_computes(
         async with cloud.pool.acquire() as conn:
             before = await conn.fetch(ROWS)
         env = {
-            **cloud.base_env,
+            **cloud.env,
             "KEEL_HOST": f"refused-{binary}",
             "KEEL_API_BIND": f"127.0.0.1:{free_port()}",
         }

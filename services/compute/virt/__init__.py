@@ -34,14 +34,14 @@ def _base_driver(settings: Settings) -> Driver:
     compute = settings.compute
     if compute.driver == "fake":
         return FakeDriver(
-            settings.host,
+            settings.hypervisor_hostname,
             vcpus=compute.vcpus or FakeDriver.DEFAULT_VCPUS,
             memory_mb=compute.memory_mb or FakeDriver.DEFAULT_MEMORY_MB,
             local_gb=compute.local_gb or FakeDriver.DEFAULT_LOCAL_GB,
         )
     return LocalDriver(
         settings.state_dir,
-        settings.host,
+        settings.hypervisor_hostname,
         vcpus=compute.vcpus,
         memory_mb=compute.memory_mb,
         local_gb=compute.local_gb,

@@ -34,15 +34,14 @@ from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
 from shared.db import (
     allocations,
-    compute_nodes,
     fixed_ips,
     instance_actions,
     instances,
+    placement,
     request_specs,
 )
 from shared.exceptions import (
     BuildFailed,
-    ComputeNodeNotFound,
     KeelError,
     NoValidHost,
     Unroutable,
@@ -134,7 +133,11 @@ class BuildInstanceTask(TaskBase):
         """Swap scheduling → spawning on the selected host; None if the swap was lost."""
         async with self.pool.acquire() as conn, conn.transaction():
             placed = await instances.set_scheduled(
-                conn, self.instance_uuid, host=selection.host, node=selection.nodename
+                conn,
+                self.instance_uuid,
+                host=selection.host,
+                node=selection.nodename,
+                compute_id=selection.compute_node_id,
             )
             if placed is not None:
                 return placed
@@ -160,18 +163,13 @@ class BuildInstanceTask(TaskBase):
         return None
 
     async def _recorded_selection(self, instance: Instance) -> Selection:
-        """Where a spawning instance was placed, resolved to its agent's service."""
-        assert instance.host is not None
+        """Where a spawning instance was placed, resolved to its agent's service by id."""
         async with self.pool.acquire() as conn:
-            try:
-                node = await compute_nodes.get_by_host_node(
-                    conn, instance.host, instance.node or ""
-                )
-                host = await compute_nodes.host_state_by_id(conn, node.id, self.service_down_time)
-            except ComputeNodeNotFound:
-                raise BuildFailed(
-                    f"compute node {instance.node} of host {instance.host} no longer exists"
-                ) from None
+            host = await placement.host_of(conn, instance, self.service_down_time)
+        if host is None:
+            raise BuildFailed(
+                f"compute node {instance.node} of host {instance.host} no longer exists"
+            )
         return Selection(
             service_uuid=host.service.uuid,
             compute_node_id=host.node.id,

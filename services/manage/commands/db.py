@@ -1,10 +1,11 @@
-"""``keel-manage db``: create and migrate the database, and show its schema version."""
+"""``keel-manage db``: create and migrate the database, show its schema version, and run
+the online data migrations (:mod:`services.manage.commands.online_migrations`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from services.manage.commands import set_handler
+from services.manage.commands import online_migrations, set_handler
 from services.manage.database import connect, database_name, ensure_database, server_of
 from shared.config import Settings
 from shared.db import migrate
@@ -61,3 +62,4 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         sync,
     )
     set_handler(actions.add_parser("version", help="show applied and pending migrations"), version)
+    online_migrations.register(actions)

@@ -1,14 +1,14 @@
-"""``keel-manage service``: what runs where, and whether it is up."""
+"""``keel-manage service``: what runs where, whether it is up, and renaming a compute host."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
-from services.manage.commands import set_handler
+from services.manage.commands import UsageError, set_handler
 from services.manage.database import connect
 from shared.config import Settings
-from shared.db import services
+from shared.db import service_maintenance, services
 from shared.objects.service import Service
 
 COLUMNS = ("ID", "Binary", "Host", "Status", "State", "Version", "Last seen up")
@@ -52,6 +52,26 @@ async def list_(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def rename(args: argparse.Namespace, settings: Settings) -> int:
+    """Rename a stopped compute host, with its nodes and servers, in one transaction."""
+    if args.old == args.new or not 0 < len(args.new) <= 255 or args.new != args.new.strip():
+        raise UsageError(
+            f"NEW must be a host name of 1 to 255 characters without surrounding spaces, "
+            f"different from OLD; got {args.new!r}"
+        )
+    async with connect(settings.database_url) as conn:
+        done = await service_maintenance.rename_compute(
+            conn, args.old, args.new, settings.service_down_time
+        )
+    print(
+        f"renamed compute host {args.old} to {args.new}: service {done.service.uuid}, "
+        f"{done.nodes} node(s), {done.instances} server row(s). Start its agent with "
+        f"KEEL_HOST={args.new} and the same state directory: it keeps its node, its "
+        "servers and its queue."
+    )
+    return 0
+
+
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     service = commands.add_parser("service", help="services and their state")
     actions = service.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -64,3 +84,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     listing.add_argument("--host", help="only services on this host")
     listing.add_argument("--binary", help="only this binary, e.g. keel-compute")
     set_handler(listing, list_)
+    renaming = actions.add_parser(
+        "rename",
+        help="rename a stopped compute host",
+        description="Rename compute host OLD to NEW: its service, compute nodes and "
+        "servers, in one transaction. Only while OLD's agent is stopped (no heartbeat for "
+        "KEEL_SERVICE_DOWN_TIME seconds), and only if NEW has no compute service. Then "
+        "start the agent with KEEL_HOST=NEW and its old state directory.",
+    )
+    renaming.add_argument("old", metavar="OLD", help="the compute host's current name")
+    renaming.add_argument("new", metavar="NEW", help="its new name")
+    set_handler(renaming, rename)

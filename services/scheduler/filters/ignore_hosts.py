@@ -1,4 +1,9 @@
-"""IgnoreHostsFilter: skip hosts the request says to avoid (e.g. where a build failed)."""
+"""IgnoreHostsFilter: skip the compute nodes a request says to avoid.
+
+Nodes are named by UUID (``spec.ignore_nodes``), so a renamed host is still recognised.
+Request specs written by an older release may name hosts instead (``ignore_hosts``);
+those names are still honoured, and each such match is logged.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +17,20 @@ LOG = logging.getLogger(__name__)
 
 
 class IgnoreHostsFilter:
-    """Passes hosts whose name is not in ``spec.ignore_hosts``."""
+    """Passes nodes not in ``spec.ignore_nodes`` (nor, by name, in ``spec.ignore_hosts``)."""
 
     name = "IgnoreHostsFilter"
 
     def host_passes(self, host: HostState, spec: RequestSpec) -> bool:
-        if host.node.host in spec.ignore_hosts:
-            LOG.debug("host %s: ignored by the request", host.node.host)
+        if host.node.uuid in spec.ignore_nodes:
+            LOG.debug("node %s (host %s): ignored by the request", host.node.uuid, host.node.host)
+            return False
+        if host.service.host in spec.ignore_hosts:
+            LOG.info(
+                "host %s: ignored by name, as a request spec of an older release asks",
+                host.service.host,
+                extra={"instance_uuid": str(spec.instance_uuid)},
+            )
             return False
         return True
 

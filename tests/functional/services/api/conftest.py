@@ -21,7 +21,7 @@ from services.compute.rpcapi import ComputeAPI, TerminateInstance, topic_for
 from services.conductor.rpcapi import BuildInstances, ConductorAPI
 from shared.config import AuthSettings, NetworkSettings, RpcSettings, Settings, TokenInfo
 from shared.context import RequestContext
-from shared.db import compute_nodes, images, services
+from shared.db import compute_nodes, images, instances, services
 from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.service import Service
 from shared.rpc.amqp import AmqpTransport
@@ -207,3 +207,16 @@ async def add_compute(
         )
         service = await services.get(conn, service.uuid, 60)
     return service, node
+
+
+async def place_on(pool: asyncpg.Pool, server_id: str, node: ComputeNode) -> None:
+    """Record the server as scheduled to ``node``, as the conductor does."""
+    async with pool.acquire() as conn:
+        placed = await instances.set_scheduled(
+            conn,
+            uuid.UUID(server_id),
+            host=node.host,
+            node=node.hypervisor_hostname,
+            compute_id=node.id,
+        )
+    assert placed is not None

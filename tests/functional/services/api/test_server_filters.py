@@ -45,7 +45,7 @@ async def servers(
     """alpha (admin's, active on compute-1 in az1), beta (a member's, building), gamma (deleted)."""
     await add_image(db_pool)
     await add_image(db_pool, "other", OTHER_IMAGE)
-    await add_compute(db_pool, "compute-1", zone="az1")
+    _, node = await add_compute(db_pool, "compute-1", zone="az1")
     alpha = await post(client, ADMIN, name="alpha", tags=["web", "prod"], description="front end")
     beta = await post(
         client, MEMBER, name="beta", flavorRef="2", imageRef=str(OTHER_IMAGE), tags=["web"],
@@ -53,7 +53,9 @@ async def servers(
     )  # fmt: skip
     gamma = await post(client, ADMIN, name="gamma")
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(alpha), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(alpha), host="compute-1", node="compute-1", compute_id=node.id
+        )
         await instances.set_active(conn, UUID(alpha))
     assert (await client.delete(f"/v2.1/servers/{gamma}", headers=ADMIN)).status_code == 204
     return {"alpha": alpha, "beta": beta, "gamma": gamma}

@@ -15,6 +15,7 @@ from tests.functional.services.api.conftest import (
     MEMBER,
     OTHER_MEMBER,
     Recorder,
+    add_compute,
     add_image,
     at,
 )
@@ -26,8 +27,11 @@ pytestmark = pytest.mark.functional
 async def active_server(client: httpx.AsyncClient, pool: asyncpg.Pool) -> str:
     await add_image(pool)
     server_id = await create(client)
+    _, node = await add_compute(pool, "compute-1")
     async with pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host="compute-1", node="compute-1", compute_id=node.id
+        )
         assert await instances.set_active(conn, UUID(server_id)) is not None
     return server_id
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from uuid import UUID
 
 import asyncpg
@@ -213,9 +214,11 @@ async def test_admins_see_placement_and_members_do_not(
 ) -> None:
     await add_image(db_pool)
     server_id = await create(client)
-    await add_compute(db_pool, "compute-1")
+    _, node = await add_compute(db_pool, "compute-1")
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
 
     admin = (await client.get(f"/v2.1/servers/{server_id}", headers=at("2.73"))).json()["server"]
     member = (await client.get(f"/v2.1/servers/{server_id}", headers=at("2.73", MEMBER))).json()
@@ -281,7 +284,9 @@ async def test_delete_on_a_live_host_asks_its_agent(
     service, node = await add_compute(db_pool, "compute-1")
     await agents.serve(service.uuid)
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
         await allocations.claim(conn, node.id, UUID(server_id), FLAVOR)
 
     response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
@@ -300,7 +305,9 @@ async def test_delete_on_a_down_host_is_local_and_releases_the_claim(
     server_id = await create(client)
     _, node = await add_compute(db_pool, "compute-1", up=False)
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
         await allocations.claim(conn, node.id, UUID(server_id), FLAVOR)
 
     response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
@@ -317,9 +324,11 @@ async def test_delete_when_the_agent_has_no_queue_is_local(
 ) -> None:
     await add_image(db_pool)
     server_id = await create(client)
-    await add_compute(db_pool, "compute-1")
+    _, node = await add_compute(db_pool, "compute-1")
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
     response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
     assert response.status_code == 204
     assert (await client.get(f"/v2.1/servers/{server_id}", headers=MEMBER)).status_code == 404
@@ -342,3 +351,48 @@ async def test_bad_requests_are_400_with_a_fault_body(client: httpx.AsyncClient)
     assert bad_regex.status_code == 400
     bad_marker = await client.get("/v2.1/servers", headers=MEMBER, params={"marker": "nope"})
     assert bad_marker.status_code == 400
+
+
+async def test_delete_of_a_row_without_compute_id_reaches_its_agent_by_host_name(
+    client: httpx.AsyncClient,
+    db_pool: asyncpg.Pool,
+    conductor: Recorder,
+    agents: StandInAgents,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await add_image(db_pool)
+    server_id = await create(client)
+    service, node = await add_compute(db_pool, "compute-1")
+    await agents.serve(service.uuid)
+    async with db_pool.acquire() as conn:
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
+        # As a release without compute_id wrote it.
+        await conn.execute("UPDATE instances SET compute_id = NULL WHERE uuid = $1", server_id)
+
+    with caplog.at_level(logging.WARNING, logger="shared.db.placement"):
+        response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
+
+    assert response.status_code == 204
+    assert str(await agents.recorder.next_termination()) == server_id
+    assert any("online-data-migrations" in r.getMessage() for r in caplog.records)
+
+
+async def test_delete_follows_compute_id_even_when_the_names_are_stale(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder, agents: StandInAgents
+) -> None:
+    await add_image(db_pool)
+    server_id = await create(client)
+    service, node = await add_compute(db_pool, "compute-1")
+    await add_compute(db_pool, "compute-2")
+    await agents.serve(service.uuid)
+    async with db_pool.acquire() as conn:
+        await instances.set_scheduled(
+            conn, UUID(server_id), host="compute-2", node="compute-2", compute_id=node.id
+        )
+
+    response = await client.delete(f"/v2.1/servers/{server_id}", headers=MEMBER)
+
+    assert response.status_code == 204
+    assert str(await agents.recorder.next_termination()) == server_id

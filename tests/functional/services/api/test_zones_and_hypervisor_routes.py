@@ -93,7 +93,9 @@ async def test_search_and_servers_below_2_53_and_with_servers_from_it(
     await add_compute(db_pool, "storage-1")
     server_id = await create(client)
     async with db_pool.acquire() as conn:
-        await instances.set_scheduled(conn, UUID(server_id), host="compute-1", node="compute-1")
+        await instances.set_scheduled(
+            conn, UUID(server_id), host=node.host, node=node.hypervisor_hostname, compute_id=node.id
+        )
 
     found = await client.get("/v2.1/os-hypervisors/comp/search", headers=at("2.52"))
     assert found.json() == {

@@ -10,7 +10,7 @@ import pytest
 from services.conductor.rpcapi import ConductorAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, services
-from shared.exceptions import Conflict, HostRenameDetected, ServiceNotFound
+from shared.exceptions import DuplicateComputeNode, HostRenameDetected, ServiceNotFound
 from shared.versions import SERVICE_VERSION
 from tests.functional.services.conductor.stand_in import SMALL, resources
 
@@ -105,7 +105,7 @@ async def test_host_presenting_a_new_node_uuid_for_its_node_is_refused(
     )
     before = await snapshot(db_pool)
 
-    with pytest.raises(Conflict, match=str(known)):
+    with pytest.raises(DuplicateComputeNode, match=str(known)):
         await conductor.register_compute(
             CTX,
             host="cn1",

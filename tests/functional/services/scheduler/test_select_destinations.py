@@ -162,13 +162,13 @@ async def test_availability_zone_and_ignored_hosts_are_honoured(
 ) -> None:
     await add_host(db_pool, "west-big", memory_mb=8192)
     await add_host(db_pool, "east", memory_mb=4096)
-    await add_host(db_pool, "east-ignored", memory_mb=8192)
+    ignored = await add_host(db_pool, "east-ignored", memory_mb=8192)
     async with db_pool.acquire() as conn:
         await conn.execute(
             "UPDATE compute_nodes SET availability_zone = 'east' WHERE host LIKE 'east%'"
         )
     spec = spec_for().model_copy(
-        update={"availability_zone": "east", "ignore_hosts": ["east-ignored"]}
+        update={"availability_zone": "east", "ignore_nodes": [ignored.uuid]}
     )
     selection = await scheduler.select_destinations(RequestContext(), spec)
     assert selection.host == "east"

@@ -2,8 +2,8 @@
 
 :class:`StandInConductor` serves the conductor's RPC API on topic ``conductor`` the way
 the real one answers agents, and records what it was sent, so a test can assert what an
-agent reported. It refuses a node registering from another host, as the real conductor
-does, with :class:`~shared.exceptions.HostRenameDetected`.
+agent reported. It refuses a node resolving or registering from another host, as the
+real conductor does, with :class:`~shared.exceptions.HostRenameDetected`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildVerdict,
     CheckBuild,
+    ComputeResolution,
     InstanceBuildResult,
     InstanceDeleted,
     RegisterCompute,
     Registration,
+    ResolveCompute,
     ServiceHeartbeat,
 )
 from shared.context import RequestContext
@@ -34,7 +36,7 @@ from shared.rpc.transport import Transport
 
 
 @dataclass(frozen=True)
-class _Node:
+class Node:
     host: str
     service_uuid: UUID
     service_id: int
@@ -45,7 +47,10 @@ class StandInConductor:
     """The conductor's agent-facing RPC methods, answered from memory."""
 
     def __init__(self) -> None:
-        self.nodes: dict[UUID, _Node] = {}
+        self.nodes: dict[UUID, Node] = {}
+        self.resolutions: list[ResolveCompute] = []
+        #: What ``resolve_compute`` answers for an agent without an identity file, if set.
+        self.answer_without_file: ComputeResolution | None = None
         self.registrations: list[RegisterCompute] = []
         self.heartbeats: list[ServiceHeartbeat] = []
         self.build_results: list[InstanceBuildResult] = []
@@ -55,12 +60,26 @@ class StandInConductor:
         self.verdicts: dict[UUID, list[BuildVerdict]] = {}
         self.checks: list[CheckBuild] = []
 
+    async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
+        self.resolutions.append(req)
+        node = self.nodes.get(req.node_uuid) if req.node_uuid else None
+        if req.node_uuid is None and self.answer_without_file is not None:
+            return self.answer_without_file
+        if node is None:
+            return ComputeResolution(decision="new", node_uuid=req.node_uuid)
+        if node.host != req.host:
+            raise HostRenameDetected(
+                f"compute node {req.node_uuid} belongs to host {node.host!r}, "
+                f"not {req.host!r}; refusing to start"
+            )
+        return ComputeResolution(decision="known", node_uuid=req.node_uuid)
+
     async def register_compute(self, ctx: RequestContext, req: RegisterCompute) -> Registration:
         self.registrations.append(req)
         node = self.nodes.get(req.node_uuid)
         if node is None:
             number = len(self.nodes) + 1
-            node = _Node(req.host, uuid.uuid4(), service_id=number, node_id=number)
+            node = Node(req.host, uuid.uuid4(), service_id=number, node_id=number)
             self.nodes[req.node_uuid] = node
         elif node.host != req.host:
             raise HostRenameDetected(
@@ -93,11 +112,11 @@ class StandInConductor:
         return [r for r in self.build_results if r.instance_uuid == instance_uuid]
 
 
-async def serve_standin(transport: Transport, standin: StandInConductor) -> RPCServer:
-    """Serve ``standin`` on topic ``conductor`` of a connected transport."""
-    server = RPCServer(
-        transport, conductor_rpcapi.TOPIC, standin, version=conductor_rpcapi.RPC_VERSION
-    )
+async def serve_standin(
+    transport: Transport, standin: StandInConductor, version: str = conductor_rpcapi.RPC_VERSION
+) -> RPCServer:
+    """Serve ``standin`` on topic ``conductor`` of a connected transport, at ``version``."""
+    server = RPCServer(transport, conductor_rpcapi.TOPIC, standin, version=version)
     await server.start(prefetch=8)
     return server
 

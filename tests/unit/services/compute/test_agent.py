@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +13,20 @@ import pytest
 from services.compute.agent import Agent, start_agent
 from services.compute.rpcapi import ComputeAPI, topic_for
 from services.compute.virt.fake import FakeDriver
+from services.conductor.rpcapi import ComputeResolution
 from shared.config import ComputeSettings, RpcSettings, Settings
 from shared.context import RequestContext
-from shared.exceptions import ConfigError, HostRenameDetected, MessagingError, MessagingTimeout
+from shared.exceptions import (
+    ConfigError,
+    HostRenameDetected,
+    MessagingError,
+    MessagingTimeout,
+    ServiceTooOld,
+)
 from shared.rpc.fake import FakeBroker, FakeTransport
-from shared.versions import SERVICE_VERSION
+from shared.versions import SERVICE_VERSION, STABLE_IDENTITY_VERSION, apis_for
 from tests.unit.services.compute.standin import (
+    Node,
     StandInConductor,
     eventually,
     make_spec,
@@ -150,7 +159,8 @@ async def test_renamed_host_is_refused_without_retry(world: World, tmp_path: Pat
     with pytest.raises(HostRenameDetected, match="belongs to host 'old-name'"):
         await world.start(_settings(tmp_path, host="new-name"))
 
-    assert [r.host for r in world.conductor.registrations] == ["old-name", "new-name"]
+    assert [r.host for r in world.conductor.resolutions] == ["old-name", "new-name"]
+    assert [r.host for r in world.conductor.registrations] == ["old-name"]
     assert set(world.broker.queues) == queues_before
 
 
@@ -164,6 +174,94 @@ async def test_corrupt_identity_refuses_before_talking_to_the_conductor(
 
     assert world.conductor.registrations == []
     assert (tmp_path / "compute_id").read_text() == "garbage\n"
+
+
+async def test_identity_is_written_only_after_the_conductor_resolved_it(
+    world: World, tmp_path: Path
+) -> None:
+    agent = await world.start(_settings(tmp_path))
+    await agent.stop()
+
+    [resolution] = world.conductor.resolutions
+    assert resolution.node_uuid is None
+    assert resolution.identity_file == str(tmp_path / "compute_id")
+    assert (tmp_path / "compute_id").read_text() == f"{agent.registration.node_uuid}\n"
+
+
+async def test_refused_identity_writes_no_file_and_registers_nothing(
+    world: World, tmp_path: Path
+) -> None:
+    known = uuid.uuid4()
+    world.conductor.nodes[known] = Node("elsewhere", uuid.uuid4(), 1, 1)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "compute_id").write_text(f"{known}\n")
+    settings = _settings(tmp_path / "state")
+    settings._config_file = tmp_path / "etc" / "keel.toml"
+
+    with pytest.raises(HostRenameDetected):
+        await world.start(settings)
+
+    assert [r.node_uuid for r in world.conductor.resolutions] == [known]
+    assert str(tmp_path / "etc" / "compute_id") in world.conductor.resolutions[0].identity_file
+    assert world.conductor.registrations == []
+    assert not (tmp_path / "state" / "compute_id").exists()
+
+
+async def test_copy_beside_the_config_file_is_the_identity(world: World, tmp_path: Path) -> None:
+    provisioned = uuid.uuid4()
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "compute_id").write_text(f"{provisioned}\n")
+    settings = _settings(tmp_path / "state")
+    settings._config_file = tmp_path / "etc" / "keel.toml"
+
+    agent = await world.start(settings)
+    await agent.stop()
+
+    assert agent.registration.node_uuid == provisioned
+    assert [r.node_uuid for r in world.conductor.registrations] == [provisioned]
+    assert not (tmp_path / "state" / "compute_id").exists()
+
+
+async def test_upgrade_adopts_the_node_the_conductor_names(world: World, tmp_path: Path) -> None:
+    adopted = uuid.uuid4()
+    world.conductor.answer_without_file = ComputeResolution(decision="adopt", node_uuid=adopted)
+
+    agent = await world.start(_settings(tmp_path))
+    await agent.stop()
+
+    assert agent.registration.node_uuid == adopted
+    assert (tmp_path / "compute_id").read_text() == f"{adopted}\n"
+
+
+async def test_a_conductor_too_old_to_resolve_makes_the_agent_refuse(tmp_path: Path) -> None:
+    broker = FakeBroker()
+    old_side = FakeTransport(broker)
+    await old_side.connect()
+    standin = StandInConductor()
+    await serve_standin(old_side, standin, version=apis_for(STABLE_IDENTITY_VERSION - 1).conductor)
+    try:
+        with pytest.raises(ServiceTooOld, match="Upgrade every keel-conductor first"):
+            await start_agent(_settings(tmp_path), FakeTransport(broker), FakeDriver("host1"))
+    finally:
+        await old_side.close()
+
+    assert standin.registrations == []
+    assert not (tmp_path / "compute_id").exists()
+
+
+async def test_an_agent_of_an_older_release_starts_as_that_release_did(
+    world: World, tmp_path: Path
+) -> None:
+    older = STABLE_IDENTITY_VERSION - 1
+    agent = await start_agent(
+        _settings(tmp_path), world.transport(), FakeDriver("host1"), service_version=older
+    )
+    await agent.stop()
+
+    assert world.conductor.resolutions == []
+    [registration] = world.conductor.registrations
+    assert registration.version == older
+    assert (tmp_path / "compute_id").read_text() == f"{registration.node_uuid}\n"
 
 
 async def test_stop_drains_an_in_flight_build(world: World, tmp_path: Path) -> None:

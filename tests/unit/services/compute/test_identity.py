@@ -1,4 +1,4 @@
-"""The node identity file: created once, honoured when present, never replaced."""
+"""The node identity file: read from every copy, created once, never replaced."""
 
 from __future__ import annotations
 
@@ -16,22 +16,27 @@ def _files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
-def test_created_when_absent_with_state_dir(tmp_path: Path) -> None:
+def test_created_once_with_its_state_dir(tmp_path: Path) -> None:
     state_dir = tmp_path / "var" / "lib" / "keel"
+    node_uuid = uuid.uuid4()
 
-    node_uuid = identity.load_or_create(state_dir)
+    assert identity.create_identity(state_dir, node_uuid) == node_uuid
 
     path = state_dir / "compute_id"
     assert path.read_text() == f"{node_uuid}\n"
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert _files(state_dir) == ["compute_id"]
+    assert identity.read_identity(state_dir).node_uuid == node_uuid
 
 
-def test_reused_on_every_later_start(tmp_path: Path) -> None:
-    first = identity.load_or_create(tmp_path)
+def test_no_copy_anywhere_is_no_identity(tmp_path: Path) -> None:
+    config = tmp_path / "etc" / "keel.toml"
+    found = identity.read_identity(tmp_path / "state", config)
 
-    assert identity.load_or_create(tmp_path) == first
-    assert identity.load_or_create(tmp_path) == first
+    assert found.node_uuid is None
+    assert found.found == ()
+    assert found.candidates == (tmp_path / "state" / "compute_id", config.parent / "compute_id")
+    assert found.describe() == str(tmp_path / "state" / "compute_id")
 
 
 def test_pre_provisioned_identity_is_honoured_and_left_as_written(tmp_path: Path) -> None:
@@ -40,8 +45,56 @@ def test_pre_provisioned_identity_is_honoured_and_left_as_written(tmp_path: Path
     path.write_text(f"  {str(provisioned).upper()}\n")
     before = path.read_bytes()
 
-    assert identity.load_or_create(tmp_path) == provisioned
+    assert identity.read_identity(tmp_path).node_uuid == provisioned
     assert path.read_bytes() == before
+
+
+def test_copy_beside_the_config_file_is_honoured(tmp_path: Path) -> None:
+    provisioned = uuid.uuid4()
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "compute_id").write_text(f"{provisioned}\n")
+
+    found = identity.read_identity(tmp_path / "state", tmp_path / "etc" / "keel.toml")
+
+    assert found.node_uuid == provisioned
+    assert found.found == (tmp_path / "etc" / "compute_id",)
+    assert not (tmp_path / "state").exists()
+
+
+def test_agreeing_copies_are_one_identity(tmp_path: Path) -> None:
+    node_uuid = uuid.uuid4()
+    for directory in ("state", "etc"):
+        (tmp_path / directory).mkdir()
+        (tmp_path / directory / "compute_id").write_text(f"{node_uuid}\n")
+
+    found = identity.read_identity(tmp_path / "state", tmp_path / "etc" / "keel.toml")
+
+    assert found.node_uuid == node_uuid
+    assert len(found.found) == 2
+
+
+def test_config_file_in_the_state_dir_is_one_copy(tmp_path: Path) -> None:
+    node_uuid = uuid.uuid4()
+    (tmp_path / "compute_id").write_text(f"{node_uuid}\n")
+
+    found = identity.read_identity(tmp_path, tmp_path / "keel.toml")
+
+    assert found.candidates == (tmp_path / "compute_id",)
+    assert found.node_uuid == node_uuid
+
+
+def test_conflicting_copies_are_refused_naming_both_files(tmp_path: Path) -> None:
+    first, second = uuid.uuid4(), uuid.uuid4()
+    for directory, value in (("state", first), ("etc", second)):
+        (tmp_path / directory).mkdir()
+        (tmp_path / directory / "compute_id").write_text(f"{value}\n")
+
+    with pytest.raises(ConfigError, match="disagree") as info:
+        identity.read_identity(tmp_path / "state", tmp_path / "etc" / "keel.toml")
+
+    message = info.value.message
+    assert f"{tmp_path / 'state' / 'compute_id'} holds {first}" in message
+    assert f"{tmp_path / 'etc' / 'compute_id'} holds {second}" in message
 
 
 @pytest.mark.parametrize(
@@ -56,12 +109,23 @@ def test_corrupt_file_is_a_clear_refusal_and_is_not_replaced(
     path.write_bytes(content)
 
     with pytest.raises(ConfigError) as info:
-        identity.load_or_create(tmp_path)
+        identity.read_identity(tmp_path)
 
     assert str(path) in info.value.message
     assert "corrupt" in info.value.message
     assert path.read_bytes() == content
     assert _files(tmp_path) == ["compute_id"]
+
+
+def test_corrupt_copy_beside_the_config_is_refused_too(tmp_path: Path) -> None:
+    (tmp_path / "compute_id").write_text(f"{uuid.uuid4()}\n")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "compute_id").write_text("garbage\n")
+
+    with pytest.raises(ConfigError, match="corrupt") as info:
+        identity.read_identity(tmp_path, tmp_path / "etc" / "keel.toml")
+
+    assert str(tmp_path / "etc" / "compute_id") in info.value.message
 
 
 def test_oversized_file_is_corrupt(tmp_path: Path) -> None:
@@ -75,19 +139,28 @@ def test_unreadable_identity_is_a_clear_refusal(tmp_path: Path) -> None:
     (tmp_path / "compute_id").mkdir()
 
     with pytest.raises(ConfigError, match="cannot read the node identity file"):
-        identity.load_or_create(tmp_path)
+        identity.read_identity(tmp_path)
 
     assert (tmp_path / "compute_id").is_dir()
 
 
 def test_write_never_overwrites_an_existing_identity(tmp_path: Path) -> None:
-    existing = identity.load_or_create(tmp_path)
+    existing = identity.create_identity(tmp_path, uuid.uuid4())
 
     on_disk = identity.write_compute_id(tmp_path, uuid.uuid4())
 
     assert on_disk == existing
     assert identity.read_compute_id(tmp_path) == existing
     assert _files(tmp_path) == ["compute_id"]
+
+
+def test_creating_over_a_racing_writer_is_refused(tmp_path: Path) -> None:
+    winner = identity.create_identity(tmp_path, uuid.uuid4())
+
+    with pytest.raises(ConfigError, match="another process wrote"):
+        identity.create_identity(tmp_path, uuid.uuid4())
+
+    assert identity.read_compute_id(tmp_path) == winner
 
 
 def test_read_without_file_is_none(tmp_path: Path) -> None:

@@ -81,6 +81,7 @@ def make_spec(
     ephemeral_gb: int = 0,
     availability_zone: str | None = None,
     ignore_hosts: list[str] | None = None,
+    ignore_nodes: list[uuid.UUID] | None = None,
 ) -> RequestSpec:
     return RequestSpec(
         instance_uuid=uuid.uuid4(),
@@ -96,4 +97,5 @@ def make_spec(
         ),
         availability_zone=availability_zone,
         ignore_hosts=ignore_hosts or [],
+        ignore_nodes=ignore_nodes or [],
     )
