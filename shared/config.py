@@ -117,6 +117,9 @@ class ComputeSettings(_Group):
     hypervisor_hostname: str | None = Field(default=None, min_length=1, max_length=255)
     #: Seconds SIGTERM waits for in-flight work before the agent exits anyway.
     drain_timeout: float = Field(default=60.0, gt=0)
+    #: Seconds between an agent's reports of its guests (evacuations to confirm,
+    #: deleted instances to remove, orphans to record); it also reports at start-up.
+    reconcile_interval: float = Field(default=60.0, gt=0)
 
 
 #: The guest operations a rehearsal can make fail (``KEEL_VIRT__FAIL_OPERATIONS``).

@@ -19,6 +19,9 @@ History:
 * 4 (``davit``) — stable compute identity: conductor 1.3 (``resolve_compute``: an agent
   asks what the database knows about its host before it creates an identity file or
   registers).
+* 5 (``eyebolt``) — evacuation: compute 1.2 (``rebuild_instance``), conductor 1.4
+  (``evacuate_instance``, ``move_result``, ``report_guests``, ``evacuation_confirmed``),
+  scheduler 1.1 (claims for a move's migration, avoids nodes by UUID).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.0", conductor="1.1", scheduler="1.0"),
     ReleaseApis(compute="1.1", conductor="1.2", scheduler="1.0"),
     ReleaseApis(compute="1.1", conductor="1.3", scheduler="1.0"),
+    ReleaseApis(compute="1.2", conductor="1.4", scheduler="1.1"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -59,7 +63,13 @@ SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
 OLDEST_SUPPORTED_SERVICE_VERSION = 1
 
 #: Release names, usable in settings instead of numbers.
-RELEASE_NAMES: dict[str, int] = {"arbor": 1, "bulwark": 2, "capstan": 3, "davit": 4}
+RELEASE_NAMES: dict[str, int] = {
+    "arbor": 1,
+    "bulwark": 2,
+    "capstan": 3,
+    "davit": 4,
+    "eyebolt": 5,
+}
 
 #: The first release whose agents never register without an identity file the
 #: conductor resolved first. A compute service row last written by an older release

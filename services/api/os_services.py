@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.auth import AdminContext
 from services.api.deps import AppSettings, DbPool, Version
+from services.api.evacuate import refuse_up_with_unconfirmed_evacuations
 from services.api.faults import BadRequest, ItemNotFound
 from services.api.microversion import APIVersion
 from services.api.os_services_legacy import legacy_update, parse_body
@@ -114,6 +115,8 @@ async def update_service(
     async with pool.acquire() as conn:
         service = await services.get(conn, service_uuid, down_time)
         _check_updatable(service)
+        if update.forced_down is False:
+            await refuse_up_with_unconfirmed_evacuations(conn, service)
         updated = await services.update_status(
             conn,
             service_uuid,

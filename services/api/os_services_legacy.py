@@ -15,6 +15,7 @@ import asyncpg
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.api.evacuate import refuse_up_with_unconfirmed_evacuations
 from services.api.faults import BadRequest, ItemNotFound
 from services.api.microversion import APIVersion
 from shared.context import RequestContext
@@ -107,6 +108,8 @@ async def legacy_update(
         if not found:
             raise ItemNotFound(f"Could not find binary {parsed.binary} on host {parsed.host}.")
         for service in found:
+            if changes.get("forced_down") is False:
+                await refuse_up_with_unconfirmed_evacuations(conn, service)
             await services.update_status(conn, service.uuid, down_time, **changes)
     LOG.info(
         "service %s on %s updated by %s: %s %s",

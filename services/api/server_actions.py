@@ -14,8 +14,10 @@ import asyncpg
 from fastapi import APIRouter, Body, Response
 
 from services.api.auth import Context
-from services.api.deps import AppSettings, Compute, DbPool
+from services.api.deps import AppSettings, Compute, Conductor, DbPool, Version
+from services.api.evacuate import evacuate
 from services.api.faults import BadRequest
+from services.api.microversion import APIVersion
 from services.api.power_actions import (
     HARD_REBOOT,
     SOFT_REBOOT,
@@ -26,6 +28,7 @@ from services.api.power_actions import (
 )
 from services.api.servers import find_instance
 from services.compute.rpcapi import ComputeAPI, RebootType
+from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.objects.instance import Instance
@@ -39,13 +42,16 @@ class ActionCall:
 
     pool: asyncpg.Pool
     compute: ComputeAPI
+    conductor: ConductorAPI
     settings: Settings
+    version: APIVersion
     ctx: RequestContext
     instance: Instance
     value: Any
 
 
-Handler = Callable[[ActionCall], Awaitable[None]]
+#: An action; it answers 202 with no body unless it returns its own response.
+Handler = Callable[[ActionCall], Awaitable[Response | None]]
 
 
 def _no_value(name: str, value: Any) -> None:
@@ -56,7 +62,7 @@ def _no_value(name: str, value: Any) -> None:
 
 async def _power(
     call: ActionCall, action: PowerAction, reboot: RebootType = RebootType.SOFT
-) -> None:
+) -> Response | None:
     await run_power_action(
         call.pool,
         call.compute,
@@ -66,16 +72,17 @@ async def _power(
         action=action,
         reboot_type=reboot,
     )
+    return None
 
 
-async def _stop(call: ActionCall) -> None:
+async def _stop(call: ActionCall) -> Response | None:
     _no_value("os-stop", call.value)
-    await _power(call, STOP)
+    return await _power(call, STOP)
 
 
-async def _start(call: ActionCall) -> None:
+async def _start(call: ActionCall) -> Response | None:
     _no_value("os-start", call.value)
-    await _power(call, START)
+    return await _power(call, START)
 
 
 def reboot_type(value: Any) -> RebootType:
@@ -92,13 +99,30 @@ def reboot_type(value: Any) -> RebootType:
     return RebootType(kind.upper())
 
 
-async def _reboot(call: ActionCall) -> None:
+async def _reboot(call: ActionCall) -> Response | None:
     kind = reboot_type(call.value)
-    await _power(call, HARD_REBOOT if kind is RebootType.HARD else SOFT_REBOOT, kind)
+    return await _power(call, HARD_REBOOT if kind is RebootType.HARD else SOFT_REBOOT, kind)
+
+
+async def _evacuate(call: ActionCall) -> Response | None:
+    return await evacuate(
+        call.pool,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        instance=call.instance,
+        value=call.value,
+    )
 
 
 #: Action name in the body → its handler.
-ACTIONS: dict[str, Handler] = {"os-stop": _stop, "os-start": _start, "reboot": _reboot}
+ACTIONS: dict[str, Handler] = {
+    "os-stop": _stop,
+    "os-start": _start,
+    "reboot": _reboot,
+    "evacuate": _evacuate,
+}
 
 
 @router.post("/{server_id}/action", status_code=202, response_class=Response)
@@ -109,7 +133,9 @@ async def server_action(
     pool: DbPool,
     ctx: Context,
     compute: Compute,
+    conductor: Conductor,
     settings: AppSettings,
+    version: Version,
 ) -> Response:
     if len(body) != 1:
         raise BadRequest("The request body must name exactly one action.")
@@ -119,5 +145,7 @@ async def server_action(
         raise BadRequest(f"There is no such action: {name[:100]}")
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
-    await handler(ActionCall(pool, compute, settings, ctx, instance, value))
-    return Response(status_code=202)
+    answer = await handler(
+        ActionCall(pool, compute, conductor, settings, version, ctx, instance, value)
+    )
+    return answer or Response(status_code=202)

@@ -43,6 +43,7 @@ from tenacity import (
 
 from services.compute import identity
 from services.compute.manager import ComputeManager
+from services.compute.reconcile import GuestReconciler
 from services.compute.resources import node_resources
 from services.compute.rpcapi import topic_for
 from services.compute.virt.driver import Driver
@@ -100,6 +101,7 @@ class Agent:
         self._beats = Lifecycle()
         self._on_refused = on_refused
         self._heartbeats: asyncio.Task[None] | None = None
+        self._reconciling: asyncio.Task[None] | None = None
         self._stopped = False
 
     @property
@@ -109,6 +111,13 @@ class Agent:
     @property
     def topic(self) -> str:
         return self._server.topic
+
+    def start_reconciling(self, reconciler: GuestReconciler) -> None:
+        interval = self.settings.compute.reconcile_interval
+        self._reconciling = asyncio.create_task(
+            repeat("guest report", reconciler.reconcile, interval, self._beats),
+            name="keel-reconcile",
+        )
 
     def start_heartbeats(self) -> None:
         interval = self.settings.report_interval
@@ -159,10 +168,11 @@ class Agent:
             await self._server.stop(drain)
         finally:
             self._beats.stopping.set()
-            if self._heartbeats is not None:
-                self._heartbeats.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._heartbeats
+            for task in (self._heartbeats, self._reconciling):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await self._transport.close()
         LOG.info("compute service %s stopped", self.service_uuid)
 
@@ -324,6 +334,8 @@ async def start_agent(
             node_uuid=registration.node_uuid,
             faults=FaultPoints(settings.fault_inject),
         )
+        reconciler = GuestReconciler(driver, conductor, manager, registration.node_uuid)
+        await first_reconcile(reconciler)
         server = RPCServer(
             transport,
             topic_for(registration.service_uuid),
@@ -348,4 +360,17 @@ async def start_agent(
         on_refused=on_refused,
     )
     agent.start_heartbeats()
+    agent.start_reconciling(reconciler)
     return agent
+
+
+async def first_reconcile(reconciler: GuestReconciler) -> None:
+    """Settle the guests on this host before serving: evacuated copies go, others wait.
+
+    A conductor that cannot answer now is not a reason to refuse to start: nothing was
+    removed, no guest is started, and the periodic report tries again.
+    """
+    try:
+        await reconciler.reconcile()
+    except (MessagingTimeout, Unroutable, TransientError) as exc:
+        LOG.warning("could not report this host's guests at start-up (%s); will retry", exc)

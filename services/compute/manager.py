@@ -25,6 +25,7 @@ from services.compute.rpcapi import (
     InstanceSpec,
     RebootInstance,
     RebootType,
+    RebuildInstance,
     StartInstance,
     StopInstance,
     TerminateInstance,
@@ -55,15 +56,16 @@ class ComputeManager:
         self._conductor = conductor
         self._node_uuid = node_uuid
         self._faults = faults or FaultPoints()
-        self._in_flight = InFlight()
+        #: One operation at a time per guest; others that touch guests hold it too.
+        self.operations = InFlight()
 
     def in_flight(self) -> dict[UUID, str]:
         """Guest → the operation running on it now (what a stopping agent drains)."""
-        return self._in_flight.operations()
+        return self.operations.operations()
 
     async def build_and_run_instance(self, ctx: RequestContext, req: BuildAndRunInstance) -> None:
         spec = req.instance
-        async with self._in_flight.hold(spec.uuid, "build"):
+        async with self.operations.hold(spec.uuid, "build"):
             existed = spec.uuid in await self._driver.list_instances()
             verdict = await self._verdict(ctx, spec.uuid, "before building")
             if verdict is BuildVerdict.ABANDON and existed:
@@ -150,7 +152,7 @@ class ComputeManager:
 
     async def terminate_instance(self, ctx: RequestContext, req: TerminateInstance) -> None:
         instance_uuid = req.instance_uuid
-        async with self._in_flight.hold(instance_uuid, "terminate"):
+        async with self.operations.hold(instance_uuid, "terminate"):
             existed = instance_uuid in await self._driver.list_instances()
             await self._driver.destroy(instance_uuid)
             if existed:
@@ -185,7 +187,7 @@ class ComputeManager:
         operation: Callable[[UUID], Awaitable[None]],
     ) -> None:
         """Run a power operation on the guest and tell the conductor how it went."""
-        async with self._in_flight.hold(instance_uuid, action.value):
+        async with self.operations.hold(instance_uuid, action.value):
             try:
                 await operation(instance_uuid)
             except KeelError as exc:
@@ -203,3 +205,46 @@ class ComputeManager:
             await self._conductor.instance_action_result(
                 ctx, instance_uuid, action, success=False, message=message
             )
+
+    async def rebuild_instance(self, ctx: RequestContext, req: RebuildInstance) -> None:
+        """Build an evacuated instance here and tell the conductor how it went."""
+        spec = req.instance
+        async with self.operations.hold(spec.uuid, "rebuild"):
+            existed = spec.uuid in await self._driver.list_instances()
+            message: str | None = None
+            if existed:
+                LOG.info(
+                    "guest %s already exists here: the rebuild was repeated",
+                    spec.uuid,
+                    extra=_extra(spec.uuid),
+                )
+            else:
+                try:
+                    await self._driver.rebuild(spec)
+                    if req.powered_off:
+                        await self._driver.power_off(spec.uuid)
+                except KeelError as exc:
+                    message = exc.message
+                except Exception as exc:
+                    message = f"{type(exc).__name__}: {exc}"
+                    LOG.exception("rebuild of %s failed unexpectedly", spec.uuid)
+            if message is not None:
+                LOG.warning(
+                    "rebuild of guest %s for evacuation %s failed: %s",
+                    spec.uuid,
+                    req.migration_uuid,
+                    message,
+                    extra=_extra(spec.uuid),
+                )
+                await self._discard(spec.uuid, "its rebuild failed")
+                await self._conductor.move_result(
+                    ctx, req.migration_uuid, success=False, message=message
+                )
+                return
+            LOG.info(
+                "guest %s rebuilt here for evacuation %s",
+                spec.uuid,
+                req.migration_uuid,
+                extra=_extra(spec.uuid),
+            )
+            await self._conductor.move_result(ctx, req.migration_uuid, success=True)

@@ -9,6 +9,7 @@ Compute RPC API history:
 * 1.1 — stop_instance, start_instance, reboot_instance (casts); the instance
   build_and_run_instance carries gains ``addresses``, ``metadata`` and ``user_data``
   (left out for a 1.0 agent, which builds the guest without them).
+* 1.2 — rebuild_instance (cast): build an evacuated instance anew on this host.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ SINCE: dict[str, str] = {
     "stop_instance": "1.1",
     "start_instance": "1.1",
     "reboot_instance": "1.1",
+    "rebuild_instance": "1.2",
 }
 
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
@@ -87,6 +89,15 @@ class RebootInstance(KeelModel):
     reboot_type: RebootType = RebootType.SOFT
 
 
+class RebuildInstance(KeelModel):
+    """Build an evacuated instance on this (destination) host, for ``migration_uuid``."""
+
+    instance: InstanceSpec
+    migration_uuid: UUID
+    #: Leave the rebuilt guest shut down (the instance was stopped when evacuated).
+    powered_off: bool = False
+
+
 class ComputeAPI:
     def __init__(
         self,
@@ -120,7 +131,7 @@ class ComputeAPI:
             ctx, "terminate_instance", TerminateInstance(instance_uuid=instance_uuid), version="1.0"
         )
 
-    async def _power(
+    async def _cast_since(
         self, ctx: RequestContext, service_uuid: UUID, method: str, req: KeelModel
     ) -> None:
         client = self.client.for_topic(topic_for(service_uuid))
@@ -134,13 +145,13 @@ class ComputeAPI:
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
     ) -> None:
         req = StopInstance(instance_uuid=instance_uuid)
-        await self._power(ctx, service_uuid, "stop_instance", req)
+        await self._cast_since(ctx, service_uuid, "stop_instance", req)
 
     async def start_instance(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
     ) -> None:
         req = StartInstance(instance_uuid=instance_uuid)
-        await self._power(ctx, service_uuid, "start_instance", req)
+        await self._cast_since(ctx, service_uuid, "start_instance", req)
 
     async def reboot_instance(
         self,
@@ -150,4 +161,18 @@ class ComputeAPI:
         reboot_type: RebootType,
     ) -> None:
         req = RebootInstance(instance_uuid=instance_uuid, reboot_type=reboot_type)
-        await self._power(ctx, service_uuid, "reboot_instance", req)
+        await self._cast_since(ctx, service_uuid, "reboot_instance", req)
+
+    async def rebuild_instance(
+        self,
+        ctx: RequestContext,
+        service_uuid: UUID,
+        instance: InstanceSpec,
+        migration_uuid: UUID,
+        *,
+        powered_off: bool = False,
+    ) -> None:
+        req = RebuildInstance(
+            instance=instance, migration_uuid=migration_uuid, powered_off=powered_off
+        )
+        await self._cast_since(ctx, service_uuid, "rebuild_instance", req)

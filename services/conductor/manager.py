@@ -9,22 +9,28 @@ from __future__ import annotations
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor import instance_events
+from services.conductor import evacuations, instance_events
 from services.conductor.registration import ComputeRegistry
 from services.conductor.rpcapi import (
     BuildCheck,
     BuildInstances,
     CheckBuild,
     ComputeResolution,
+    EvacuateInstance,
+    EvacuationConfirmed,
+    GuestsReport,
     InstanceActionResult,
     InstanceBuildResult,
     InstanceDeleted,
+    MoveResult,
     RegisterCompute,
     Registration,
+    ReportGuests,
     ResolveCompute,
     ServiceHeartbeat,
 )
 from services.conductor.tasks.build import BuildInstanceTask
+from services.conductor.tasks.evacuate import EvacuateTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.faults import FaultPoints
@@ -87,3 +93,25 @@ class ConductorManager:
 
     async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
         return await instance_events.check_build(self._pool, req)
+
+    async def evacuate_instance(self, ctx: RequestContext, req: EvacuateInstance) -> None:
+        task = EvacuateTask(
+            ctx,
+            req.migration_uuid,
+            pool=self._pool,
+            scheduler=self._scheduler,
+            compute=self._compute,
+            service_down_time=self._service_down_time,
+        )
+        await task.run()
+
+    async def move_result(self, ctx: RequestContext, req: MoveResult) -> None:
+        await evacuations.record_move_result(
+            self._pool, self._compute, req, self._service_down_time
+        )
+
+    async def report_guests(self, ctx: RequestContext, req: ReportGuests) -> GuestsReport:
+        return await evacuations.report_guests(self._pool, req)
+
+    async def evacuation_confirmed(self, ctx: RequestContext, req: EvacuationConfirmed) -> None:
+        await evacuations.confirm_evacuation(self._pool, req)

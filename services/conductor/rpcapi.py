@@ -8,6 +8,9 @@ Conductor RPC API history:
 * 1.2 — instance_action_result (cast): how a stop, start or reboot went on the agent.
 * 1.3 — resolve_compute (call, read-only): what the database knows about an agent's host
   and node identity, asked before the agent creates an identity file or registers.
+* 1.4 — evacuate_instance (cast, from keel-api), move_result (cast: how a rebuild went on
+  the destination), report_guests (call: what the guests an agent finds on its host are
+  to become), evacuation_confirmed (call: the source removed its copy).
 """
 
 from __future__ import annotations
@@ -127,6 +130,56 @@ class BuildCheck(KeelModel):
     reason: str = ""
 
 
+class EvacuateInstance(KeelModel):
+    migration_uuid: UUID
+
+
+class MoveResult(KeelModel):
+    migration_uuid: UUID
+    success: bool
+    message: str = ""
+
+
+class GuestFate(StrEnum):
+    """What a guest an agent finds on its host is to become."""
+
+    #: The instance lives here: keep the guest.
+    KEEP = "keep"
+    #: Evacuated and rebuilt elsewhere (the record says ``done``): remove the local copy.
+    EVACUATED = "evacuated"
+    #: An evacuation away from here has not ended: keep the guest, do not start it.
+    EVACUATING = "evacuating"
+    #: The instance was deleted: remove the guest.
+    DELETED = "deleted"
+    #: Nothing explains it: never destroyed; reported for an operator.
+    ORPHANED = "orphaned"
+
+
+class GuestVerdict(KeelModel):
+    instance_uuid: UUID
+    fate: GuestFate
+    #: The evacuation that decides it, if one does.
+    migration_uuid: UUID | None = None
+    reason: str = ""
+
+
+class ReportGuests(KeelModel):
+    compute_node_uuid: UUID
+    guests: list[UUID] = Field(default_factory=list, max_length=100_000)
+
+
+class GuestsReport(KeelModel):
+    verdicts: list[GuestVerdict] = Field(default_factory=list)
+    #: Evacuations away from this node that are ``done``, guest present or not: the
+    #: agent removes the copy if it has one, then confirms each.
+    to_confirm: list[GuestVerdict] = Field(default_factory=list)
+
+
+class EvacuationConfirmed(KeelModel):
+    migration_uuid: UUID
+    compute_node_uuid: UUID
+
+
 class ConductorAPI:
     def __init__(
         self, transport: Transport, *, version_cap: str = RPC_VERSION, timeout: float = 60.0
@@ -220,3 +273,32 @@ class ConductorAPI:
     async def instance_deleted(self, ctx: RequestContext, instance_uuid: UUID) -> None:
         req = InstanceDeleted(instance_uuid=instance_uuid)
         await self.client.cast(ctx, "instance_deleted", req, version="1.0")
+
+    async def evacuate_instance(self, ctx: RequestContext, migration_uuid: UUID) -> None:
+        req = EvacuateInstance(migration_uuid=migration_uuid)
+        await self.client.cast(ctx, "evacuate_instance", req, version="1.4")
+
+    async def move_result(
+        self, ctx: RequestContext, migration_uuid: UUID, *, success: bool, message: str = ""
+    ) -> None:
+        req = MoveResult(migration_uuid=migration_uuid, success=success, message=message)
+        await self.client.cast(ctx, "move_result", req, version="1.4")
+
+    async def report_guests(
+        self, ctx: RequestContext, compute_node_uuid: UUID, guests: list[UUID]
+    ) -> GuestsReport | None:
+        """What the agent's guests are to become; ``None`` if the conductor cannot say."""
+        if not await self.client.can_send_version("1.4"):
+            return None
+        req = ReportGuests(compute_node_uuid=compute_node_uuid, guests=guests)
+        return await self.client.call(
+            ctx, "report_guests", req, version="1.4", returns=GuestsReport
+        )
+
+    async def evacuation_confirmed(
+        self, ctx: RequestContext, migration_uuid: UUID, compute_node_uuid: UUID
+    ) -> None:
+        req = EvacuationConfirmed(
+            migration_uuid=migration_uuid, compute_node_uuid=compute_node_uuid
+        )
+        await self.client.call(ctx, "evacuation_confirmed", req, version="1.4")

@@ -68,7 +68,7 @@ class SchedulerManager:
         """Filter, weigh and claim; raises NoValidHost when no host has room."""
         spec = req.spec
         async with self.pool.acquire() as conn, conn.transaction():
-            await lock_consumer(conn, spec.instance_uuid)
+            await lock_consumer(conn, spec.consumer)
             selection = await self._claimed_before(conn, spec)
             if selection is None:
                 selection = await self._select(conn, spec)
@@ -77,7 +77,7 @@ class SchedulerManager:
 
     async def _claimed_before(self, conn: Connection, spec: RequestSpec) -> Selection | None:
         """The host the consumer already holds a claim on, if any."""
-        held = await allocations.for_consumer(conn, spec.instance_uuid)
+        held = await allocations.for_consumer(conn, spec.consumer)
         if not held:
             return None
         down_time = self.host_manager.service_down_time
@@ -111,7 +111,9 @@ class SchedulerManager:
     async def _claim(self, conn: Connection, candidate: WeighedHost, spec: RequestSpec) -> bool:
         node = candidate.host.node
         extra = {"instance_uuid": str(spec.instance_uuid)}
-        if await allocations.claim(conn, node.id, spec.instance_uuid, spec.flavor):
+        if await allocations.claim(
+            conn, node.id, spec.consumer, spec.flavor, instance_uuid=spec.instance_uuid
+        ):
             LOG.info(
                 "chose host %s (node %s, weight %.3f) for instance %s and claimed "
                 "%d vCPUs, %d MB RAM, %d GB disk",

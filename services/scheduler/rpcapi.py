@@ -3,6 +3,8 @@
 Scheduler RPC API history:
 
 * 1.0 — select_destinations (call): filter, weigh and claim; returns the claimed host.
+* 1.1 — select_destinations claims for ``spec.consumer_uuid`` when it is set (a move's
+  migration) and avoids ``spec.ignore_nodes``; sent at 1.0 only without them.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from shared.context import RequestContext
+from shared.exceptions import ServiceTooOld
 from shared.objects.base import KeelModel
 from shared.objects.instance import RequestSpec
 from shared.rpc.client import CapSource, RPCClient
@@ -45,11 +48,23 @@ class SchedulerAPI:
         self.client = RPCClient(transport, TOPIC, version_cap=version_cap, timeout=timeout)
 
     async def select_destinations(self, ctx: RequestContext, spec: RequestSpec) -> Selection:
-        """Raises NoValidHost when no host passes the filters with room to claim."""
+        """Raises NoValidHost when no host passes the filters with room to claim.
+
+        A request for a move (a consumer other than the instance) needs a scheduler that
+        honours it: an older one would hand back the instance's own claim on its source.
+        """
+        version = "1.1"
+        if not await self.client.can_send_version(version):
+            if spec.consumer_uuid is not None or spec.ignore_nodes:
+                raise ServiceTooOld(
+                    "the scheduler is too old to place a move (scheduler RPC "
+                    f"{await self.client.cap()}, a move needs 1.1); upgrade keel-scheduler"
+                )
+            version = "1.0"
         return await self.client.call(
             ctx,
             "select_destinations",
             SelectDestinations(spec=spec),
-            version="1.0",
+            version=version,
             returns=Selection,
         )

@@ -149,6 +149,28 @@ async def release_instance(conn: Connection, instance_uuid: UUID) -> list[Alloca
     return await _release_where(conn, "instance_uuid = $1", instance_uuid)
 
 
+async def hand_over(
+    conn: Connection, node_id: int, *, from_consumer: UUID, to_consumer: UUID
+) -> bool:
+    """Give the claim ``from_consumer`` holds on one node to ``to_consumer``.
+
+    Usage does not change: the same resources, another holder (a move's claim on its
+    destination becomes the instance's own). False if there was nothing to hand over
+    (already handed, or released). If ``to_consumer`` already holds a claim there, the
+    two stay separate claims of the same instance.
+    """
+    status = await conn.execute(
+        """UPDATE allocations SET consumer_uuid = $3
+            WHERE consumer_uuid = $1 AND compute_node_id = $2
+              AND NOT EXISTS (SELECT 1 FROM allocations
+                               WHERE consumer_uuid = $3 AND compute_node_id = $2)""",
+        from_consumer,
+        node_id,
+        to_consumer,
+    )
+    return status != "UPDATE 0"
+
+
 async def for_instance(conn: Connection, instance_uuid: UUID) -> list[Allocation]:
     rows = await conn.fetch(
         "SELECT * FROM allocations WHERE instance_uuid = $1 ORDER BY id", instance_uuid

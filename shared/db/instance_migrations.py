@@ -99,6 +99,18 @@ async def from_source(
     return [Migration.from_row(row) for row in rows]
 
 
+async def unconfirmed_evacuations(conn: Connection, service_id: int) -> list[Migration]:
+    """Evacuations away from the service's nodes that are ``done`` but not confirmed."""
+    rows = await conn.fetch(
+        """SELECT m.* FROM migrations m JOIN compute_nodes n ON n.id = m.source_compute_id
+            WHERE n.service_id = $1 AND m.migration_type = 'evacuation'
+              AND m.status = 'done' AND m.deleted_at IS NULL
+            ORDER BY m.id""",
+        service_id,
+    )
+    return [Migration.from_row(row) for row in rows]
+
+
 async def in_progress(conn: Connection, instance_uuid: UUID) -> Migration | None:
     """The instance's move that has not ended yet, if any."""
     row = await conn.fetchrow(

@@ -15,6 +15,7 @@ from uuid import UUID
 
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
+from shared.objects.compute_node import ComputeNode
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Instance, InstanceFault
 from shared.objects.states import PowerState, TaskState, VmState
@@ -237,6 +238,51 @@ async def finish_task(
         [task.value for task in tasks],
         None if vm_state is None else vm_state.value,
         None if power_state is None else int(power_state),
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def move_to(
+    conn: Connection,
+    instance_uuid: UUID,
+    *,
+    task: TaskState,
+    node: ComputeNode,
+    vm_state: VmState,
+    power_state: PowerState,
+) -> Instance | None:
+    """End ``task`` with the instance now on ``node`` (names and id in one statement).
+
+    ``None`` if lost: the instance is gone, or not in that task any more.
+    """
+    row = await conn.fetchrow(
+        """UPDATE instances SET host = $3, node = $4, compute_id = $5, vm_state = $6,
+                  power_state = $7, task_state = NULL, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2
+        RETURNING *""",
+        instance_uuid,
+        task.value,
+        node.host,
+        node.hypervisor_hostname,
+        node.id,
+        vm_state.value,
+        int(power_state),
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def fail_task(
+    conn: Connection, instance_uuid: UUID, task: TaskState, *, message: str
+) -> Instance | None:
+    """End ``task`` in ERROR with a fault, the instance where it was; ``None`` if lost."""
+    fault = new_fault(message)
+    row = await conn.fetchrow(
+        """UPDATE instances SET vm_state = $3, task_state = NULL, fault = $4, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2 RETURNING *""",
+        instance_uuid,
+        task.value,
+        VmState.ERROR.value,
+        fault.model_dump(mode="json"),
     )
     return None if row is None else Instance.from_row(row)
 

@@ -67,14 +67,27 @@ class RequestSpec(KeelModel):
     #: Host names to avoid, as older releases wrote them; honoured by name only through
     #: the logged fallback of the IgnoreHostsFilter. keel writes ``ignore_nodes``.
     ignore_hosts: list[str] = Field(default_factory=list)
+    #: Who holds the claim this request makes: a move's migration (so the instance can
+    #: keep its claim on the source meanwhile); unset, the instance itself. One request
+    #: only: never stored with the spec.
+    consumer_uuid: UUID | None = None
 
     @model_serializer(mode="wrap")
     def _without_empty_ignore_nodes(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Leave out an empty ``ignore_nodes``, so releases that do not know it read specs."""
+        """Leave out an empty ``ignore_nodes`` and an unset ``consumer_uuid``, so releases
+        that do not know them read specs."""
         data = handler(self)
-        if isinstance(data, dict) and not self.ignore_nodes:
-            data.pop("ignore_nodes", None)
+        if isinstance(data, dict):
+            if not self.ignore_nodes:
+                data.pop("ignore_nodes", None)
+            if self.consumer_uuid is None:
+                data.pop("consumer_uuid", None)
         return data
+
+    @property
+    def consumer(self) -> UUID:
+        """Who the claim of this request is for."""
+        return self.consumer_uuid or self.instance_uuid
 
 
 class Allocation(KeelModel):

@@ -9,6 +9,8 @@ class VmState(StrEnum):
     BUILDING = "building"
     ACTIVE = "active"
     STOPPED = "stopped"
+    #: A cold migration finished and awaits confirm or revert (status VERIFY_RESIZE).
+    RESIZED = "resized"
     ERROR = "error"
     DELETED = "deleted"
 
@@ -21,6 +23,14 @@ class TaskState(StrEnum):
     POWERING_ON = "powering-on"
     REBOOTING = "rebooting"
     REBOOTING_HARD = "rebooting_hard"
+    #: An evacuation: the instance is rebuilt on another host.
+    REBUILDING = "rebuilding"
+    #: A cold migration: preparing, then copying to the destination.
+    RESIZE_PREP = "resize_prep"
+    RESIZE_MIGRATING = "resize_migrating"
+    #: Confirming or reverting a finished cold migration.
+    RESIZE_CONFIRMING = "resize_confirming"
+    RESIZE_REVERTING = "resize_reverting"
 
 
 class PowerState(IntEnum):

@@ -58,6 +58,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("services/scheduler/filters/ignore_hosts.py", "IgnoreHostsFilter.host_passes"): (
         "request specs of an older release name hosts to ignore (logged)"
     ),
+    ("shared/db/orphans.py", "list_all"): (
+        "keel-manage compute orphans --host: the operator names the host to list"
+    ),
     ("shared/db/services.py", "list_with_zones"): ("the operator's ?host= filter of os-services"),
     ("shared/db/services.py", "recorded_version"): (
         "a service's own row is (host, binary): the version it stamped there before"

@@ -35,6 +35,9 @@ class IgnoreHostsFilter:
         return True
 
     def sql_condition(self, spec: RequestSpec, sql: HostSql) -> str | None:
-        if not spec.ignore_hosts:
-            return None
-        return f"NOT (n.host = ANY({sql.bind(list(spec.ignore_hosts))}::text[]))"
+        conditions = []
+        if spec.ignore_nodes:
+            conditions.append(f"NOT (n.uuid = ANY({sql.bind(list(spec.ignore_nodes))}::uuid[]))")
+        if spec.ignore_hosts:
+            conditions.append(f"NOT (n.host = ANY({sql.bind(list(spec.ignore_hosts))}::text[]))")
+        return " AND ".join(conditions) or None

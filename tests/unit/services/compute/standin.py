@@ -20,6 +20,12 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildVerdict,
     CheckBuild,
+    EvacuationConfirmed,
+    GuestFate,
+    GuestsReport,
+    GuestVerdict,
+    MoveResult,
+    ReportGuests,
     ComputeResolution,
     InstanceBuildResult,
     InstanceDeleted,
@@ -59,6 +65,13 @@ class StandInConductor:
         #: is taken in turn, the last one repeated.
         self.verdicts: dict[UUID, list[BuildVerdict]] = {}
         self.checks: list[CheckBuild] = []
+        #: What report_guests answers: a fate per guest (keep unless set), and the
+        #: evacuations to confirm.
+        self.fates: dict[UUID, GuestFate] = {}
+        self.confirmations: list[GuestVerdict] = []
+        self.reports: list[ReportGuests] = []
+        self.confirmed: list[UUID] = []
+        self.move_results: list[MoveResult] = []
 
     async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
         self.resolutions.append(req)
@@ -101,6 +114,24 @@ class StandInConductor:
 
     async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
         self.deleted.append(req.instance_uuid)
+
+    async def report_guests(self, ctx: RequestContext, req: ReportGuests) -> GuestsReport:
+        """Every guest stays unless a test says otherwise (``fates``/``confirmations``)."""
+        self.reports.append(req)
+        verdicts = [
+            GuestVerdict(instance_uuid=guest, fate=self.fates.get(guest, GuestFate.KEEP))
+            for guest in req.guests
+        ]
+        return GuestsReport(verdicts=verdicts, to_confirm=list(self.confirmations))
+
+    async def evacuation_confirmed(self, ctx: RequestContext, req: EvacuationConfirmed) -> None:
+        self.confirmed.append(req.migration_uuid)
+        self.confirmations = [
+            v for v in self.confirmations if v.migration_uuid != req.migration_uuid
+        ]
+
+    async def move_result(self, ctx: RequestContext, req: MoveResult) -> None:
+        self.move_results.append(req)
 
     async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
         self.checks.append(req)

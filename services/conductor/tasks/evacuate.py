@@ -1,0 +1,222 @@
+"""The evacuation workflow: rebuild an instance elsewhere while its host is down.
+
+keel-api has recorded the move (a migration of type ``evacuation``, ``accepted``) and
+set the instance's task to ``rebuilding``. Delivered at least once, each step converges:
+
+1. a migration no longer ``accepted`` or ``pre-migrating`` was already handled;
+2. while ``accepted``, the scheduler is asked for a host other than the source, the
+   claim held by the migration (so the instance keeps its claim on the source until
+   that host confirms it removed its copy). A host the operator named is a requested
+   destination: every filter still runs on it;
+3. the destination is recorded with a compare-and-swap (``accepted`` →
+   ``pre-migrating``);
+4. the rebuild is cast to the destination's agent — again on every delivery that finds
+   the migration ``pre-migrating``, since the agent rebuilds a guest once however often
+   it is asked. The agent's result (``move_result``) finishes the move.
+
+No valid host: the record goes to ``error`` and the instance to ERROR, still on its
+source. The destination unreachable: ``failed``, its claim released, the instance in
+ERROR on its source.
+"""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID
+
+import asyncpg
+
+from services.compute.rpcapi import ComputeAPI, InstanceSpec
+from services.conductor.tasks import TaskBase
+from services.scheduler.rpcapi import SchedulerAPI, Selection
+from shared.context import RequestContext
+from shared.db import (
+    allocations,
+    compute_nodes,
+    fixed_ips,
+    instance_actions,
+    instance_migrations,
+    instances,
+    request_specs,
+)
+from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoValidHost, Unroutable
+from shared.objects.compute_node import HostState
+from shared.objects.instance import Instance
+from shared.objects.migration import Migration, MigrationStatus
+from shared.objects.states import TaskState, VmState
+
+LOG = logging.getLogger(__name__)
+
+EVACUATE_ACTION = "evacuate"
+UNDER_WAY = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
+
+
+def instance_spec(instance: Instance, nodename: str, addresses: list[object]) -> InstanceSpec:
+    return InstanceSpec.model_validate(
+        {
+            "uuid": instance.uuid,
+            "display_name": instance.display_name,
+            "flavor": instance.flavor,
+            "image_ref": instance.image_ref,
+            "node": nodename,
+            "addresses": addresses,
+            "metadata": instance.metadata,
+            "user_data": instance.user_data,
+        }
+    )
+
+
+class EvacuateTask(TaskBase):
+    name = "evacuate"
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        migration_uuid: UUID,
+        *,
+        pool: asyncpg.Pool,
+        scheduler: SchedulerAPI,
+        compute: ComputeAPI,
+        service_down_time: float,
+    ) -> None:
+        self.ctx = ctx
+        self.migration_uuid = migration_uuid
+        self.pool = pool
+        self.scheduler = scheduler
+        self.compute = compute
+        self.service_down_time = service_down_time
+        self.migration: Migration | None = None
+
+    def _extra(self) -> dict[str, str]:
+        instance = self.migration.instance_uuid if self.migration else None
+        return {"instance_uuid": str(instance), "migration_uuid": str(self.migration_uuid)}
+
+    async def execute(self) -> None:
+        async with self.pool.acquire() as conn:
+            migration = await instance_migrations.get(conn, self.migration_uuid)
+            instance = await instances.find(conn, migration.instance_uuid)
+        self.migration = migration
+        if migration.status not in UNDER_WAY:
+            LOG.info(
+                "evacuation %s is %s: already handled", migration.uuid, migration.status,
+                extra=self._extra(),
+            )  # fmt: skip
+            return
+        if instance is None or instance.deleted_at is not None:
+            await self._give_up(MigrationStatus.ERROR, "the instance was deleted")
+            return
+        if migration.status == MigrationStatus.ACCEPTED:
+            selection = await self._schedule(migration, instance)
+            destination = await self._record_destination(migration, selection)
+        else:
+            destination = await self._recorded_destination(migration)
+        if destination is not None:
+            await self._send_rebuild(instance, destination)
+
+    async def _schedule(self, migration: Migration, instance: Instance) -> Selection:
+        async with self.pool.acquire() as conn:
+            spec = await request_specs.get(conn, instance.uuid)
+            source = None
+            if migration.source_compute_id is not None:
+                source = await compute_nodes.get_by_id(conn, migration.source_compute_id)
+        ignore = [source.uuid] if source is not None else []
+        spec = spec.model_copy(update={"ignore_nodes": ignore, "consumer_uuid": migration.uuid})
+        return await self.scheduler.select_destinations(self.ctx, spec)
+
+    async def _record_destination(
+        self, migration: Migration, selection: Selection
+    ) -> HostState | None:
+        async with self.pool.acquire() as conn:
+            dest = await compute_nodes.get_by_id(conn, selection.compute_node_id)
+            moved = await instance_migrations.swap_status(
+                conn,
+                migration.uuid,
+                expected=[MigrationStatus.ACCEPTED],
+                new=MigrationStatus.PRE_MIGRATING,
+                dest=dest,
+            )
+            current = moved or await instance_migrations.get(conn, migration.uuid)
+        if current.status != MigrationStatus.PRE_MIGRATING or current.dest_compute_id != dest.id:
+            LOG.info(
+                "evacuation %s changed while it was scheduled (%s): leaving it be",
+                migration.uuid,
+                current.status,
+                extra=self._extra(),
+            )
+            return None
+        LOG.info(
+            "evacuating instance %s from %s to %s (node %s)",
+            migration.instance_uuid,
+            migration.source_compute,
+            dest.host,
+            dest.hypervisor_hostname,
+            extra={**self._extra(), "decision": "evacuation_destination"},
+        )
+        return await self._recorded_destination(current)
+
+    async def _recorded_destination(self, migration: Migration) -> HostState:
+        assert migration.dest_compute_id is not None
+        async with self.pool.acquire() as conn:
+            try:
+                return await compute_nodes.host_state_by_id(
+                    conn, migration.dest_compute_id, self.service_down_time
+                )
+            except ComputeNodeNotFound:
+                raise BuildFailed(
+                    f"the destination node {migration.dest_compute_id} no longer exists"
+                ) from None
+
+    async def _send_rebuild(self, instance: Instance, destination: HostState) -> None:
+        async with self.pool.acquire() as conn:
+            addresses = await fixed_ips.for_instance(conn, instance.uuid)
+        spec = instance_spec(instance, destination.node.hypervisor_hostname, list(addresses))
+        try:
+            await self.compute.rebuild_instance(
+                self.ctx,
+                destination.service.uuid,
+                spec,
+                self.migration_uuid,
+                powered_off=instance.vm_state == VmState.STOPPED,
+            )
+        except Unroutable as exc:
+            raise BuildFailed(
+                f"compute host {destination.node.host} has no queue on the broker ({exc.message})"
+            ) from None
+        LOG.info(
+            "asked host %s to rebuild instance %s for evacuation %s",
+            destination.node.host,
+            instance.uuid,
+            self.migration_uuid,
+            extra={**self._extra(), "decision": "rebuild_sent"},
+        )
+
+    async def _give_up(self, status: MigrationStatus, message: str) -> None:
+        """End the evacuation as ``status``; the instance stays on its source, in ERROR."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            ended = await instance_migrations.swap_status(
+                conn, self.migration_uuid, expected=list(UNDER_WAY), new=status
+            )
+            if ended is None:
+                return
+            released = await allocations.release_consumer(conn, self.migration_uuid)
+            await instances.fail_task(
+                conn, ended.instance_uuid, TaskState.REBUILDING, message=message
+            )
+            await instance_actions.finish(conn, ended.instance_uuid, EVACUATE_ACTION, message)
+        LOG.warning(
+            "evacuation %s of instance %s is %s: %s (released %d claim(s); the instance "
+            "stays on %s)",
+            self.migration_uuid,
+            ended.instance_uuid,
+            status,
+            message,
+            len(released),
+            ended.source_compute,
+            extra={**self._extra(), "decision": f"evacuation_{status}"},
+        )
+
+    async def rollback(self, exc: KeelError) -> None:
+        if isinstance(exc, NoValidHost):
+            await self._give_up(MigrationStatus.ERROR, exc.message)
+            return
+        await self._give_up(MigrationStatus.FAILED, f"Evacuation failed: {exc.message}")
