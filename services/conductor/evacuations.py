@@ -32,7 +32,7 @@ from services.conductor.rpcapi import (
     MoveResult,
     ReportGuests,
 )
-from services.conductor.tasks.evacuate import EVACUATE_ACTION
+from services.conductor.tasks.move import EVACUATION
 from shared.context import RequestContext
 from shared.db import (
     allocations,
@@ -105,7 +105,7 @@ async def _rebuilt(pool: asyncpg.Pool, migration: Migration) -> bool:
                 await allocations.hand_over(
                     conn, dest.id, from_consumer=migration.uuid, to_consumer=instance.uuid
                 )
-                await instance_actions.finish(conn, instance.uuid, EVACUATE_ACTION)
+                await instance_actions.finish(conn, instance.uuid, EVACUATION.action)
             deleted = False
     if deleted:
         return ended is not None
@@ -161,7 +161,7 @@ async def _rebuild_failed(pool: asyncpg.Pool, migration: Migration, message: str
         await instances.fail_task(
             conn, migration.instance_uuid, TaskState.REBUILDING, message=fault
         )
-        await instance_actions.finish(conn, migration.instance_uuid, EVACUATE_ACTION, fault)
+        await instance_actions.finish(conn, migration.instance_uuid, EVACUATION.action, fault)
     LOG.warning(
         "evacuation %s failed on %s: %s; its claim there is released and instance %s stays "
         "on %s, in ERROR",

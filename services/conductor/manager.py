@@ -30,7 +30,7 @@ from services.conductor.rpcapi import (
     ServiceHeartbeat,
 )
 from services.conductor.tasks.build import BuildInstanceTask
-from services.conductor.tasks.evacuate import EvacuateTask
+from services.conductor.tasks.move import MoveTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.faults import FaultPoints
@@ -95,7 +95,7 @@ class ConductorManager:
         return await instance_events.check_build(self._pool, req)
 
     async def evacuate_instance(self, ctx: RequestContext, req: EvacuateInstance) -> None:
-        task = EvacuateTask(
+        task = MoveTask(
             ctx,
             req.migration_uuid,
             pool=self._pool,

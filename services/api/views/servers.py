@@ -26,6 +26,7 @@ _STATUS: dict[str, str] = {
     VmState.BUILDING: "BUILD",
     VmState.ACTIVE: "ACTIVE",
     VmState.STOPPED: "SHUTOFF",
+    VmState.RESIZED: "VERIFY_RESIZE",
     VmState.ERROR: "ERROR",
     VmState.DELETED: "DELETED",
 }
@@ -43,7 +44,6 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
             "REBUILD",
             "MIGRATING",
             "RESIZE",
-            "VERIFY_RESIZE",
             "REVERT_RESIZE",
             "PAUSED",
             "SUSPENDED",
@@ -64,11 +64,17 @@ _DEFAULT_SECURITY_GROUPS = ({"name": "default"},)
 _TASK_STATUS: dict[str, str] = {
     TaskState.REBOOTING: "REBOOT",
     TaskState.REBOOTING_HARD: "HARD_REBOOT",
+    TaskState.REBUILDING: "REBUILD",
+    TaskState.RESIZE_PREP: "RESIZE",
+    TaskState.RESIZE_MIGRATING: "RESIZE",
+    TaskState.RESIZE_REVERTING: "REVERT_RESIZE",
 }
+#: The vm states whose status a running task replaces.
+_TASK_SHOWN = (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR, VmState.RESIZED)
 
 
 def server_status(vm_state: str, task_state: str | None = None) -> str:
-    if vm_state == VmState.ACTIVE and task_state in _TASK_STATUS:
+    if vm_state in _TASK_SHOWN and task_state in _TASK_STATUS:
         return _TASK_STATUS[task_state]
     return _STATUS.get(vm_state, "UNKNOWN")
 

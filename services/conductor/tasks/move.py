@@ -1,27 +1,31 @@
-"""The evacuation workflow: rebuild an instance elsewhere while its host is down.
+"""Moving an instance to another host: an evacuation, or a cold migration.
 
-keel-api has recorded the move (a migration of type ``evacuation``, ``accepted``) and
-set the instance's task to ``rebuilding``. Delivered at least once, each step converges:
+keel-api has recorded the move (a migration of type ``evacuation`` or ``migration``,
+``accepted``) and set the instance's task (``rebuilding``, or ``resize_prep``). Delivered
+at least once, each step converges:
 
 1. a migration no longer ``accepted`` or ``pre-migrating`` was already handled;
 2. while ``accepted``, the scheduler is asked for a host other than the source, the
-   claim held by the migration (so the instance keeps its claim on the source until
-   that host confirms it removed its copy). A host the operator named is a requested
-   destination: every filter still runs on it;
+   claim held by the migration (so the instance keeps its claim on the source
+   meanwhile). A host the operator named is a requested destination: every filter
+   still runs on it;
 3. the destination is recorded with a compare-and-swap (``accepted`` →
    ``pre-migrating``);
-4. the rebuild is cast to the destination's agent — again on every delivery that finds
-   the migration ``pre-migrating``, since the agent rebuilds a guest once however often
-   it is asked. The agent's result (``move_result``) finishes the move.
+4. the destination's agent is asked to build the instance there — again on every
+   delivery that finds the migration ``pre-migrating``, since the agent builds a guest
+   once however often it is asked. Its result (``move_result``) finishes the move
+   (:mod:`services.conductor.moves`).
 
-No valid host: the record goes to ``error`` and the instance to ERROR, still on its
-source. The destination unreachable: ``failed``, its claim released, the instance in
-ERROR on its source.
+No valid host: the record goes to ``error``; an evacuated instance goes to ERROR (its
+host is gone), a migrated one back to its state (it still runs on its source). The
+destination unreachable: ``failed``, its claim released, the instance in ERROR on its
+source.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from uuid import UUID
 
 import asyncpg
@@ -42,13 +46,35 @@ from shared.db import (
 from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoValidHost, Unroutable
 from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance
-from shared.objects.migration import Migration, MigrationStatus
+from shared.objects.migration import Migration, MigrationStatus, MigrationType
 from shared.objects.states import TaskState, VmState
 
 LOG = logging.getLogger(__name__)
 
-EVACUATE_ACTION = "evacuate"
 UNDER_WAY = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
+
+
+@dataclass(frozen=True)
+class MoveKind:
+    """What differs between an evacuation and a cold migration."""
+
+    migration_type: MigrationType
+    #: The instance action recorded (Nova's name).
+    action: str
+    #: The instance's task while the destination is chosen, and then while it builds.
+    choosing: TaskState
+    building: TaskState
+    #: Whether no valid host leaves the instance in ERROR (its host is gone) or as it was.
+    no_host_is_error: bool
+
+
+EVACUATION = MoveKind(
+    MigrationType.EVACUATION, "evacuate", TaskState.REBUILDING, TaskState.REBUILDING, True
+)
+MIGRATION = MoveKind(
+    MigrationType.MIGRATION, "migrate", TaskState.RESIZE_PREP, TaskState.RESIZE_MIGRATING, False
+)
+KINDS = {kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION)}
 
 
 def instance_spec(instance: Instance, nodename: str, addresses: list[object]) -> InstanceSpec:
@@ -66,8 +92,8 @@ def instance_spec(instance: Instance, nodename: str, addresses: list[object]) ->
     )
 
 
-class EvacuateTask(TaskBase):
-    name = "evacuate"
+class MoveTask(TaskBase):
+    name = "move"
 
     def __init__(
         self,
@@ -86,6 +112,7 @@ class EvacuateTask(TaskBase):
         self.compute = compute
         self.service_down_time = service_down_time
         self.migration: Migration | None = None
+        self.kind = EVACUATION
 
     def _extra(self) -> dict[str, str]:
         instance = self.migration.instance_uuid if self.migration else None
@@ -96,11 +123,15 @@ class EvacuateTask(TaskBase):
             migration = await instance_migrations.get(conn, self.migration_uuid)
             instance = await instances.find(conn, migration.instance_uuid)
         self.migration = migration
+        self.kind = KINDS[migration.migration_type]
         if migration.status not in UNDER_WAY:
             LOG.info(
-                "evacuation %s is %s: already handled", migration.uuid, migration.status,
+                "%s %s is %s: already handled",
+                self.kind.migration_type,
+                migration.uuid,
+                migration.status,
                 extra=self._extra(),
-            )  # fmt: skip
+            )
             return
         if instance is None or instance.deleted_at is not None:
             await self._give_up(MigrationStatus.ERROR, "the instance was deleted")
@@ -111,7 +142,7 @@ class EvacuateTask(TaskBase):
         else:
             destination = await self._recorded_destination(migration)
         if destination is not None:
-            await self._send_rebuild(instance, destination)
+            await self._send_build(instance, destination)
 
     async def _schedule(self, migration: Migration, instance: Instance) -> Selection:
         async with self.pool.acquire() as conn:
@@ -126,7 +157,7 @@ class EvacuateTask(TaskBase):
     async def _record_destination(
         self, migration: Migration, selection: Selection
     ) -> HostState | None:
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire() as conn, conn.transaction():
             dest = await compute_nodes.get_by_id(conn, selection.compute_node_id)
             moved = await instance_migrations.swap_status(
                 conn,
@@ -135,22 +166,32 @@ class EvacuateTask(TaskBase):
                 new=MigrationStatus.PRE_MIGRATING,
                 dest=dest,
             )
+            if moved is not None and self.kind.building != self.kind.choosing:
+                await instances.swap_task_state(
+                    conn,
+                    migration.instance_uuid,
+                    expected=self.kind.choosing,
+                    new=self.kind.building,
+                )
             current = moved or await instance_migrations.get(conn, migration.uuid)
         if current.status != MigrationStatus.PRE_MIGRATING or current.dest_compute_id != dest.id:
             LOG.info(
-                "evacuation %s changed while it was scheduled (%s): leaving it be",
+                "%s %s changed while it was scheduled (%s): leaving it be",
+                self.kind.migration_type,
                 migration.uuid,
                 current.status,
                 extra=self._extra(),
             )
             return None
         LOG.info(
-            "evacuating instance %s from %s to %s (node %s)",
+            "moving instance %s from %s to %s (node %s): %s %s",
             migration.instance_uuid,
             migration.source_compute,
             dest.host,
             dest.hypervisor_hostname,
-            extra={**self._extra(), "decision": "evacuation_destination"},
+            self.kind.migration_type,
+            migration.uuid,
+            extra={**self._extra(), "decision": "move_destination"},
         )
         return await self._recorded_destination(current)
 
@@ -166,7 +207,7 @@ class EvacuateTask(TaskBase):
                     f"the destination node {migration.dest_compute_id} no longer exists"
                 ) from None
 
-    async def _send_rebuild(self, instance: Instance, destination: HostState) -> None:
+    async def _send_build(self, instance: Instance, destination: HostState) -> None:
         async with self.pool.acquire() as conn:
             addresses = await fixed_ips.for_instance(conn, instance.uuid)
         spec = instance_spec(instance, destination.node.hypervisor_hostname, list(addresses))
@@ -183,15 +224,17 @@ class EvacuateTask(TaskBase):
                 f"compute host {destination.node.host} has no queue on the broker ({exc.message})"
             ) from None
         LOG.info(
-            "asked host %s to rebuild instance %s for evacuation %s",
+            "asked host %s to build instance %s for %s %s",
             destination.node.host,
             instance.uuid,
+            self.kind.migration_type,
             self.migration_uuid,
-            extra={**self._extra(), "decision": "rebuild_sent"},
+            extra={**self._extra(), "decision": "move_build_sent"},
         )
 
     async def _give_up(self, status: MigrationStatus, message: str) -> None:
-        """End the evacuation as ``status``; the instance stays on its source, in ERROR."""
+        """End the move as ``status``; the instance stays on its source."""
+        kind = self.kind
         async with self.pool.acquire() as conn, conn.transaction():
             ended = await instance_migrations.swap_status(
                 conn, self.migration_uuid, expected=list(UNDER_WAY), new=status
@@ -199,24 +242,27 @@ class EvacuateTask(TaskBase):
             if ended is None:
                 return
             released = await allocations.release_consumer(conn, self.migration_uuid)
-            await instances.fail_task(
-                conn, ended.instance_uuid, TaskState.REBUILDING, message=message
-            )
-            await instance_actions.finish(conn, ended.instance_uuid, EVACUATE_ACTION, message)
+            tasks = (kind.choosing, kind.building)
+            if kind.no_host_is_error or status != MigrationStatus.ERROR:
+                for task in dict.fromkeys(tasks):
+                    await instances.fail_task(conn, ended.instance_uuid, task, message=message)
+            else:
+                await instances.finish_task(conn, ended.instance_uuid, tasks)
+            await instance_actions.finish(conn, ended.instance_uuid, kind.action, message)
         LOG.warning(
-            "evacuation %s of instance %s is %s: %s (released %d claim(s); the instance "
-            "stays on %s)",
+            "%s %s of instance %s is %s: %s (released %d claim(s); the instance stays on %s)",
+            kind.migration_type,
             self.migration_uuid,
             ended.instance_uuid,
             status,
             message,
             len(released),
             ended.source_compute,
-            extra={**self._extra(), "decision": f"evacuation_{status}"},
+            extra={**self._extra(), "decision": f"move_{status}"},
         )
 
     async def rollback(self, exc: KeelError) -> None:
         if isinstance(exc, NoValidHost):
             await self._give_up(MigrationStatus.ERROR, exc.message)
             return
-        await self._give_up(MigrationStatus.FAILED, f"Evacuation failed: {exc.message}")
+        await self._give_up(MigrationStatus.FAILED, f"The move failed: {exc.message}")
