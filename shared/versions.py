@@ -22,6 +22,9 @@ History:
 * 5 (``eyebolt``) — evacuation: compute 1.2 (``rebuild_instance``), conductor 1.4
   (``evacuate_instance``, ``move_result``, ``report_guests``, ``evacuation_confirmed``),
   scheduler 1.1 (claims for a move's migration, avoids nodes by UUID).
+* 6 (``fairlead``) — cold migration: compute 1.3 (``prepare_migration``,
+  ``remove_moved_guest``, ``finish_revert``), conductor 1.5 (``migrate_instance``,
+  ``confirm_migration``, ``revert_migration``, ``copy_removed``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.1", conductor="1.2", scheduler="1.0"),
     ReleaseApis(compute="1.1", conductor="1.3", scheduler="1.0"),
     ReleaseApis(compute="1.2", conductor="1.4", scheduler="1.1"),
+    ReleaseApis(compute="1.3", conductor="1.5", scheduler="1.1"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -69,6 +73,7 @@ RELEASE_NAMES: dict[str, int] = {
     "capstan": 3,
     "davit": 4,
     "eyebolt": 5,
+    "fairlead": 6,
 }
 
 #: The first release whose agents never register without an identity file the

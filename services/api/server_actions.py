@@ -18,6 +18,7 @@ from services.api.deps import AppSettings, Compute, Conductor, DbPool, Version
 from services.api.evacuate import evacuate
 from services.api.faults import BadRequest
 from services.api.microversion import APIVersion
+from services.api.migrate import CONFIRM, REVERT, finish_resize, migrate
 from services.api.power_actions import (
     HARD_REBOOT,
     SOFT_REBOOT,
@@ -116,12 +117,52 @@ async def _evacuate(call: ActionCall) -> Response | None:
     )
 
 
+async def _migrate(call: ActionCall) -> Response | None:
+    await migrate(
+        call.pool,
+        call.conductor,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
+async def _finish_resize(call: ActionCall, action: str) -> None:
+    await finish_resize(
+        call.pool,
+        call.conductor,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        instance=call.instance,
+        value=call.value,
+        action=action,
+    )
+
+
+async def _confirm_resize(call: ActionCall) -> Response | None:
+    await _finish_resize(call, CONFIRM)
+    return Response(status_code=204)
+
+
+async def _revert_resize(call: ActionCall) -> Response | None:
+    await _finish_resize(call, REVERT)
+    return None
+
+
 #: Action name in the body → its handler.
 ACTIONS: dict[str, Handler] = {
     "os-stop": _stop,
     "os-start": _start,
     "reboot": _reboot,
     "evacuate": _evacuate,
+    "migrate": _migrate,
+    CONFIRM: _confirm_resize,
+    REVERT: _revert_resize,
 }
 
 

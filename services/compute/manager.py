@@ -22,10 +22,13 @@ from uuid import UUID
 from services.compute.inflight import InFlight
 from services.compute.rpcapi import (
     BuildAndRunInstance,
+    FinishRevert,
     InstanceSpec,
+    PrepareMigration,
     RebootInstance,
     RebootType,
     RebuildInstance,
+    RemoveMovedGuest,
     StartInstance,
     StopInstance,
     TerminateInstance,
@@ -33,7 +36,7 @@ from services.compute.rpcapi import (
 from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, PowerAction
 from shared.context import RequestContext
-from shared.exceptions import KeelError
+from shared.exceptions import GuestNotFound, KeelError
 from shared.faults import FaultPoints
 
 LOG = logging.getLogger(__name__)
@@ -207,7 +210,11 @@ class ComputeManager:
             )
 
     async def rebuild_instance(self, ctx: RequestContext, req: RebuildInstance) -> None:
-        """Build an evacuated instance here and tell the conductor how it went."""
+        """Build a moved instance here and tell the conductor how it went.
+
+        The instance was evacuated or migrated here; the record ``req.migration_uuid``
+        says which, and the conductor finishes the move from this result.
+        """
         spec = req.instance
         async with self.operations.hold(spec.uuid, "rebuild"):
             existed = spec.uuid in await self._driver.list_instances()
@@ -230,7 +237,7 @@ class ComputeManager:
                     LOG.exception("rebuild of %s failed unexpectedly", spec.uuid)
             if message is not None:
                 LOG.warning(
-                    "rebuild of guest %s for evacuation %s failed: %s",
+                    "rebuild of guest %s for move %s failed: %s",
                     spec.uuid,
                     req.migration_uuid,
                     message,
@@ -242,9 +249,62 @@ class ComputeManager:
                 )
                 return
             LOG.info(
-                "guest %s rebuilt here for evacuation %s",
+                "guest %s rebuilt here for move %s",
                 spec.uuid,
                 req.migration_uuid,
                 extra=_extra(spec.uuid),
             )
             await self._conductor.move_result(ctx, req.migration_uuid, success=True)
+
+    async def prepare_migration(self, ctx: RequestContext, req: PrepareMigration) -> None:
+        """Shut the source guest down before its copy is built elsewhere; keep its data.
+
+        Repeated, it finds the guest already shut down. Until the migration is confirmed
+        this copy is what a revert returns to, so nothing here removes it.
+        """
+        async with self.operations.hold(req.instance_uuid, "prepare migration"):
+            await self._driver.power_off(req.instance_uuid)
+        LOG.info(
+            "guest %s is shut down for migration %s; its data stays here until the "
+            "migration is confirmed",
+            req.instance_uuid,
+            req.migration_uuid,
+            extra=_extra(req.instance_uuid),
+        )
+
+    async def remove_moved_guest(self, ctx: RequestContext, req: RemoveMovedGuest) -> None:
+        """Remove the copy a confirmed (source) or reverted (destination) migration left."""
+        async with self.operations.hold(req.instance_uuid, "remove moved guest"):
+            if req.instance_uuid not in await self._driver.list_instances():
+                LOG.info(
+                    "guest %s is already gone from this host (migration %s)",
+                    req.instance_uuid,
+                    req.migration_uuid,
+                    extra=_extra(req.instance_uuid),
+                )
+                return
+            await self._driver.destroy(req.instance_uuid)
+        LOG.warning(
+            "removed guest %s: migration %s made this copy redundant",
+            req.instance_uuid,
+            req.migration_uuid,
+            extra={**_extra(req.instance_uuid), "decision": "guest_removed"},
+        )
+
+    async def finish_revert(self, ctx: RequestContext, req: FinishRevert) -> None:
+        """The instance is this (source) guest again: start it if it was running."""
+        async with self.operations.hold(req.instance_uuid, "finish revert"):
+            if req.power_on:
+                await self._driver.power_on(req.instance_uuid)
+            elif req.instance_uuid not in await self._driver.list_instances():
+                raise GuestNotFound(
+                    f"guest {req.instance_uuid} is not on this host any more: migration "
+                    f"{req.migration_uuid} cannot be reverted to it"
+                )
+        LOG.info(
+            "migration %s is reverted: guest %s is the instance again%s",
+            req.migration_uuid,
+            req.instance_uuid,
+            " and is running" if req.power_on else " (left shut down, as it was)",
+            extra=_extra(req.instance_uuid),
+        )

@@ -12,7 +12,10 @@ answer:
   started; once the record says ``done`` it is removed, and if it ends ``error`` or
   ``failed`` the local copy is the only one and stays;
 * the instance was deleted while the agent was away: the guest is removed;
-* nothing explains the guest (its instance is placed elsewhere with no evacuation from
+* a cold migration away from here was confirmed, or one to here reverted: this copy
+  is redundant; it is removed and the conductor told (``copy_removed``), which finishes
+  the confirm or revert if it could not while this agent was away;
+* nothing explains the guest (its instance is placed elsewhere with no move from or to
   here, or unknown): it is never destroyed; it is logged and recorded as orphaned
   (``keel-manage compute orphans``).
 
@@ -53,6 +56,9 @@ class GuestReconciler:
             return
         for verdict in report.verdicts:
             await self._apply(verdict)
+            if verdict.fate is GuestFate.MOVED:
+                assert verdict.migration_uuid is not None
+                await self._conductor.copy_removed(ctx, verdict.migration_uuid, self._node_uuid)
         for verdict in report.to_confirm:
             assert verdict.migration_uuid is not None
             await self._remove(verdict.instance_uuid, verdict.reason)
@@ -75,7 +81,7 @@ class GuestReconciler:
         extra = {"instance_uuid": str(guest)}
         if verdict.fate is GuestFate.DELETED:
             await self._remove(guest, "its instance was deleted")
-        elif verdict.fate is GuestFate.EVACUATED:
+        elif verdict.fate in (GuestFate.EVACUATED, GuestFate.MOVED):
             await self._remove(guest, verdict.reason)
         elif verdict.fate in (GuestFate.EVACUATING, GuestFate.ORPHANED):
             if self._told.get(guest) is not verdict.fate:

@@ -10,6 +10,10 @@ Compute RPC API history:
   build_and_run_instance carries gains ``addresses``, ``metadata`` and ``user_data``
   (left out for a 1.0 agent, which builds the guest without them).
 * 1.2 — rebuild_instance (cast): build an evacuated instance anew on this host.
+* 1.3 — cold migration: prepare_migration (call: shut the source guest down, keeping
+  it), remove_moved_guest (call: remove the copy a migration left on this host),
+  finish_revert (call: bring a reverted instance's source guest back). rebuild_instance
+  also builds a migrated instance on its destination.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ SINCE: dict[str, str] = {
     "start_instance": "1.1",
     "reboot_instance": "1.1",
     "rebuild_instance": "1.2",
+    "prepare_migration": "1.3",
+    "remove_moved_guest": "1.3",
+    "finish_revert": "1.3",
 }
 
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
@@ -96,6 +103,29 @@ class RebuildInstance(KeelModel):
     migration_uuid: UUID
     #: Leave the rebuilt guest shut down (the instance was stopped when evacuated).
     powered_off: bool = False
+
+
+class PrepareMigration(KeelModel):
+    """Shut the guest down on this (source) host for ``migration_uuid``; keep its data."""
+
+    instance_uuid: UUID
+    migration_uuid: UUID
+
+
+class RemoveMovedGuest(KeelModel):
+    """Remove this host's copy of the guest, which ``migration_uuid`` made redundant."""
+
+    instance_uuid: UUID
+    migration_uuid: UUID
+
+
+class FinishRevert(KeelModel):
+    """The migration was reverted: the guest on this (source) host is the instance again."""
+
+    instance_uuid: UUID
+    migration_uuid: UUID
+    #: Start the guest (the instance was running before it was migrated).
+    power_on: bool = True
 
 
 class ComputeAPI:
@@ -176,3 +206,39 @@ class ComputeAPI:
             instance=instance, migration_uuid=migration_uuid, powered_off=powered_off
         )
         await self._cast_since(ctx, service_uuid, "rebuild_instance", req)
+
+    async def _call_since(
+        self, ctx: RequestContext, service_uuid: UUID, method: str, req: KeelModel
+    ) -> None:
+        client = self.client.for_topic(topic_for(service_uuid))
+        if not await client.can_send_version(SINCE[method]):
+            raise ServiceTooOld(
+                f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
+            )
+        await client.call(ctx, method, req, version=SINCE[method])
+
+    async def prepare_migration(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID, migration_uuid: UUID
+    ) -> None:
+        req = PrepareMigration(instance_uuid=instance_uuid, migration_uuid=migration_uuid)
+        await self._call_since(ctx, service_uuid, "prepare_migration", req)
+
+    async def remove_moved_guest(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID, migration_uuid: UUID
+    ) -> None:
+        req = RemoveMovedGuest(instance_uuid=instance_uuid, migration_uuid=migration_uuid)
+        await self._call_since(ctx, service_uuid, "remove_moved_guest", req)
+
+    async def finish_revert(
+        self,
+        ctx: RequestContext,
+        service_uuid: UUID,
+        instance_uuid: UUID,
+        migration_uuid: UUID,
+        *,
+        power_on: bool,
+    ) -> None:
+        req = FinishRevert(
+            instance_uuid=instance_uuid, migration_uuid=migration_uuid, power_on=power_on
+        )
+        await self._call_since(ctx, service_uuid, "finish_revert", req)

@@ -5,11 +5,7 @@
   the instance, and marks the record ``done``; the instance keeps its claim on the
   source until that host confirms. On failure the record is ``failed``, its claim
   released, and the instance in ERROR on its source.
-* ``report_guests`` (call, from any agent at start-up and periodically): what each guest
-  found on the agent's host is to become. A guest is removed only when its instance was
-  deleted, or when an evacuation record says ``done`` for this source; a guest of an
-  evacuation still under way is kept and not started; a guest nothing explains is never
-  destroyed — it is recorded as orphaned for an operator.
+* what a returning source's guests are to become is :mod:`services.conductor.guests`;
 * ``evacuation_confirmed`` (call, from the source's agent once its copy is gone): the
   record becomes ``completed`` and the instance's claim on the source is released.
 
@@ -19,18 +15,13 @@ Every step is a compare-and-swap on the record's status, so twins and repeats ar
 from __future__ import annotations
 
 import logging
-from uuid import UUID
 
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import (
     EvacuationConfirmed,
-    GuestFate,
-    GuestsReport,
-    GuestVerdict,
     MoveResult,
-    ReportGuests,
 )
 from services.conductor.tasks.move import EVACUATION
 from shared.context import RequestContext
@@ -40,12 +31,10 @@ from shared.db import (
     instance_actions,
     instance_migrations,
     instances,
-    orphans,
-    placement,
 )
 from shared.db.pool import Connection
 from shared.exceptions import Conflict
-from shared.objects.migration import Migration, MigrationStatus, MigrationType
+from shared.objects.migration import Migration, MigrationStatus
 from shared.objects.states import PowerState, TaskState, VmState
 
 LOG = logging.getLogger(__name__)
@@ -174,97 +163,6 @@ async def _rebuild_failed(pool: asyncpg.Pool, migration: Migration, message: str
     )
 
 
-#: Statuses in which an evacuation away from a host has not ended.
-_PENDING = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
-#: Statuses of a cold migration whose source legitimately keeps its copy.
-_MIGRATING = (
-    MigrationStatus.ACCEPTED,
-    MigrationStatus.PRE_MIGRATING,
-    MigrationStatus.FINISHED,
-    MigrationStatus.CONFIRMING,
-    MigrationStatus.REVERTING,
-)
-
-
-def _verdict(
-    guest: UUID, instance_node: int | None, deleted: bool, moves: list[Migration], node: int
-) -> GuestVerdict:
-    """What one guest on node ``node`` is to become, from its instance and its moves."""
-    evacuations = [m for m in moves if m.migration_type == MigrationType.EVACUATION]
-    latest = evacuations[-1] if evacuations else None
-    if deleted:
-        return GuestVerdict(instance_uuid=guest, fate=GuestFate.DELETED, reason="deleted")
-    if latest is not None and latest.status in _PENDING:
-        return GuestVerdict(
-            instance_uuid=guest,
-            fate=GuestFate.EVACUATING,
-            migration_uuid=latest.uuid,
-            reason=f"evacuation {latest.uuid} is {latest.status}",
-        )
-    if instance_node == node:
-        return GuestVerdict(instance_uuid=guest, fate=GuestFate.KEEP)
-    if latest is not None and latest.status in (MigrationStatus.DONE, MigrationStatus.COMPLETED):
-        return GuestVerdict(
-            instance_uuid=guest,
-            fate=GuestFate.EVACUATED,
-            migration_uuid=latest.uuid,
-            reason=f"evacuation {latest.uuid} rebuilt it on {latest.dest_compute}",
-        )
-    if any(m.status in _MIGRATING for m in moves if m.migration_type != MigrationType.EVACUATION):
-        return GuestVerdict(instance_uuid=guest, fate=GuestFate.KEEP, reason="being migrated")
-    where = "no instance has this id" if instance_node is None else "placed on another node"
-    return GuestVerdict(
-        instance_uuid=guest,
-        fate=GuestFate.ORPHANED,
-        reason=f"{where}, and no evacuation from this host explains it",
-    )
-
-
-async def _moves_from(conn: Connection, node_id: int, instance_uuid: UUID) -> list[Migration]:
-    rows = await conn.fetch(
-        """SELECT * FROM migrations
-            WHERE instance_uuid = $1 AND source_compute_id = $2 AND deleted_at IS NULL
-            ORDER BY id""",
-        instance_uuid,
-        node_id,
-    )
-    return [Migration.from_row(row) for row in rows]
-
-
-async def report_guests(pool: asyncpg.Pool, req: ReportGuests) -> GuestsReport:
-    """Classify the agent's guests; record the orphans; list evacuations to confirm."""
-    async with pool.acquire() as conn:
-        node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
-        verdicts = []
-        for guest in req.guests:
-            instance = await instances.find(conn, guest)
-            instance_node = None
-            if instance is not None:
-                found = await placement.node_of(conn, instance)
-                instance_node = None if found is None else found.id
-            deleted = instance is not None and instance.deleted_at is not None
-            moves = await _moves_from(conn, node.id, guest)
-            verdicts.append(_verdict(guest, instance_node, deleted, moves, node.id))
-        done = await instance_migrations.from_source(
-            conn, node.id, MigrationType.EVACUATION, [MigrationStatus.DONE]
-        )
-        await orphans.report(
-            conn,
-            node.id,
-            [(v.instance_uuid, v.reason) for v in verdicts if v.fate == GuestFate.ORPHANED],
-        )
-    to_confirm = [
-        GuestVerdict(
-            instance_uuid=m.instance_uuid,
-            fate=GuestFate.EVACUATED,
-            migration_uuid=m.uuid,
-            reason=f"evacuation {m.uuid} rebuilt it on {m.dest_compute}",
-        )
-        for m in done
-    ]
-    return GuestsReport(verdicts=verdicts, to_confirm=to_confirm)
-
-
 async def confirm_evacuation(pool: asyncpg.Pool, req: EvacuationConfirmed) -> None:
     """The source removed its copy: ``done`` → ``completed``, its claim there released."""
     async with pool.acquire() as conn, conn.transaction():
@@ -281,7 +179,9 @@ async def confirm_evacuation(pool: asyncpg.Pool, req: EvacuationConfirmed) -> No
             expected=[MigrationStatus.DONE],
             new=MigrationStatus.COMPLETED,
         )
-        released = await allocations.release(conn, migration.instance_uuid, node.id)
+        released = None
+        if completed is not None:
+            released = await allocations.release(conn, migration.instance_uuid, node.id)
     if completed is None:
         LOG.info("evacuation %s was already confirmed", migration.uuid, extra=_extra(migration))
         return

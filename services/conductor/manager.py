@@ -6,34 +6,42 @@ report and ask about instances in ``instance_events.py``.
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor import evacuations, instance_events
+from services.conductor import evacuations, guests, instance_events, migrations
 from services.conductor.registration import ComputeRegistry
 from services.conductor.rpcapi import (
     BuildCheck,
     BuildInstances,
     CheckBuild,
     ComputeResolution,
+    ConfirmMigration,
+    CopyRemoved,
     EvacuateInstance,
     EvacuationConfirmed,
     GuestsReport,
     InstanceActionResult,
     InstanceBuildResult,
     InstanceDeleted,
+    MigrateInstance,
     MoveResult,
     RegisterCompute,
     Registration,
     ReportGuests,
     ResolveCompute,
+    RevertMigration,
     ServiceHeartbeat,
 )
 from services.conductor.tasks.build import BuildInstanceTask
 from services.conductor.tasks.move import MoveTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
+from shared.db import instance_migrations
 from shared.faults import FaultPoints
+from shared.objects.migration import MigrationType
 from shared.version_pins import MinimumVersions
 
 
@@ -95,9 +103,15 @@ class ConductorManager:
         return await instance_events.check_build(self._pool, req)
 
     async def evacuate_instance(self, ctx: RequestContext, req: EvacuateInstance) -> None:
+        await self._move(ctx, req.migration_uuid)
+
+    async def migrate_instance(self, ctx: RequestContext, req: MigrateInstance) -> None:
+        await self._move(ctx, req.migration_uuid)
+
+    async def _move(self, ctx: RequestContext, migration_uuid: UUID) -> None:
         task = MoveTask(
             ctx,
-            req.migration_uuid,
+            migration_uuid,
             pool=self._pool,
             scheduler=self._scheduler,
             compute=self._compute,
@@ -106,12 +120,26 @@ class ConductorManager:
         await task.run()
 
     async def move_result(self, ctx: RequestContext, req: MoveResult) -> None:
-        await evacuations.record_move_result(
-            self._pool, self._compute, req, self._service_down_time
-        )
+        async with self._pool.acquire() as conn:
+            migration = await instance_migrations.get(conn, req.migration_uuid)
+        ends = migrations if migration.migration_type == MigrationType.MIGRATION else evacuations
+        await ends.record_move_result(self._pool, self._compute, req, self._service_down_time)
 
     async def report_guests(self, ctx: RequestContext, req: ReportGuests) -> GuestsReport:
-        return await evacuations.report_guests(self._pool, req)
+        return await guests.report_guests(self._pool, req, self._service_down_time)
 
     async def evacuation_confirmed(self, ctx: RequestContext, req: EvacuationConfirmed) -> None:
         await evacuations.confirm_evacuation(self._pool, req)
+
+    async def confirm_migration(self, ctx: RequestContext, req: ConfirmMigration) -> None:
+        await migrations.confirm(
+            self._pool, self._compute, req.migration_uuid, self._service_down_time
+        )
+
+    async def revert_migration(self, ctx: RequestContext, req: RevertMigration) -> None:
+        await migrations.revert(
+            self._pool, self._compute, req.migration_uuid, self._service_down_time
+        )
+
+    async def copy_removed(self, ctx: RequestContext, req: CopyRemoved) -> None:
+        await migrations.copy_removed(self._pool, self._compute, req, self._service_down_time)

@@ -11,6 +11,9 @@ Conductor RPC API history:
 * 1.4 — evacuate_instance (cast, from keel-api), move_result (cast: how a rebuild went on
   the destination), report_guests (call: what the guests an agent finds on its host are
   to become), evacuation_confirmed (call: the source removed its copy).
+* 1.5 — cold migration: migrate_instance, confirm_migration, revert_migration (casts,
+  from keel-api), copy_removed (call: an agent removed the copy a confirmed or reverted
+  migration left on its host); report_guests may answer ``moved``.
 """
 
 from __future__ import annotations
@@ -153,12 +156,15 @@ class GuestFate(StrEnum):
     DELETED = "deleted"
     #: Nothing explains it: never destroyed; reported for an operator.
     ORPHANED = "orphaned"
+    #: A migration confirmed (this was its source) or reverted (this was its
+    #: destination) left this copy: remove it, then say so (``copy_removed``, 1.5).
+    MOVED = "moved"
 
 
 class GuestVerdict(KeelModel):
     instance_uuid: UUID
     fate: GuestFate
-    #: The evacuation that decides it, if one does.
+    #: The move that decides it, if one does.
     migration_uuid: UUID | None = None
     reason: str = ""
 
@@ -176,6 +182,25 @@ class GuestsReport(KeelModel):
 
 
 class EvacuationConfirmed(KeelModel):
+    migration_uuid: UUID
+    compute_node_uuid: UUID
+
+
+class MigrateInstance(KeelModel):
+    migration_uuid: UUID
+
+
+class ConfirmMigration(KeelModel):
+    migration_uuid: UUID
+
+
+class RevertMigration(KeelModel):
+    migration_uuid: UUID
+
+
+class CopyRemoved(KeelModel):
+    """The agent of ``compute_node_uuid`` removed its copy for ``migration_uuid``."""
+
     migration_uuid: UUID
     compute_node_uuid: UUID
 
@@ -302,3 +327,25 @@ class ConductorAPI:
             migration_uuid=migration_uuid, compute_node_uuid=compute_node_uuid
         )
         await self.client.call(ctx, "evacuation_confirmed", req, version="1.4")
+
+    async def can_migrate(self) -> bool:
+        """Whether the conductor cap allows cold migration (1.5)."""
+        return await self.client.can_send_version("1.5")
+
+    async def migrate_instance(self, ctx: RequestContext, migration_uuid: UUID) -> None:
+        req = MigrateInstance(migration_uuid=migration_uuid)
+        await self.client.cast(ctx, "migrate_instance", req, version="1.5")
+
+    async def confirm_migration(self, ctx: RequestContext, migration_uuid: UUID) -> None:
+        req = ConfirmMigration(migration_uuid=migration_uuid)
+        await self.client.cast(ctx, "confirm_migration", req, version="1.5")
+
+    async def revert_migration(self, ctx: RequestContext, migration_uuid: UUID) -> None:
+        req = RevertMigration(migration_uuid=migration_uuid)
+        await self.client.cast(ctx, "revert_migration", req, version="1.5")
+
+    async def copy_removed(
+        self, ctx: RequestContext, migration_uuid: UUID, compute_node_uuid: UUID
+    ) -> None:
+        req = CopyRemoved(migration_uuid=migration_uuid, compute_node_uuid=compute_node_uuid)
+        await self.client.call(ctx, "copy_removed", req, version="1.5")

@@ -271,6 +271,26 @@ async def move_to(
     return None if row is None else Instance.from_row(row)
 
 
+async def relink(
+    conn: Connection, instance_uuid: UUID, *, task: TaskState, node: ComputeNode
+) -> Instance | None:
+    """Link the instance to ``node`` during ``task``, which goes on.
+
+    ``None`` if lost: the instance is gone, or not in that task any more.
+    """
+    row = await conn.fetchrow(
+        """UPDATE instances SET host = $3, node = $4, compute_id = $5, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2
+        RETURNING *""",
+        instance_uuid,
+        task.value,
+        node.host,
+        node.hypervisor_hostname,
+        node.id,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
 async def fail_task(
     conn: Connection, instance_uuid: UUID, task: TaskState, *, message: str
 ) -> Instance | None:

@@ -11,7 +11,9 @@ at least once, each step converges:
    still runs on it;
 3. the destination is recorded with a compare-and-swap (``accepted`` →
    ``pre-migrating``);
-4. the destination's agent is asked to build the instance there — again on every
+4. for a cold migration, the source's agent shuts the guest down (keeping its data:
+   until the migration is confirmed it is what a revert returns to);
+5. the destination's agent is asked to build the instance there — again on every
    delivery that finds the migration ``pre-migrating``, since the agent builds a guest
    once however often it is asked. Its result (``move_result``) finishes the move
    (:mod:`services.conductor.moves`).
@@ -141,8 +143,26 @@ class MoveTask(TaskBase):
             destination = await self._record_destination(migration, selection)
         else:
             destination = await self._recorded_destination(migration)
-        if destination is not None:
-            await self._send_build(instance, destination)
+        if destination is None:
+            return
+        if self.kind is MIGRATION:
+            await self._stop_source(migration, instance)
+        await self._send_build(instance, destination)
+
+    async def _stop_source(self, migration: Migration, instance: Instance) -> None:
+        assert migration.source_compute_id is not None
+        async with self.pool.acquire() as conn:
+            source = await compute_nodes.host_state_by_id(
+                conn, migration.source_compute_id, self.service_down_time
+            )
+        try:
+            await self.compute.prepare_migration(
+                self.ctx, source.service.uuid, instance.uuid, migration.uuid
+            )
+        except Unroutable as exc:
+            raise BuildFailed(
+                f"the source host {source.node.host} has no queue on the broker ({exc.message})"
+            ) from None
 
     async def _schedule(self, migration: Migration, instance: Instance) -> Selection:
         async with self.pool.acquire() as conn:
