@@ -100,6 +100,14 @@ async def of_service(conn: Connection, service_id: int) -> list[ComputeNode]:
     return [ComputeNode.from_row(row) for row in rows]
 
 
+async def uuids_elsewhere(conn: Connection, host: str) -> list[UUID]:
+    """The live nodes of every host but ``host``."""
+    rows = await conn.fetch(
+        "SELECT uuid FROM compute_nodes WHERE host <> $1 AND deleted_at IS NULL", host
+    )
+    return [row["uuid"] for row in rows]
+
+
 async def get_by_uuid(conn: Connection, node_uuid: UUID) -> ComputeNode:
     row = await conn.fetchrow(
         "SELECT * FROM compute_nodes WHERE uuid = $1 AND deleted_at IS NULL", node_uuid

@@ -171,6 +171,11 @@ class MoveTask(TaskBase):
             if migration.source_compute_id is not None:
                 source = await compute_nodes.get_by_id(conn, migration.source_compute_id)
         ignore = [source.uuid] if source is not None else []
+        if migration.dest_host is not None:
+            # The host the operator named: every other node is avoided, and every filter
+            # still runs on the named one.
+            async with self.pool.acquire() as conn:
+                ignore += await compute_nodes.uuids_elsewhere(conn, migration.dest_host)
         spec = spec.model_copy(update={"ignore_nodes": ignore, "consumer_uuid": migration.uuid})
         return await self.scheduler.select_destinations(self.ctx, spec)
 

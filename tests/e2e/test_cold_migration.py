@@ -1,0 +1,230 @@
+"""Cold migration with real agents and the real CLI: migrate, then confirm or revert.
+
+Three hosts with the local driver (guests are directories holding a ``power`` file).
+At every step the claims must add up (usage equal to the sum of allocations on every
+node) and, once confirmed or reverted, exactly one copy of the guest exists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.db import allocations
+from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig
+from tests.polling import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+HOSTS = ("cm-a", "cm-b", "cm-c")
+SETTLE = 60.0
+
+
+@pytest.fixture(scope="module")
+def cloud_config() -> CloudConfig:
+    return CloudConfig(computes=HOSTS, env=(("KEEL_COMPUTE__RECONCILE_INTERVAL", "1"),))
+
+
+def guest(cloud: Cloud, host: str, server_id: str) -> Path:
+    return cloud.state_dir(host) / "instances" / server_id
+
+
+def power(cloud: Cloud, host: str, server_id: str) -> str:
+    found = guest(cloud, host, server_id) / "power"
+    return found.read_text().strip() if found.exists() else "running"
+
+
+def copies(cloud: Cloud, server_id: str) -> list[str]:
+    return [host for host in HOSTS if guest(cloud, host, server_id).is_dir()]
+
+
+def service_set(cloud: Cloud, host: str, *flags: str) -> None:
+    cloud.openstack("compute", "service", "set", *flags, host, "keel-compute", as_json=False)
+
+
+async def on(cloud: Cloud, host: str, name: str) -> dict[str, Any]:
+    """A new server placed on ``host`` (the other hosts disabled meanwhile)."""
+    others = [h for h in HOSTS if h != host]
+    for other in others:
+        service_set(cloud, other, "--disable")
+    try:
+        server = await cloud.create_server(name)
+    finally:
+        for other in others:
+            service_set(cloud, other, "--enable")
+    assert server["OS-EXT-SRV-ATTR:host"] == host
+    return server
+
+
+async def shown(cloud: Cloud, server_id: str) -> dict[str, Any]:
+    server: dict[str, Any] = (await cloud.get(f"servers/{server_id}"))["server"]
+    return server
+
+
+async def until_server(cloud: Cloud, server_id: str, status: str) -> dict[str, Any]:
+    async def check() -> bool:
+        return bool((await shown(cloud, server_id))["status"] == status)
+
+    await wait_until(check, what=f"server {server_id} reaching {status}", timeout=SETTLE)
+    return await shown(cloud, server_id)
+
+
+async def record(cloud: Cloud, server_id: str) -> dict[str, Any]:
+    found = await cloud.get(f"os-migrations?instance_uuid={server_id}", version="2.59")
+    latest: dict[str, Any] = found["migrations"][0]
+    return latest
+
+
+async def until_record(cloud: Cloud, server_id: str, status: str) -> dict[str, Any]:
+    async def check() -> bool:
+        return bool((await record(cloud, server_id))["status"] == status)
+
+    await wait_until(check, what=f"migration of {server_id} reaching {status}", timeout=SETTLE)
+    return await record(cloud, server_id)
+
+
+async def claimed_on(cloud: Cloud, server_id: str) -> list[str]:
+    """The hosts holding a claim for the server; every node's usage must add up."""
+    async with cloud.pool.acquire() as conn:
+        hosts = await conn.fetch(
+            """SELECT n.host FROM allocations a JOIN compute_nodes n ON n.id = a.compute_node_id
+                WHERE a.instance_uuid = $1::uuid ORDER BY n.host""",
+            server_id,
+        )
+        assert await allocations.usage_drift(conn) == []
+    return [row["host"] for row in hosts]
+
+
+def migrate(cloud: Cloud, server_id: str, *host: str) -> None:
+    args = ["--host", host[0]] if host else []
+    cloud.openstack(
+        "--os-compute-api-version", "2.56", "server", "migrate", *args, server_id, as_json=False
+    )
+
+
+async def test_migrate_then_confirm_leaves_one_copy_on_the_destination(cloud: Cloud) -> None:
+    server = await on(cloud, "cm-a", "cm-confirm")
+    sid = server["id"]
+
+    migrate(cloud, sid)
+    verify = await until_server(cloud, sid, "VERIFY_RESIZE")
+    dest = verify["OS-EXT-SRV-ATTR:host"]
+    assert dest in ("cm-b", "cm-c")
+    finished = await record(cloud, sid)
+    assert (finished["migration_type"], finished["status"]) == ("migration", "finished")
+    assert (finished["source_compute"], finished["dest_compute"]) == ("cm-a", dest)
+    # Until confirmed: the source keeps its (shut down) copy and its claim.
+    assert copies(cloud, sid) == sorted(["cm-a", dest])
+    assert power(cloud, "cm-a", sid) == "shutdown"
+    assert power(cloud, dest, sid) == "running"
+    assert await claimed_on(cloud, sid) == sorted(["cm-a", dest])
+
+    cloud.openstack("server", "resize", "confirm", sid, as_json=False)
+    active = await until_server(cloud, sid, "ACTIVE")
+    assert active["OS-EXT-SRV-ATTR:host"] == dest
+    assert (await until_record(cloud, sid, "confirmed"))["dest_compute"] == dest
+    assert copies(cloud, sid) == [dest]
+    assert await claimed_on(cloud, sid) == [dest]
+
+    listed = cloud.openstack("server", "migration", "list", "--server", sid)
+    assert [(m["Type"], m["Status"]) for m in listed] == [("migration", "confirmed")]
+    events = cloud.openstack("server", "event", "list", sid)
+    assert {e["Action"] for e in events} >= {"create", "migrate", "confirmResize"}
+    await cloud.delete_server(sid)
+
+
+async def test_migrate_to_a_host_then_revert_returns_to_the_source(cloud: Cloud) -> None:
+    server = await on(cloud, "cm-a", "cm-revert")
+    sid = server["id"]
+
+    migrate(cloud, sid, "cm-c")
+    verify = await until_server(cloud, sid, "VERIFY_RESIZE")
+    assert verify["OS-EXT-SRV-ATTR:host"] == "cm-c"
+    assert copies(cloud, sid) == ["cm-a", "cm-c"]
+    assert await claimed_on(cloud, sid) == ["cm-a", "cm-c"]
+
+    cloud.openstack("server", "resize", "revert", sid, as_json=False)
+    active = await until_server(cloud, sid, "ACTIVE")
+    assert active["OS-EXT-SRV-ATTR:host"] == "cm-a"
+    await until_record(cloud, sid, "reverted")
+    assert copies(cloud, sid) == ["cm-a"]
+    assert power(cloud, "cm-a", sid) == "running"
+    assert await claimed_on(cloud, sid) == ["cm-a"]
+    events = cloud.openstack("server", "event", "list", sid)
+    assert {e["Action"] for e in events} >= {"migrate", "revertResize"}
+    await cloud.delete_server(sid)
+
+
+async def test_a_stopped_server_stays_stopped_through_migration(cloud: Cloud) -> None:
+    server = await on(cloud, "cm-b", "cm-stopped")
+    sid = server["id"]
+    cloud.openstack("server", "stop", sid, as_json=False)
+    await until_server(cloud, sid, "SHUTOFF")
+
+    migrate(cloud, sid, "cm-a")
+    await until_server(cloud, sid, "VERIFY_RESIZE")
+    assert power(cloud, "cm-a", sid) == "shutdown"
+    cloud.openstack("server", "resize", "confirm", sid, as_json=False)
+    stopped = await until_server(cloud, sid, "SHUTOFF")
+    assert stopped["OS-EXT-SRV-ATTR:host"] == "cm-a"
+    assert copies(cloud, sid) == ["cm-a"]
+    assert await claimed_on(cloud, sid) == ["cm-a"]
+    await cloud.delete_server(sid)
+
+
+async def test_bad_migrations_are_refused_and_change_nothing(cloud: Cloud) -> None:
+    server = await on(cloud, "cm-a", "cm-refused")
+    sid = server["id"]
+    headers = {"OpenStack-API-Version": "compute 2.56"}
+
+    async with cloud.http(cloud.member_token) as http:
+        body = {"name": "cm-mine", "flavorRef": "1", "imageRef": str(CIRROS_ID)}
+        created = await http.post("servers", json={"server": body})
+        assert created.status_code == 202, created.text
+        mine = created.json()["server"]["id"]
+        await until_server(cloud, mine, "ACTIVE")
+        member = await http.post(f"servers/{mine}/action", json={"migrate": None})
+    assert member.status_code == 403, member.text
+    await cloud.delete_server(mine)
+    async with cloud.http(cloud.admin_token) as http:
+        unknown = await http.post(
+            f"servers/{sid}/action", json={"migrate": {"host": "nowhere"}}, headers=headers
+        )
+        same = await http.post(
+            f"servers/{sid}/action", json={"migrate": {"host": "cm-a"}}, headers=headers
+        )
+        old = await http.post(
+            f"servers/{sid}/action",
+            json={"migrate": {"host": "cm-b"}},
+            headers={"OpenStack-API-Version": "compute 2.55"},
+        )
+        confirm = await http.post(f"servers/{sid}/action", json={"confirmResize": None})
+        revert = await http.post(f"servers/{sid}/action", json={"revertResize": None})
+    assert unknown.status_code == 400
+    assert "Compute host nowhere could not be found." in unknown.text
+    assert same.status_code == 400
+    assert old.status_code == 400
+    assert confirm.status_code == 409
+    assert revert.status_code == 409
+    found = await cloud.get(f"os-migrations?instance_uuid={sid}", version="2.59")
+    assert found["migrations"] == []
+    assert (await shown(cloud, sid))["status"] == "ACTIVE"
+    assert await claimed_on(cloud, sid) == ["cm-a"]
+    await cloud.delete_server(sid)
+
+
+async def test_deleting_a_server_awaiting_confirmation_removes_both_copies(cloud: Cloud) -> None:
+    server = await on(cloud, "cm-b", "cm-deleted")
+    sid = server["id"]
+    migrate(cloud, sid, "cm-c")
+    await until_server(cloud, sid, "VERIFY_RESIZE")
+
+    await cloud.delete_server(sid)
+
+    async def gone() -> bool:
+        return copies(cloud, sid) == []
+
+    await wait_until(gone, what=f"both copies of {sid} removed", timeout=SETTLE)
+    assert await claimed_on(cloud, sid) == []
