@@ -35,10 +35,11 @@ from services.conductor.rpcapi import CopyRemoved, MoveResult
 from services.conductor.tasks.move import MIGRATION
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instance_migrations, instances
-from shared.exceptions import Conflict
+from shared.exceptions import Conflict, KeelError
 from shared.objects.instance import Instance
 from shared.objects.migration import Migration, MigrationStatus
 from shared.objects.states import PowerState, TaskState, VmState
+from shared.rpc.settlement import is_transient
 
 LOG = logging.getLogger(__name__)
 
@@ -192,7 +193,16 @@ async def confirm(
             extra=_extra(migration),
         )
         return
-    if await _remove_copy(pool, compute, migration, migration.source_compute_id, down_time):
+    try:
+        removed = await _remove_copy(
+            pool, compute, migration, migration.source_compute_id, down_time
+        )
+    except KeelError as exc:
+        if is_transient(exc):
+            raise
+        await _step_failed(pool, migration, CONFIRM_ACTION, exc.message)
+        return
+    if removed:
         await finish_confirm(pool, migration)
 
 
@@ -252,7 +262,14 @@ async def revert(
             extra=_extra(migration),
         )
         return
-    if await _remove_copy(pool, compute, migration, migration.dest_compute_id, down_time):
+    try:
+        removed = await _remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
+    except KeelError as exc:
+        if is_transient(exc):
+            raise
+        await _step_failed(pool, migration, REVERT_ACTION, exc.message)
+        return
+    if removed:
         await finish_revert(pool, compute, migration, down_time)
 
 
@@ -291,13 +308,19 @@ async def finish_revert(
             )
             return
     running = _was_running(instance)
-    await compute.finish_revert(
-        RequestContext.internal(),
-        source.service.uuid,
-        migration.instance_uuid,
-        migration.uuid,
-        power_on=running,
-    )
+    try:
+        await compute.finish_revert(
+            RequestContext.internal(),
+            source.service.uuid,
+            migration.instance_uuid,
+            migration.uuid,
+            power_on=running,
+        )
+    except KeelError as exc:
+        if is_transient(exc):
+            raise
+        await _step_failed(pool, migration, REVERT_ACTION, exc.message)
+        return
     async with pool.acquire() as conn, conn.transaction():
         reverted = await instance_migrations.swap_status(
             conn,
@@ -323,6 +346,32 @@ async def finish_revert(
         migration.dest_compute,
         migration.source_compute,
         extra={**_extra(migration), "decision": "migration_reverted"},
+    )
+
+
+async def _step_failed(pool: asyncpg.Pool, migration: Migration, action: str, message: str) -> None:
+    """An agent could not do its part of a confirm or revert: record and fault, ERROR.
+
+    The record goes to ``error`` and the instance to ERROR with the agent's message;
+    nothing is removed, so an operator can see both copies and decide.
+    """
+    confirming = action == CONFIRM_ACTION
+    status = MigrationStatus.CONFIRMING if confirming else MigrationStatus.REVERTING
+    task = TaskState.RESIZE_CONFIRMING if confirming else TaskState.RESIZE_REVERTING
+    fault = f"{action} of migration {migration.uuid} failed: {message}"
+    async with pool.acquire() as conn, conn.transaction():
+        ended = await instance_migrations.swap_status(
+            conn, migration.uuid, expected=[status], new=MigrationStatus.ERROR
+        )
+        if ended is None:
+            return
+        await instances.fail_task(conn, migration.instance_uuid, task, message=fault)
+        await instance_actions.finish(conn, migration.instance_uuid, action, fault)
+    LOG.error(
+        "%s; instance %s is in ERROR and its claims are kept for an operator to decide",
+        fault,
+        migration.instance_uuid,
+        extra={**_extra(migration), "decision": "migration_error"},
     )
 
 

@@ -21,6 +21,7 @@ from services.conductor.rpcapi import (
     BuildVerdict,
     CheckBuild,
     ComputeResolution,
+    CopyRemoved,
     EvacuationConfirmed,
     GuestFate,
     GuestsReport,
@@ -72,6 +73,9 @@ class StandInConductor:
         self.reports: list[ReportGuests] = []
         self.confirmed: list[UUID] = []
         self.move_results: list[MoveResult] = []
+        #: The migration a ``moved`` (or other) verdict names, per guest.
+        self.moves: dict[UUID, UUID] = {}
+        self.copies_removed: list[CopyRemoved] = []
 
     async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
         self.resolutions.append(req)
@@ -119,7 +123,11 @@ class StandInConductor:
         """Every guest stays unless a test says otherwise (``fates``/``confirmations``)."""
         self.reports.append(req)
         verdicts = [
-            GuestVerdict(instance_uuid=guest, fate=self.fates.get(guest, GuestFate.KEEP))
+            GuestVerdict(
+                instance_uuid=guest,
+                fate=self.fates.get(guest, GuestFate.KEEP),
+                migration_uuid=self.moves.get(guest),
+            )
             for guest in req.guests
         ]
         return GuestsReport(verdicts=verdicts, to_confirm=list(self.confirmations))
@@ -132,6 +140,9 @@ class StandInConductor:
 
     async def move_result(self, ctx: RequestContext, req: MoveResult) -> None:
         self.move_results.append(req)
+
+    async def copy_removed(self, ctx: RequestContext, req: CopyRemoved) -> None:
+        self.copies_removed.append(req)
 
     async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
         self.checks.append(req)

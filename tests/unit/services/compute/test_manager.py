@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from services.compute.manager import ComputeManager
+from services.compute.reconcile import GuestReconciler
 from services.compute.rpcapi import RPC_VERSION, ComputeAPI, InstanceSpec, topic_for
 from services.compute.virt.local import LocalDriver
 from services.conductor.rpcapi import RPC_VERSION as RPC_CAP
-from services.conductor.rpcapi import BuildVerdict, ConductorAPI
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI, GuestFate
 from shared.context import RequestContext
-from shared.exceptions import BuildFailed
+from shared.exceptions import BuildFailed, KeelError
 from shared.rpc.fake import FakeBroker, FakeTransport
 from shared.rpc.server import RPCServer
 from tests.unit.services.compute.standin import (
@@ -264,3 +265,84 @@ async def test_twin_terminates_delivered_at_once_remove_the_guest_once(tmp_path:
 
         assert not rig.guest_dir(spec).exists()
         assert list((tmp_path / "instances").iterdir()) == []
+
+
+async def test_prepare_migration_shuts_the_guest_down_and_keeps_it(rig: Rig) -> None:
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    ctx, migration = RequestContext(), uuid.uuid4()
+
+    await asyncio.gather(
+        *(
+            rig.compute.prepare_migration(ctx, rig.service_uuid, spec.uuid, migration)
+            for _ in range(2)
+        )
+    )
+
+    assert (rig.guest_dir(spec) / "power").read_text().strip() == "shutdown"
+
+
+async def test_remove_moved_guest_twice_at_once_removes_it_once(rig: Rig) -> None:
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    ctx, migration = RequestContext(), uuid.uuid4()
+
+    await asyncio.gather(
+        *(
+            rig.compute.remove_moved_guest(ctx, rig.service_uuid, spec.uuid, migration)
+            for _ in range(2)
+        )
+    )
+
+    assert not rig.guest_dir(spec).exists()
+
+
+async def test_finish_revert_starts_the_source_guest_again(rig: Rig) -> None:
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    ctx, migration = RequestContext(), uuid.uuid4()
+    await rig.compute.prepare_migration(ctx, rig.service_uuid, spec.uuid, migration)
+
+    await rig.compute.finish_revert(ctx, rig.service_uuid, spec.uuid, migration, power_on=True)
+
+    assert (rig.guest_dir(spec) / "power").read_text().strip() == "running"
+
+
+async def test_finish_revert_without_the_guest_is_an_error_for_the_conductor(rig: Rig) -> None:
+    missing, migration = uuid.uuid4(), uuid.uuid4()
+
+    with pytest.raises(KeelError, match="cannot be reverted to it"):
+        await rig.compute.finish_revert(
+            RequestContext(), rig.service_uuid, missing, migration, power_on=False
+        )
+
+
+async def test_a_moved_copy_is_removed_and_reported_by_the_guest_report(tmp_path: Path) -> None:
+    broker = FakeBroker()
+    conductor_side, agent_side = FakeTransport(broker), FakeTransport(broker)
+    await conductor_side.connect()
+    await agent_side.connect()
+    standin = StandInConductor()
+    await serve_standin(conductor_side, standin)
+    driver = LocalDriver(tmp_path, "host1")
+    kept, moved = make_spec(), make_spec()
+    await driver.spawn(kept)
+    await driver.spawn(moved)
+    node_uuid, migration = uuid.uuid4(), uuid.uuid4()
+    standin.fates[moved.uuid] = GuestFate.MOVED
+    standin.moves[moved.uuid] = migration
+    conductor = ConductorAPI(agent_side, timeout=5)
+    manager = ComputeManager(driver, conductor, node_uuid=node_uuid)
+    try:
+        await GuestReconciler(driver, conductor, manager, node_uuid).reconcile()
+    finally:
+        await conductor_side.close()
+        await agent_side.close()
+
+    assert await driver.list_instances() == [kept.uuid]
+    assert [(c.migration_uuid, c.compute_node_uuid) for c in standin.copies_removed] == [
+        (migration, node_uuid)
+    ]

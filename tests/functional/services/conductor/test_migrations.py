@@ -1,0 +1,287 @@
+"""Cold migration on real RabbitMQ and PostgreSQL, every step delivered twice at once.
+
+Two stand-in agents, A and B. The API's part (recording the migration, moving the
+record to ``confirming`` or ``reverting``) is done here in SQL; the conductor's casts are
+published twice concurrently. Each case must end as if delivered once: one record
+status, the claims on the right nodes, usage equal to allocations on every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from services.compute.rpcapi import (
+    FinishRevert,
+    PrepareMigration,
+    RebuildInstance,
+    RemoveMovedGuest,
+)
+from services.conductor.rpcapi import ConductorAPI, Registration
+from shared.context import RequestContext
+from shared.db import (
+    allocations,
+    compute_nodes,
+    instance_actions,
+    instance_migrations,
+    instances,
+)
+from shared.objects.migration import Migration, MigrationStatus, MigrationType
+from shared.objects.states import TaskState, VmState
+from shared.rpc.amqp import AmqpTransport
+from tests.functional.services.conductor.stand_in import (
+    StandInCompute,
+    create_instance,
+    eventually,
+    register,
+    serve_stand_in,
+    until,
+)
+
+pytestmark = pytest.mark.functional
+
+
+class StandInMover(StandInCompute):
+    """A stand-in agent that also takes part in moves, recording what it was asked."""
+
+    def __init__(self, conductor: ConductorAPI) -> None:
+        super().__init__(conductor)
+        self.rebuilt: list[UUID] = []
+        self.prepared: list[UUID] = []
+        self.removed: list[UUID] = []
+        self.reverted: list[FinishRevert] = []
+        #: When set, rebuilds report this failure.
+        self.rebuild_fails: str | None = None
+
+    async def rebuild_instance(self, ctx: RequestContext, req: RebuildInstance) -> None:
+        self.rebuilt.append(req.instance.uuid)
+        await self.conductor.move_result(
+            ctx,
+            req.migration_uuid,
+            success=self.rebuild_fails is None,
+            message=self.rebuild_fails or "",
+        )
+
+    async def prepare_migration(self, ctx: RequestContext, req: PrepareMigration) -> None:
+        self.prepared.append(req.instance_uuid)
+
+    async def remove_moved_guest(self, ctx: RequestContext, req: RemoveMovedGuest) -> None:
+        self.removed.append(req.instance_uuid)
+
+    async def finish_revert(self, ctx: RequestContext, req: FinishRevert) -> None:
+        self.reverted.append(req)
+
+
+async def host(
+    conductor: ConductorAPI, transport: AmqpTransport, name: str
+) -> tuple[Registration, StandInMover]:
+    registration = await register(conductor, name)
+    agent = StandInMover(conductor)
+    await serve_stand_in(transport, registration, agent)
+    return registration, agent
+
+
+async def migration_status(pool: asyncpg.Pool, migration_uuid: UUID, status: str) -> Migration:
+    async def check() -> Migration | None:
+        async with pool.acquire() as conn:
+            found = await instance_migrations.get(conn, migration_uuid)
+        return found if found.status == status else None
+
+    return await eventually(check)
+
+
+async def claims(pool: asyncpg.Pool, instance_uuid: UUID) -> set[tuple[str, int]]:
+    """(holder, node id) of every claim serving the instance; usage must add up."""
+    async with pool.acquire() as conn:
+        held = await allocations.for_instance(conn, instance_uuid)
+        assert await allocations.usage_drift(conn) == []
+    return {
+        ("instance" if a.consumer_uuid == instance_uuid else "migration", a.compute_node_id)
+        for a in held
+    }
+
+
+async def migrated(
+    pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport
+) -> tuple[Migration, StandInMover, StandInMover, int, int]:
+    """An instance built on A, then migrated to B (each cast twice at once): ``finished``."""
+    reg_a, agent_a = await host(conductor, transport, "mig-a")
+    instance_uuid = await create_instance(pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+
+    async def active() -> bool | None:
+        async with pool.acquire() as conn:
+            found = await instances.find(conn, instance_uuid)
+        return True if found is not None and found.vm_state == VmState.ACTIVE else None
+
+    await eventually(active)
+    reg_b, agent_b = await host(conductor, transport, "mig-b")
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with pool.acquire() as conn, conn.transaction():
+        source = await compute_nodes.get_by_uuid(conn, reg_a.node_uuid)
+        await instances.begin_task(
+            conn, instance_uuid, TaskState.RESIZE_PREP, vm_states=(VmState.ACTIVE,)
+        )
+        await instance_actions.start(conn, ctx, instance_uuid, "migrate")
+        migration = await instance_migrations.create(
+            conn,
+            ctx,
+            instance_uuid=instance_uuid,
+            migration_type=MigrationType.MIGRATION,
+            status=MigrationStatus.ACCEPTED,
+            source=source,
+        )
+    await asyncio.gather(
+        conductor.migrate_instance(ctx, migration.uuid),
+        conductor.migrate_instance(ctx, migration.uuid),
+    )
+    finished = await migration_status(pool, migration.uuid, MigrationStatus.FINISHED)
+    return finished, agent_a, agent_b, reg_a.node_id, reg_b.node_id
+
+
+async def start_step(
+    pool: asyncpg.Pool, migration: Migration, task: TaskState, status: str
+) -> None:
+    """What keel-api records for confirmResize or revertResize."""
+    async with pool.acquire() as conn, conn.transaction():
+        assert await instances.begin_task(
+            conn, migration.instance_uuid, task, vm_states=(VmState.RESIZED,)
+        )
+        assert await instance_migrations.swap_status(
+            conn, migration.uuid, expected=[MigrationStatus.FINISHED], new=status
+        )
+
+
+async def test_migrate_and_confirm_delivered_twice_at_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    migration, agent_a, agent_b, node_a, node_b = await migrated(
+        db_pool, conductor, agent_transport
+    )
+    instance_uuid = migration.instance_uuid
+    assert migration.dest_compute_id == node_b
+    assert set(agent_a.prepared) == {instance_uuid}
+    assert set(agent_b.rebuilt) == {instance_uuid}
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.RESIZED,
+        None,
+        node_b,
+    )
+    assert await claims(db_pool, instance_uuid) == {("instance", node_a), ("migration", node_b)}
+
+    await start_step(db_pool, migration, TaskState.RESIZE_CONFIRMING, MigrationStatus.CONFIRMING)
+    ctx = RequestContext()
+    await asyncio.gather(
+        conductor.confirm_migration(ctx, migration.uuid),
+        conductor.confirm_migration(ctx, migration.uuid),
+    )
+    await migration_status(db_pool, migration.uuid, MigrationStatus.CONFIRMED)
+    await until(lambda: bool(agent_a.removed))
+    assert set(agent_a.removed) == {instance_uuid}
+    assert agent_b.removed == []
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ACTIVE,
+        None,
+        node_b,
+    )
+    assert await claims(db_pool, instance_uuid) == {("instance", node_b)}
+
+
+async def test_revert_delivered_twice_at_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    migration, agent_a, agent_b, node_a, _ = await migrated(db_pool, conductor, agent_transport)
+    instance_uuid = migration.instance_uuid
+
+    await start_step(db_pool, migration, TaskState.RESIZE_REVERTING, MigrationStatus.REVERTING)
+    ctx = RequestContext()
+    await asyncio.gather(
+        conductor.revert_migration(ctx, migration.uuid),
+        conductor.revert_migration(ctx, migration.uuid),
+    )
+    await migration_status(db_pool, migration.uuid, MigrationStatus.REVERTED)
+    assert set(agent_b.removed) == {instance_uuid}
+    assert agent_a.removed == []
+    assert agent_a.reverted
+    assert all(req.power_on for req in agent_a.reverted)
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ACTIVE,
+        None,
+        node_a,
+    )
+    assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
+
+
+async def test_copy_removed_reported_twice_at_once_confirms_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """The source's agent was away when the confirm came; it removed its copy on return."""
+    migration, _, _, node_a, node_b = await migrated(db_pool, conductor, agent_transport)
+    await start_step(db_pool, migration, TaskState.RESIZE_CONFIRMING, MigrationStatus.CONFIRMING)
+    async with db_pool.acquire() as conn:
+        source = await compute_nodes.get_by_id(conn, node_a)
+    ctx = RequestContext()
+    await asyncio.gather(
+        conductor.copy_removed(ctx, migration.uuid, source.uuid),
+        conductor.copy_removed(ctx, migration.uuid, source.uuid),
+    )
+    await migration_status(db_pool, migration.uuid, MigrationStatus.CONFIRMED)
+    assert await claims(db_pool, migration.instance_uuid) == {("instance", node_b)}
+
+
+async def test_failed_rebuild_reported_twice_at_once_fails_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    reg_a, _ = await host(conductor, agent_transport, "fail-a")
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+
+    async def placed() -> bool | None:
+        async with db_pool.acquire() as conn:
+            found = await instances.find(conn, instance_uuid)
+        return True if found is not None and found.vm_state == VmState.ACTIVE else None
+
+    await eventually(placed)
+    _, agent_b = await host(conductor, agent_transport, "fail-b")
+    agent_b.rebuild_fails = "disk full"
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with db_pool.acquire() as conn, conn.transaction():
+        source = await compute_nodes.get_by_uuid(conn, reg_a.node_uuid)
+        await instances.begin_task(
+            conn, instance_uuid, TaskState.RESIZE_PREP, vm_states=(VmState.ACTIVE,)
+        )
+        await instance_actions.start(conn, ctx, instance_uuid, "migrate")
+        migration = await instance_migrations.create(
+            conn,
+            ctx,
+            instance_uuid=instance_uuid,
+            migration_type=MigrationType.MIGRATION,
+            status=MigrationStatus.ACCEPTED,
+            source=source,
+        )
+    await conductor.migrate_instance(ctx, migration.uuid)
+    await until(lambda: bool(agent_b.rebuilt))
+    await asyncio.gather(
+        conductor.move_result(ctx, migration.uuid, success=False, message="disk full"),
+        conductor.move_result(ctx, migration.uuid, success=False, message="disk full"),
+    )
+    await migration_status(db_pool, migration.uuid, MigrationStatus.FAILED)
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+        finished = await conn.fetchval(
+            """SELECT count(*) FROM instance_actions
+                WHERE instance_uuid = $1 AND action = 'migrate' AND finish_time IS NOT NULL""",
+            instance_uuid,
+        )
+    assert (instance.vm_state, instance.compute_id) == (VmState.ERROR, source.id)
+    assert await claims(db_pool, instance_uuid) == {("instance", source.id)}
+    assert finished == 1

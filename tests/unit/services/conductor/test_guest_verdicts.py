@@ -1,0 +1,101 @@
+"""What a guest an agent reports is to become, from its instance and its moves."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from services.conductor.guests import guest_verdict, step_down
+from services.conductor.rpcapi import GuestFate
+from shared.objects.migration import Migration, MigrationStatus, MigrationType
+
+HERE, THERE = 1, 2
+GUEST = uuid.uuid4()
+
+
+def move(kind: MigrationType, status: MigrationStatus, source: int, dest: int) -> Migration:
+    return Migration(
+        id=1,
+        uuid=uuid.uuid4(),
+        instance_uuid=GUEST,
+        migration_type=kind,
+        status=status,
+        source_compute="a",
+        source_node="a",
+        source_compute_id=source,
+        dest_compute="b",
+        dest_node="b",
+        dest_compute_id=dest,
+        dest_host=None,
+        user_id=None,
+        project_id=None,
+        created_at=datetime.now(UTC),
+        updated_at=None,
+        deleted_at=None,
+    )
+
+
+EVAC, MIGR = MigrationType.EVACUATION, MigrationType.MIGRATION
+S = MigrationStatus
+
+
+@pytest.mark.parametrize(
+    ("instance_node", "moves", "fate"),
+    [
+        # No move: here is kept, elsewhere or unknown is an orphan (never destroyed).
+        (HERE, [], GuestFate.KEEP),
+        (THERE, [], GuestFate.ORPHANED),
+        (None, [], GuestFate.ORPHANED),
+        # Evacuations away from here.
+        (HERE, [(EVAC, S.PRE_MIGRATING, HERE, THERE)], GuestFate.EVACUATING),
+        (THERE, [(EVAC, S.DONE, HERE, THERE)], GuestFate.EVACUATED),
+        (THERE, [(EVAC, S.COMPLETED, HERE, THERE)], GuestFate.EVACUATED),
+        (HERE, [(EVAC, S.FAILED, HERE, THERE)], GuestFate.KEEP),
+        # An evacuation being rebuilt here is not an orphan.
+        (THERE, [(EVAC, S.PRE_MIGRATING, THERE, HERE)], GuestFate.KEEP),
+        # Cold migration away from here: kept until confirmed, removed once confirmed.
+        (THERE, [(MIGR, S.FINISHED, HERE, THERE)], GuestFate.KEEP),
+        (THERE, [(MIGR, S.CONFIRMING, HERE, THERE)], GuestFate.MOVED),
+        (THERE, [(MIGR, S.CONFIRMED, HERE, THERE)], GuestFate.MOVED),
+        (THERE, [(MIGR, S.REVERTING, HERE, THERE)], GuestFate.KEEP),
+        (HERE, [(MIGR, S.REVERTED, HERE, THERE)], GuestFate.KEEP),
+        # Cold migration to here: built while under way, removed once reverted.
+        (THERE, [(MIGR, S.PRE_MIGRATING, THERE, HERE)], GuestFate.KEEP),
+        (HERE, [(MIGR, S.FINISHED, THERE, HERE)], GuestFate.KEEP),
+        (HERE, [(MIGR, S.REVERTING, THERE, HERE)], GuestFate.KEEP),
+        (THERE, [(MIGR, S.REVERTING, THERE, HERE)], GuestFate.MOVED),
+        (THERE, [(MIGR, S.REVERTED, THERE, HERE)], GuestFate.MOVED),
+        (HERE, [(MIGR, S.CONFIRMED, THERE, HERE)], GuestFate.KEEP),
+        # A migration that failed leaves the source's copy alone.
+        (HERE, [(MIGR, S.FAILED, HERE, THERE)], GuestFate.KEEP),
+        # Migrated away and confirmed, then migrated back here: this is the instance.
+        (
+            HERE,
+            [(MIGR, S.CONFIRMED, HERE, THERE), (MIGR, S.CONFIRMED, THERE, HERE)],
+            GuestFate.KEEP,
+        ),
+    ],
+)
+def test_guest_verdicts(
+    instance_node: int | None,
+    moves: list[tuple[MigrationType, MigrationStatus, int, int]],
+    fate: GuestFate,
+) -> None:
+    recorded = [move(*m) for m in moves]
+    verdict = guest_verdict(GUEST, instance_node, False, recorded, HERE)
+    assert verdict.fate is fate, verdict.reason
+    if fate in (GuestFate.MOVED, GuestFate.EVACUATED, GuestFate.EVACUATING):
+        assert verdict.migration_uuid == recorded[-1].uuid
+
+
+def test_a_deleted_instance_is_removed_whatever_its_moves() -> None:
+    moves = [move(MIGR, S.FINISHED, HERE, THERE)]
+    assert guest_verdict(GUEST, THERE, True, moves, HERE).fate is GuestFate.DELETED
+
+
+def test_agents_older_than_cold_migration_are_told_to_keep_instead_of_moved() -> None:
+    verdict = guest_verdict(GUEST, THERE, False, [move(MIGR, S.CONFIRMED, HERE, THERE)], HERE)
+    assert step_down(verdict, 5).fate is GuestFate.KEEP
+    assert step_down(verdict, 6).fate is GuestFate.MOVED
