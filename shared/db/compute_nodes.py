@@ -100,10 +100,12 @@ async def of_service(conn: Connection, service_id: int) -> list[ComputeNode]:
     return [ComputeNode.from_row(row) for row in rows]
 
 
-async def uuids_elsewhere(conn: Connection, host: str) -> list[UUID]:
-    """The live nodes of every host but ``host``."""
+async def uuids_elsewhere(conn: Connection, service_id: int) -> list[UUID]:
+    """The live nodes of every compute service but ``service_id``."""
     rows = await conn.fetch(
-        "SELECT uuid FROM compute_nodes WHERE host <> $1 AND deleted_at IS NULL", host
+        """SELECT uuid FROM compute_nodes
+            WHERE service_id IS DISTINCT FROM $1 AND deleted_at IS NULL""",
+        service_id,
     )
     return [row["uuid"] for row in rows]
 

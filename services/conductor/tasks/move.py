@@ -44,6 +44,7 @@ from shared.db import (
     instance_migrations,
     instances,
     request_specs,
+    services,
 )
 from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoValidHost, Unroutable
 from shared.objects.compute_node import HostState
@@ -175,7 +176,15 @@ class MoveTask(TaskBase):
             # The host the operator named: every other node is avoided, and every filter
             # still runs on the named one.
             async with self.pool.acquire() as conn:
-                ignore += await compute_nodes.uuids_elsewhere(conn, migration.dest_host)
+                target = await services.find_compute(
+                    conn, migration.dest_host, self.service_down_time
+                )
+                if target is None:
+                    raise NoValidHost(
+                        f"No valid host was found. The requested host {migration.dest_host} "
+                        "has no compute service."
+                    )
+                ignore += await compute_nodes.uuids_elsewhere(conn, target.id)
         spec = spec.model_copy(update={"ignore_nodes": ignore, "consumer_uuid": migration.uuid})
         return await self.scheduler.select_destinations(self.ctx, spec)
 
