@@ -275,6 +275,9 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = "auto"
     #: Seconds an instance may stay in BUILD before the conductor puts it in ERROR; 0 never.
     build_timeout: float = Field(default=600.0, ge=0)
+    #: Seconds a finished cold migration waits for confirm or revert before the conductor
+    #: confirms it on its owner's behalf; 0 never does (Nova's resize_confirm_window).
+    resize_confirm_window: float = Field(default=0.0, ge=0)
     #: For tests and rehearsals only: the process kills itself (SIGKILL) on reaching this
     #: fault-injection point (see README, "Fault injection").
     fault_inject: str | None = None

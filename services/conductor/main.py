@@ -4,7 +4,9 @@ Connects to PostgreSQL and RabbitMQ, registers this conductor's own service row
 (binary ``keel-conductor``; two conductors on one host share it), heartbeats it in the
 database every report interval, and serves the conductor RPC API on the ``conductor``
 topic as one of possibly many competing consumers, with scheduler and compute clients
-on the same transport. It also sweeps for builds that overran ``KEEL_BUILD_TIMEOUT``.
+on the same transport. It also sweeps for builds that overran ``KEEL_BUILD_TIMEOUT``
+and for cold migrations left unconfirmed (``KEEL_RESIZE_CONFIRM_WINDOW``) or stalled
+while confirming or reverting.
 On SIGTERM it stops consuming, lets work in flight finish (bounded), then closes the
 transport and the pool.
 """
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
+from services.conductor.auto_confirm import MigrationSweep
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.manager import ConductorManager
 from services.conductor.rpcapi import TOPIC
@@ -41,10 +44,11 @@ async def run_conductor(
         pool, settings, binary=Binary.CONDUCTOR, topic=TOPIC, minimums=pins.minimums
     )
     timeout = settings.rpc.call_timeout
+    compute = ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap)
     manager = ConductorManager(
         pool,
         SchedulerAPI(transport, timeout=timeout, version_cap=pins.scheduler.cap),
-        ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
+        compute,
         service_down_time=settings.service_down_time,
         faults=FaultPoints(settings.fault_inject),
         minimums=pins.minimums,
@@ -62,6 +66,14 @@ async def run_conductor(
     deadline = BuildDeadline(pool, settings.build_timeout)
     if deadline.enabled:
         periodic.append(Periodic("build deadline", deadline.sweep, deadline.interval))
+    moves = MigrationSweep(
+        pool,
+        compute,
+        confirm_window=settings.resize_confirm_window,
+        stall_after=2 * timeout,
+        down_time=settings.service_down_time,
+    )
+    periodic.append(Periodic("migration sweep", moves.sweep, moves.interval))
     # A build waits at most one scheduler call; give it that long, and a little more.
     await serve_until_stopped(
         record, server, lifecycle, drain_timeout=timeout + 5.0, periodic=periodic

@@ -111,6 +111,30 @@ async def unconfirmed_evacuations(conn: Connection, service_id: int) -> list[Mig
     return [Migration.from_row(row) for row in rows]
 
 
+async def unconfirmed_moves(conn: Connection, older_than: float) -> list[Migration]:
+    """Cold migrations ``finished`` (awaiting confirm or revert) for ``older_than`` seconds."""
+    rows = await conn.fetch(
+        """SELECT * FROM migrations
+            WHERE migration_type = 'migration' AND status = 'finished'
+              AND deleted_at IS NULL AND updated_at < now() - make_interval(secs => $1)
+            ORDER BY id""",
+        older_than,
+    )
+    return [Migration.from_row(row) for row in rows]
+
+
+async def stalled_endings(conn: Connection, older_than: float) -> list[Migration]:
+    """Cold migrations ``confirming`` or ``reverting`` unchanged for ``older_than`` seconds."""
+    rows = await conn.fetch(
+        """SELECT * FROM migrations
+            WHERE migration_type = 'migration' AND status IN ('confirming', 'reverting')
+              AND deleted_at IS NULL AND updated_at < now() - make_interval(secs => $1)
+            ORDER BY id""",
+        older_than,
+    )
+    return [Migration.from_row(row) for row in rows]
+
+
 async def in_progress(conn: Connection, instance_uuid: UUID) -> Migration | None:
     """The instance's move that has not ended yet, if any."""
     row = await conn.fetchrow(

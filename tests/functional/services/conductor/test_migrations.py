@@ -15,11 +15,13 @@ import asyncpg
 import pytest
 
 from services.compute.rpcapi import (
+    ComputeAPI,
     FinishRevert,
     PrepareMigration,
     RebuildInstance,
     RemoveMovedGuest,
 )
+from services.conductor.auto_confirm import MigrationSweep
 from services.conductor.rpcapi import ConductorAPI, Registration
 from shared.context import RequestContext
 from shared.db import (
@@ -32,6 +34,7 @@ from shared.db import (
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
 from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
+from tests.functional.services.conductor.conftest import SOON
 from tests.functional.services.conductor.stand_in import (
     StandInCompute,
     create_instance,
@@ -285,3 +288,101 @@ async def test_failed_rebuild_reported_twice_at_once_fails_once(
     assert (instance.vm_state, instance.compute_id) == (VmState.ERROR, source.id)
     assert await claims(db_pool, instance_uuid) == {("instance", source.id)}
     assert finished == 1
+
+
+async def aged(pool: asyncpg.Pool, migration: Migration) -> None:
+    """Make the record look as if it has not changed for an hour."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE migrations SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
+            migration.uuid,
+        )
+
+
+def sweeper(
+    pool: asyncpg.Pool, transport: AmqpTransport, *, window: float, stall_after: float = 3600
+) -> MigrationSweep:
+    return MigrationSweep(
+        pool,
+        ComputeAPI(transport, timeout=SOON),
+        confirm_window=window,
+        stall_after=stall_after,
+        down_time=60,
+    )
+
+
+async def test_two_sweeps_at_once_auto_confirm_a_migration_past_its_window_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    migration, agent_a, agent_b, _, node_b = await migrated(db_pool, conductor, agent_transport)
+    await aged(db_pool, migration)
+    sweeps = [sweeper(db_pool, agent_transport, window=60) for _ in range(2)]
+    worked = await asyncio.gather(*(sweep.sweep() for sweep in sweeps))
+    assert sorted(worked) == [0, 1]
+    await migration_status(db_pool, migration.uuid, MigrationStatus.CONFIRMED)
+    assert agent_a.removed == [migration.instance_uuid]
+    assert agent_b.removed == []
+    assert await claims(db_pool, migration.instance_uuid) == {("instance", node_b)}
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, migration.instance_uuid)
+        actions = await conn.fetch(
+            "SELECT action FROM instance_actions WHERE instance_uuid = $1 AND action = $2",
+            migration.instance_uuid,
+            "confirmResize",
+        )
+    assert (instance.vm_state, instance.task_state) == (VmState.ACTIVE, None)
+    assert len(actions) == 1
+
+
+async def test_no_window_or_a_recent_migration_is_left_for_its_owner(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    migration, agent_a, _, node_a, node_b = await migrated(db_pool, conductor, agent_transport)
+    assert await sweeper(db_pool, agent_transport, window=3600).sweep() == 0
+    await aged(db_pool, migration)
+    assert await sweeper(db_pool, agent_transport, window=0).sweep() == 0
+    async with db_pool.acquire() as conn:
+        found = await instance_migrations.get(conn, migration.uuid)
+    assert found.status == MigrationStatus.FINISHED
+    assert agent_a.removed == []
+    assert await claims(db_pool, migration.instance_uuid) == {
+        ("instance", node_a),
+        ("migration", node_b),
+    }
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        (TaskState.RESIZE_CONFIRMING, MigrationStatus.CONFIRMING, MigrationStatus.CONFIRMED),
+        (TaskState.RESIZE_REVERTING, MigrationStatus.REVERTING, MigrationStatus.REVERTED),
+    ],
+)
+async def test_a_stalled_confirm_or_revert_is_driven_on_once_by_two_sweeps(
+    db_pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    agent_transport: AmqpTransport,
+    step: tuple[TaskState, str, str],
+) -> None:
+    """keel-api recorded the step but its message never reached a conductor."""
+    task, status, ended = step
+    migration, agent_a, agent_b, node_a, node_b = await migrated(
+        db_pool, conductor, agent_transport
+    )
+    await start_step(db_pool, migration, task, status)
+    await aged(db_pool, migration)
+    sweeps = [sweeper(db_pool, agent_transport, window=0, stall_after=60) for _ in range(2)]
+    await asyncio.gather(*(sweep.sweep() for sweep in sweeps))
+    await migration_status(db_pool, migration.uuid, ended)
+    confirmed = ended == MigrationStatus.CONFIRMED
+    removed_by = agent_a if confirmed else agent_b
+    assert set(removed_by.removed) == {migration.instance_uuid}
+    home = node_b if confirmed else node_a
+    assert await claims(db_pool, migration.instance_uuid) == {("instance", home)}
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, migration.instance_uuid)
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ACTIVE,
+        None,
+        home,
+    )
