@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from shared.versions import (
+    RELEASE_NAMES,
     SERVICE_VERSION,
     SERVICE_VERSION_HISTORY,
+    ReleaseApis,
     apis_for,
     is_compatible,
     parse_version,
@@ -58,3 +63,21 @@ def test_current_service_version_has_apis() -> None:
 def test_unknown_service_version_is_refused(version: int) -> None:
     with pytest.raises(ValueError, match="unknown service version"):
         apis_for(version)
+
+
+def test_the_readme_lists_every_release_with_the_rpc_versions_it_speaks() -> None:
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    rows = re.findall(
+        r"^\| (\d+) `(\w+)` \| (\d+\.\d+) \| (\d+\.\d+) \| (\d+\.\d+) \|", readme, re.MULTILINE
+    )
+    documented = {
+        int(number): (name, ReleaseApis(compute=compute, conductor=conductor, scheduler=sched))
+        for number, name, compute, conductor, sched in rows
+    }
+    names = {number: name for name, number in RELEASE_NAMES.items()}
+    expected = {
+        number: (names[number], apis)
+        for number, apis in enumerate(SERVICE_VERSION_HISTORY)
+        if apis is not None
+    }
+    assert documented == expected
