@@ -22,6 +22,12 @@ POINTS: dict[str, str] = {
     "scheduler.select.after_claim": "the claim is committed; the conductor has no answer",
     "compute.build.before_spawn": "the agent took the build; no guest exists yet",
     "compute.build.after_spawn": "the guest exists; the conductor was not told",
+    "conductor.move.after_destination": "a move's destination is claimed and recorded "
+    "(pre-migrating); the rebuild is not sent",
+    "compute.rebuild.after_spawn": "the moved guest exists on its destination; the "
+    "conductor was not told",
+    "conductor.confirm.after_remove": "the source's copy of a confirmed cold migration is "
+    "removed; the record is still confirming and both claims are held",
 }
 
 

@@ -230,6 +230,7 @@ class ComputeManager:
                     await self._driver.rebuild(spec)
                     if req.powered_off:
                         await self._driver.power_off(spec.uuid)
+                    self._faults.reached("compute.rebuild.after_spawn")
                 except KeelError as exc:
                     message = exc.message
                 except Exception as exc:

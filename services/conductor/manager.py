@@ -116,6 +116,7 @@ class ConductorManager:
             scheduler=self._scheduler,
             compute=self._compute,
             service_down_time=self._service_down_time,
+            faults=self._faults,
         )
         await task.run()
 
@@ -133,7 +134,11 @@ class ConductorManager:
 
     async def confirm_migration(self, ctx: RequestContext, req: ConfirmMigration) -> None:
         await migrations.confirm(
-            self._pool, self._compute, req.migration_uuid, self._service_down_time
+            self._pool,
+            self._compute,
+            req.migration_uuid,
+            self._service_down_time,
+            faults=self._faults,
         )
 
     async def revert_migration(self, ctx: RequestContext, req: RevertMigration) -> None:

@@ -36,6 +36,7 @@ from services.conductor.tasks.move import MIGRATION
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instance_migrations, instances
 from shared.exceptions import Conflict, KeelError
+from shared.faults import FaultPoints
 from shared.objects.instance import Instance
 from shared.objects.migration import Migration, MigrationStatus
 from shared.objects.states import PowerState, TaskState, VmState
@@ -180,7 +181,12 @@ async def _remove_copy(
 
 
 async def confirm(
-    pool: asyncpg.Pool, compute: ComputeAPI, migration_uuid: UUID, down_time: float
+    pool: asyncpg.Pool,
+    compute: ComputeAPI,
+    migration_uuid: UUID,
+    down_time: float,
+    *,
+    faults: FaultPoints | None = None,
 ) -> None:
     """Remove the source's copy, then make the destination the instance's only home."""
     async with pool.acquire() as conn:
@@ -203,6 +209,7 @@ async def confirm(
         await _step_failed(pool, migration, CONFIRM_ACTION, exc.message)
         return
     if removed:
+        (faults or FaultPoints()).reached("conductor.confirm.after_remove")
         await finish_confirm(pool, migration)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from shared.db import allocations
 from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.test_crash_recovery import killed, replace, up
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -228,3 +229,91 @@ async def test_deleting_a_server_awaiting_confirmation_removes_both_copies(cloud
 
     await wait_until(gone, what=f"both copies of {sid} removed", timeout=SETTLE)
     assert await claimed_on(cloud, sid) == []
+
+
+async def test_conductor_killed_after_choosing_the_destination_another_finishes_it(
+    cloud: Cloud,
+) -> None:
+    """The destination is claimed and recorded, the rebuild never sent: redelivery sends it."""
+    doomed = replace(
+        cloud,
+        "conductor",
+        "keel-conductor",
+        "controller",
+        KEEL_FAULT_INJECT="conductor.move.after_destination",
+    )
+    await up(cloud, "keel-conductor", "controller")
+    sid = (await on(cloud, "cm-a", "cm-crash-move"))["id"]
+
+    migrate(cloud, sid, "cm-b")
+    await killed(doomed)
+    assert (await record(cloud, sid))["status"] == "pre-migrating"
+    cloud.start("conductor", "keel-conductor", "controller")
+
+    verify = await until_server(cloud, sid, "VERIFY_RESIZE")
+    assert verify["OS-EXT-SRV-ATTR:host"] == "cm-b"
+    assert (await record(cloud, sid))["status"] == "finished"
+    assert copies(cloud, sid) == ["cm-a", "cm-b"]
+    assert await claimed_on(cloud, sid) == ["cm-a", "cm-b"]
+    cloud.openstack("server", "resize", "confirm", sid, as_json=False)
+    await until_record(cloud, sid, "confirmed")
+    assert copies(cloud, sid) == ["cm-b"]
+    assert await claimed_on(cloud, sid) == ["cm-b"]
+    await cloud.delete_server(sid)
+
+
+async def test_destination_agent_killed_after_building_the_copy_reports_it_on_return(
+    cloud: Cloud,
+) -> None:
+    """The copy exists, the conductor was never told: the agent's redelivered rebuild is."""
+    doomed = replace(
+        cloud, "cm-c", "keel-compute", "cm-c", KEEL_FAULT_INJECT="compute.rebuild.after_spawn"
+    )
+    await up(cloud, "keel-compute", "cm-c")
+    sid = (await on(cloud, "cm-a", "cm-crash-rebuild"))["id"]
+
+    migrate(cloud, sid, "cm-c")
+    await killed(doomed)
+    assert guest(cloud, "cm-c", sid).is_dir()
+    cloud.start("cm-c", "keel-compute", "cm-c")
+
+    verify = await until_server(cloud, sid, "VERIFY_RESIZE")
+    assert verify["OS-EXT-SRV-ATTR:host"] == "cm-c"
+    assert copies(cloud, sid) == ["cm-a", "cm-c"]
+    cloud.openstack("server", "resize", "revert", sid, as_json=False)
+    active = await until_server(cloud, sid, "ACTIVE")
+    assert active["OS-EXT-SRV-ATTR:host"] == "cm-a"
+    await until_record(cloud, sid, "reverted")
+    assert copies(cloud, sid) == ["cm-a"]
+    assert await claimed_on(cloud, sid) == ["cm-a"]
+    await cloud.delete_server(sid)
+
+
+async def test_conductor_killed_after_the_source_copy_went_confirms_on_redelivery(
+    cloud: Cloud,
+) -> None:
+    """The old copy is gone but the record still says confirming: the next conductor ends it."""
+    doomed = replace(
+        cloud,
+        "conductor",
+        "keel-conductor",
+        "controller",
+        KEEL_FAULT_INJECT="conductor.confirm.after_remove",
+    )
+    await up(cloud, "keel-conductor", "controller")
+    sid = (await on(cloud, "cm-a", "cm-crash-confirm"))["id"]
+    migrate(cloud, sid, "cm-b")
+    await until_server(cloud, sid, "VERIFY_RESIZE")
+
+    cloud.openstack("server", "resize", "confirm", sid, as_json=False)
+    await killed(doomed)
+    assert copies(cloud, sid) == ["cm-b"]
+    assert (await record(cloud, sid))["status"] == "confirming"
+    cloud.start("conductor", "keel-conductor", "controller")
+
+    await until_record(cloud, sid, "confirmed")
+    active = await until_server(cloud, sid, "ACTIVE")
+    assert active["OS-EXT-SRV-ATTR:host"] == "cm-b"
+    assert copies(cloud, sid) == ["cm-b"]
+    assert await claimed_on(cloud, sid) == ["cm-b"]
+    await cloud.delete_server(sid)

@@ -47,6 +47,7 @@ from shared.db import (
     services,
 )
 from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoValidHost, Unroutable
+from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
@@ -107,8 +108,10 @@ class MoveTask(TaskBase):
         scheduler: SchedulerAPI,
         compute: ComputeAPI,
         service_down_time: float,
+        faults: FaultPoints | None = None,
     ) -> None:
         self.ctx = ctx
+        self.faults = faults or FaultPoints()
         self.migration_uuid = migration_uuid
         self.pool = pool
         self.scheduler = scheduler
@@ -142,6 +145,7 @@ class MoveTask(TaskBase):
         if migration.status == MigrationStatus.ACCEPTED:
             selection = await self._schedule(migration, instance)
             destination = await self._record_destination(migration, selection)
+            self.faults.reached("conductor.move.after_destination")
         else:
             destination = await self._recorded_destination(migration)
         if destination is None:
