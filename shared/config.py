@@ -247,6 +247,10 @@ class WorkaroundSettings(_Group):
     #: Start conductor, scheduler and api even while compute services older than this
     #: release supports are registered (a fast-forward upgrade); a warning instead.
     disable_compute_service_check_for_ffu: bool = False
+    #: Deprecated and ignored (accepted so configurations carried over from Nova load):
+    #: an agent never destroys a guest because a host field differs, only when a
+    #: migration record says the instance was safely rebuilt elsewhere.
+    destroy_after_evacuate: bool | None = None
 
 
 class Settings(BaseSettings):

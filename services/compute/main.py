@@ -50,8 +50,18 @@ async def _start_unless_stopped(settings: Settings, lifecycle: Lifecycle) -> Age
     return None
 
 
+def warn_ignored_settings(settings: Settings) -> None:
+    """Say so, once at start-up, for each setting this agent accepts but ignores."""
+    if settings.workarounds.destroy_after_evacuate is not None:
+        LOG.warning(
+            "KEEL_WORKAROUNDS__DESTROY_AFTER_EVACUATE is deprecated and ignored: guests are "
+            "destroyed only when a migration record says they were rebuilt elsewhere"
+        )
+
+
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
     """Run keel-compute until ``lifecycle.stopping`` is set."""
+    warn_ignored_settings(settings)
     agent = await _start_unless_stopped(settings, lifecycle)
     if agent is None:
         return
