@@ -325,7 +325,12 @@ async def soft_delete_unplaced(conn: Connection, instance_uuid: UUID) -> bool:
 
 
 async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
-    """Mark the instance deleted; False if it already was (idempotent)."""
+    """Mark the instance deleted; False if it already was (idempotent).
+
+    A cold migration of the instance that was waiting for confirm or revert ends
+    ``confirmed``, as Nova's delete of a resized server does: nothing is left to decide,
+    and the copies on both hosts go with the instance.
+    """
     status = await conn.execute(
         """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
                   terminated_at = now(), deleted_at = now(), updated_at = now()
@@ -334,4 +339,12 @@ async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
         VmState.DELETED.value,
         int(PowerState.NOSTATE),
     )
-    return status != "UPDATE 0"
+    if status == "UPDATE 0":
+        return False
+    await conn.execute(
+        """UPDATE migrations SET status = 'confirmed', updated_at = now()
+            WHERE instance_uuid = $1 AND migration_type = 'migration'
+              AND status = 'finished' AND deleted_at IS NULL""",
+        instance_uuid,
+    )
+    return True

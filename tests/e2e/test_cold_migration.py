@@ -229,6 +229,7 @@ async def test_deleting_a_server_awaiting_confirmation_removes_both_copies(cloud
 
     await wait_until(gone, what=f"both copies of {sid} removed", timeout=SETTLE)
     assert await claimed_on(cloud, sid) == []
+    assert (await record(cloud, sid))["status"] == "confirmed"
 
 
 async def test_conductor_killed_after_choosing_the_destination_another_finishes_it(
