@@ -28,7 +28,7 @@ from services.api.faults import BadRequest, Forbidden
 from services.api.microversion import APIVersion
 from services.api.paging import MAX_LIMIT, PageRequest, marker_not_found, page_request
 from services.api.server_create import last_segment
-from services.api.views.servers import STATUS_FILTERS
+from services.api.views.servers import STATUS_FILTERS, TASK_STATUS_FILTERS
 from shared.context import RequestContext
 from shared.db.instance_search import InstanceSearch, SortDir
 from shared.objects.states import VmState
@@ -147,17 +147,28 @@ def timestamp(name: str, value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def vm_states_for(statuses: list[str], version: APIVersion) -> list[str]:
-    """The vm states the ``status`` filters select (none: the list is empty)."""
+def states_for(statuses: list[str], version: APIVersion) -> tuple[list[str], list[str] | None]:
+    """The vm states and task states the ``status`` filters select.
+
+    No vm state: the list is empty. Task states ``None``: not narrowed by task (no status
+    asked for stands for a task, or one stands for a vm state whatever its task).
+    """
     selected: list[str] = []
+    tasks: list[str] | None = []
     for status in statuses:
-        states = STATUS_FILTERS.get(status.upper())
+        wanted = status.upper()
+        states = STATUS_FILTERS.get(wanted)
         if states is None:
             if version.at_least("2.38"):
                 raise BadRequest(f"Invalid status value {status!r}")
             continue
-        selected.extend(states)
-    return selected
+        selected.extend(state for state in states if state not in selected)
+        if wanted in TASK_STATUS_FILTERS:
+            if tasks is not None:
+                tasks.extend(TASK_STATUS_FILTERS[wanted])
+        elif states:
+            tasks = None
+    return selected, (tasks or None)
 
 
 def _check_sort_keys(keys: list[str], dirs: list[str], version: APIVersion) -> frozenset[str]:
@@ -293,10 +304,12 @@ def server_search(
     """The search a list request asks for, and its paging; 400/403 for what is refused."""
     given = _given(params, ctx, version)
     statuses = params.getlist("status") if "status" in given else []
-    vm_states = vm_states_for(statuses, version) if statuses else None
+    vm_states, task_states = states_for(statuses, version) if statuses else (None, None)
     exact, regex = _fields(given)
     if vm_states:
         exact["vm_state"] = vm_states
+    if task_states:
+        exact["task_state"] = task_states
     since, before = _changes(given, version)
     tags = _tags(given, version)
     paging = page_request(params.get("limit"), params.get("marker"), max_limit=max_limit)

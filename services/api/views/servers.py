@@ -31,35 +31,6 @@ _STATUS: dict[str, str] = {
     VmState.DELETED: "DELETED",
 }
 
-#: Status filters a client may send, and the vm states they select here. Statuses keel
-#: never produces are valid filters that match nothing.
-STATUS_FILTERS: dict[str, tuple[str, ...]] = {
-    **{status: (vm_state,) for vm_state, status in _STATUS.items()},
-    **{
-        status: ()
-        for status in (
-            "REBOOT",
-            "HARD_REBOOT",
-            "PASSWORD",
-            "REBUILD",
-            "MIGRATING",
-            "RESIZE",
-            "REVERT_RESIZE",
-            "PAUSED",
-            "SUSPENDED",
-            "RESCUE",
-            "SHELVED",
-            "SHELVED_OFFLOADED",
-            "SOFT_DELETED",
-            "UNKNOWN",
-        )
-    },
-}
-
-_PROGRESS = {"BUILD": 0, "ACTIVE": 100}
-_DEFAULT_SECURITY_GROUPS = ({"name": "default"},)
-
-
 #: Task states that show instead of an active server's status, as Nova shows them.
 _TASK_STATUS: dict[str, str] = {
     TaskState.REBOOTING: "REBOOT",
@@ -71,6 +42,38 @@ _TASK_STATUS: dict[str, str] = {
 }
 #: The vm states whose status a running task replaces.
 _TASK_SHOWN = (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR, VmState.RESIZED)
+
+
+#: Status filters a client may send, and the vm states they select here. Statuses keel
+#: never produces are valid filters that match nothing.
+STATUS_FILTERS: dict[str, tuple[str, ...]] = {
+    **{status: (vm_state,) for vm_state, status in _STATUS.items()},
+    **{status: tuple(_TASK_SHOWN) for status in _TASK_STATUS.values()},
+    **{
+        status: ()
+        for status in (
+            "PASSWORD",
+            "MIGRATING",
+            "PAUSED",
+            "SUSPENDED",
+            "RESCUE",
+            "SHELVED",
+            "SHELVED_OFFLOADED",
+            "SOFT_DELETED",
+            "UNKNOWN",
+        )
+    },
+}
+#: Status filters that stand for a task, and the task states each selects. As in Nova,
+#: a status that stands for a vm state alone (``ACTIVE``) selects that vm state whatever
+#: its task, so a list asking for it too is not narrowed by task.
+TASK_STATUS_FILTERS: dict[str, tuple[str, ...]] = {
+    status: tuple(task for task, shown in _TASK_STATUS.items() if shown == status)
+    for status in set(_TASK_STATUS.values())
+}
+
+_PROGRESS = {"BUILD": 0, "ACTIVE": 100}
+_DEFAULT_SECURITY_GROUPS = ({"name": "default"},)
 
 
 def server_status(vm_state: str, task_state: str | None = None) -> str:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from shared.db import instances
+from shared.objects.states import TaskState
 from tests.functional.services.api.conftest import (
     ADMIN,
     IMAGE_ID,
@@ -238,3 +239,25 @@ async def test_pages_under_a_mixed_sort_add_up_to_the_whole_list(
         seen += [s["id"] for s in page["servers"]]
         url = page["servers_links"][0]["href"] if "servers_links" in page else ""
     assert seen == expected
+
+
+async def test_statuses_that_stand_for_a_task_select_servers_in_that_task(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, servers: dict[str, str]
+) -> None:
+    async with db_pool.acquire() as conn:
+        await instances.set_task_state(conn, UUID(servers["alpha"]), TaskState.REBOOTING)
+    assert await names(client, {"status": "REBOOT"}) == {"alpha"}
+    assert await names(client, {"status": "reboot"}) == {"alpha"}
+    assert await names(client, {"status": "HARD_REBOOT"}) == set()
+    assert await names(client, {"status": "RESIZE"}) == set()
+    # As in Nova, ACTIVE is the vm state whatever the task.
+    assert await names(client, {"status": "ACTIVE"}) == {"alpha"}
+    response = await client.get(
+        "/v2.1/servers/detail",
+        headers=at("2.73", ADMIN),
+        params=[("all_tenants", "1"), ("status", "REBOOT"), ("status", "BUILD")],
+    )
+    assert {s["name"]: s["status"] for s in response.json()["servers"]} == {
+        "alpha": "REBOOT",
+        "beta": "BUILD",
+    }

@@ -9,7 +9,13 @@ import pytest
 
 from services.api.links import Links
 from services.api.microversion import APIVersion
-from services.api.views.servers import STATUS_FILTERS, ServerView, created_body, server_status
+from services.api.views.servers import (
+    STATUS_FILTERS,
+    TASK_STATUS_FILTERS,
+    ServerView,
+    created_body,
+    server_status,
+)
 from shared.objects.instance import InstanceFault
 from shared.objects.network import FixedIp, mac_address
 from tests.unit.services.api.factories import CREATED, instance
@@ -206,3 +212,9 @@ def test_description_tags_and_user_data_by_version_and_role() -> None:
     assert view("2.3", admin=True).detail(described)["OS-EXT-SRV-ATTR:user_data"] == "aGk="
     assert "OS-EXT-SRV-ATTR:user_data" not in view("2.2", admin=True).detail(described)
     assert "OS-EXT-SRV-ATTR:user_data" not in view("2.73").detail(described)
+
+
+def test_task_statuses_select_the_vm_states_their_task_shows_on() -> None:
+    assert set(STATUS_FILTERS["REBOOT"]) == {"active", "stopped", "error", "resized"}
+    assert TASK_STATUS_FILTERS["RESIZE"] == ("resize_prep", "resize_migrating")
+    assert TASK_STATUS_FILTERS["REVERT_RESIZE"] == ("resize_reverting",)
