@@ -1,0 +1,135 @@
+"""Hostile and malformed input to the move actions and the migration lists: 4xx faults.
+
+Whatever the body or query, keel answers with a Nova-shaped 4xx fault whose message can
+be encoded, never a 500, and never records a migration for a refused request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import httpx
+import pytest
+
+from shared.db import instances
+from tests.functional.services.api.conftest import (
+    ADMIN,
+    Recorder,
+    add_compute,
+    add_image,
+    at,
+    place_on,
+)
+from tests.functional.services.api.test_servers import server_body
+
+pytestmark = pytest.mark.functional
+
+VERSIONS = ("2.1", "2.14", "2.29", "2.56", "2.68", "2.73")
+
+BODIES: list[Any] = [
+    {"evacuate": None},
+    {"evacuate": "host-b"},
+    {"evacuate": []},
+    {"evacuate": {"host": "\u0000"}},
+    {"evacuate": {"host": "bad\u0000host"}},
+    {"evacuate": {"host": 42}},
+    {"evacuate": {"host": "h" * 300}},
+    {"evacuate": {"host": ""}},
+    {"evacuate": {"host": "\ud800"}},
+    {"evacuate": {"adminPass": 5}},
+    {"evacuate": {"adminPass": "x\u0000"}},
+    {"evacuate": {"onSharedStorage": "maybe"}},
+    {"evacuate": {"force": "yes"}},
+    {"evacuate": {"unknown": 1}},
+    {"migrate": "host-b"},
+    {"migrate": {"host": "\u0000"}},
+    {"migrate": {"host": ""}},
+    {"migrate": {"host": 2**40}},
+    {"migrate": {"host": "h" * 300}},
+    {"migrate": {"unknown": True}},
+    {"migrate": []},
+    {"confirmResize": {"x": 1}},
+    {"confirmResize": "now"},
+    {"revertResize": [1]},
+    {"revertResize": {"\u0000": 1}},
+]
+
+QUERIES = [
+    "limit=-1",
+    "limit=abc",
+    "limit=99999999999999999999999",
+    "marker=not-a-uuid",
+    "marker=00000000-0000-4000-8000-000000000000",
+    "instance_uuid=%00",
+    "instance_uuid=not-a-uuid",
+    "host=%00",
+    "status=%00",
+    "source_compute=a%00b",
+    "migration_type=%00",
+    "migration_type=bogus",
+    "changes-since=garbage",
+    "changes-since=9999-99-99T99:99:99",
+    "changes-before=2020-01-01T00:00:00Z&changes-since=2021-01-01T00:00:00Z",
+    "user_id=%00",
+    "project_id=%00",
+    "hidden=%ff%fe",
+]
+
+
+def shaped(response: httpx.Response) -> None:
+    """A 4xx (or 2xx) answer; a fault carries ``{name: {code, message}}``."""
+    assert response.status_code < 500, (response.status_code, response.text)
+    if response.status_code >= 400:
+        (body,) = response.json().values()
+        assert body["code"] == response.status_code
+        body["message"].encode("utf-8")
+
+
+@pytest.fixture
+async def server(client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder) -> str:
+    """An ACTIVE server on host-a (its agent up) with host-b beside it."""
+    await add_image(db_pool)
+    _, node = await add_compute(db_pool, "host-a")
+    await add_compute(db_pool, "host-b")
+    response = await client.post("/v2.1/servers", headers=ADMIN, json=server_body(name="mover"))
+    assert response.status_code == 202, response.text
+    server_id: str = response.json()["server"]["id"]
+    await place_on(db_pool, server_id, node)
+    async with db_pool.acquire() as conn:
+        await instances.set_active(conn, UUID(server_id))
+    return server_id
+
+
+async def test_malformed_move_bodies_are_refused_with_faults_and_no_record(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, server: str
+) -> None:
+    for version in VERSIONS:
+        for body in BODIES:
+            response = await client.post(
+                f"/v2.1/servers/{server}/action",
+                headers={**at(version), "Content-Type": "application/json"},
+                content=json.dumps(body),  # ASCII: lone surrogates travel escaped
+            )
+            shaped(response)
+            assert response.status_code >= 400, (version, body, response.text)
+    async with db_pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM migrations") == 0
+
+
+async def test_hostile_migration_list_queries_are_answered_with_faults(
+    client: httpx.AsyncClient, server: str
+) -> None:
+    for version in VERSIONS:
+        for query in QUERIES:
+            shaped(await client.get(f"/v2.1/os-migrations?{query}", headers=at(version)))
+            shaped(
+                await client.get(f"/v2.1/servers/{server}/migrations?{query}", headers=at(version))
+            )
+        shaped(await client.get(f"/v2.1/servers/{server}/migrations/1", headers=at(version)))
+        shaped(await client.get(f"/v2.1/servers/{server}/migrations/%00", headers=at(version)))
+        shaped(
+            await client.get(f"/v2.1/servers/{server}/os-instance-actions/%00", headers=at(version))
+        )
