@@ -61,6 +61,12 @@ async def test_identity_only_beside_the_config_file_names_the_new_node(
     assert shown["service"]["host"] == "provisioned"
     assert not (tmp_path / "state" / "compute_id").exists()
     assert agent.stop() == 0
+    # Stopped, it would still count as up for a while and could be chosen for the next
+    # module fixture's server, which would then wait for an agent that never comes.
+    cloud.openstack(
+        "--os-compute-api-version", "2.11", "compute", "service", "set", "--down",
+        "provisioned", "keel-compute", as_json=False,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
