@@ -93,6 +93,8 @@ class ApiSettings(_Group):
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     #: Who may read the OpenAPI document at ``/openapi.json``.
     openapi: Literal["admin", "public", "off"] = "admin"
+    #: A YAML file of policy rules overriding keel's defaults (README, "Policies").
+    policy_file: Path | None = None
 
 
 class SchedulerSettings(_Group):
@@ -236,8 +238,11 @@ class UpgradeLevelSettings(_Group):
 
     compute: str = "auto"
     scheduler: str = "auto"
+    #: keel-api's cap for conductor RPCs, so that a request an older conductor cannot
+    #: honour (cold migration, a requested destination) is refused with 409 up front.
+    conductor: str = "auto"
 
-    @field_validator("compute", "scheduler")
+    @field_validator("compute", "scheduler", "conductor")
     @classmethod
     def _valid_pin(cls, value: str) -> str:
         return _pin(value)

@@ -189,7 +189,11 @@ class MinimumVersions:
         return found
 
 
-_BINARIES: dict[RpcApi, Binary] = {"compute": Binary.COMPUTE, "scheduler": Binary.SCHEDULER}
+_BINARIES: dict[RpcApi, Binary] = {
+    "compute": Binary.COMPUTE,
+    "scheduler": Binary.SCHEDULER,
+    "conductor": Binary.CONDUCTOR,
+}
 
 
 class RpcPin:
@@ -282,6 +286,7 @@ class Pins:
     minimums: MinimumVersions
     compute: RpcPin
     scheduler: RpcPin
+    conductor: RpcPin
 
     @classmethod
     def build(cls, pool: asyncpg.Pool, settings: Settings, metrics: Metrics) -> Pins:
@@ -292,6 +297,7 @@ class Pins:
             minimums=minimums,
             compute=RpcPin("compute", levels.compute, minimums, release=release),
             scheduler=RpcPin("scheduler", levels.scheduler, minimums, release=release),
+            conductor=RpcPin("conductor", levels.conductor, minimums, release=release),
         )
 
     async def reload(self, settings: Settings) -> None:
@@ -300,5 +306,7 @@ class Pins:
         self.minimums.reset()
         self.compute.reconfigure(settings.upgrade_levels.compute)
         self.scheduler.reconfigure(settings.upgrade_levels.scheduler)
+        self.conductor.reconfigure(settings.upgrade_levels.conductor)
         await self.compute.cap()
         await self.scheduler.cap()
+        await self.conductor.cap()

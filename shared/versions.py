@@ -25,6 +25,9 @@ History:
 * 6 (``fairlead``) — cold migration: compute 1.3 (``prepare_migration``,
   ``remove_moved_guest``, ``finish_revert``), conductor 1.5 (``migrate_instance``,
   ``confirm_migration``, ``revert_migration``, ``copy_removed``).
+* 7 (``gantline``) — requested destination: conductor 1.6 (``build_instances`` carries
+  the host and/or node an admin asked for), scheduler 1.2 (``select_destinations``
+  narrows candidates to a requested destination, or, forced, skips the filters).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.1", conductor="1.3", scheduler="1.0"),
     ReleaseApis(compute="1.2", conductor="1.4", scheduler="1.1"),
     ReleaseApis(compute="1.3", conductor="1.5", scheduler="1.1"),
+    ReleaseApis(compute="1.3", conductor="1.6", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -74,6 +78,7 @@ RELEASE_NAMES: dict[str, int] = {
     "davit": 4,
     "eyebolt": 5,
     "fairlead": 6,
+    "gantline": 7,
 }
 
 #: The first release whose agents never register without an identity file the

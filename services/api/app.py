@@ -38,13 +38,19 @@ from services.api import (
 )
 from services.api.input_guard import InputGuard
 from services.api.middleware import ApiMiddleware
+from services.api.policy import Policy
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 
 
 def create_app(
-    settings: Settings, pool: asyncpg.Pool, conductor: ConductorAPI, compute: ComputeAPI
+    settings: Settings,
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    compute: ComputeAPI,
+    *,
+    policy: Policy | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="keel-api",
@@ -57,6 +63,7 @@ def create_app(
     app.state.pool = pool
     app.state.conductor = conductor
     app.state.compute = compute
+    app.state.policy = policy or Policy.load(settings.api.policy_file)
     faults.install(app)
     # The last added runs first: request id and microversion, then the input guard.
     app.add_middleware(InputGuard, max_body_bytes=settings.api.max_body_bytes)

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 
 from services.api.links import Links
 from services.api.microversion import MIN_VERSION, APIVersion
+from services.api.policy import Policy
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
@@ -44,6 +45,11 @@ def get_version(request: Request) -> APIVersion:
     return version
 
 
+def get_policy(request: Request) -> Policy:
+    policy: Policy = request.app.state.policy
+    return policy
+
+
 def get_links(request: Request) -> Links:
     return Links(str(request.base_url))
 
@@ -54,3 +60,4 @@ Conductor = Annotated[ConductorAPI, Depends(get_conductor)]
 Compute = Annotated[ComputeAPI, Depends(get_compute)]
 Version = Annotated[APIVersion, Depends(get_version)]
 RequestLinks = Annotated[Links, Depends(get_links)]
+AppPolicy = Annotated[Policy, Depends(get_policy)]

@@ -17,6 +17,7 @@ import asyncpg
 import uvicorn
 
 from services.api.app import create_app
+from services.api.policy import Policy
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import NetworkSettings, Settings
@@ -108,6 +109,7 @@ async def serve_api(
     os-services), sends compute RPCs under the same automatic version pin as the
     conductor, and refuses to start beside compute services too old for this release.
     """
+    policy = Policy.load(settings.api.policy_file)  # a bad policy file stops us here
     pins = Pins.build(pool, settings, lifecycle.metrics)
     record = ServiceRecord(pool, settings, binary=Binary.API, topic="api", minimums=pins.minimums)
     await record.check()
@@ -116,8 +118,9 @@ async def serve_api(
     app = create_app(
         settings,
         pool,
-        ConductorAPI(transport, timeout=timeout),
+        ConductorAPI(transport, timeout=timeout, version_cap=pins.conductor.cap),
         ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
+        policy=policy,
     )
     lifecycle.on_reload(pins.reload)
     config = uvicorn.Config(

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.api import server_keys
-from services.api.faults import BadRequest, ServiceUnavailable
+from services.api import requested_destination, server_keys
+from services.api.faults import BadRequest, ConflictingRequest, ServiceUnavailable
+from services.api.microversion import APIVersion
+from services.api.policy import Policy
+from services.api.requested_destination import ZoneRequest, parse_zone
 from services.api.server_fields import PreparedFields, ServerFields
-from services.conductor.rpcapi import ConductorAPI
+from services.conductor.rpcapi import DESTINATION_VERSION, ConductorAPI
 from shared.config import QuotaSettings
 from shared.context import RequestContext
 from shared.db import (
@@ -40,14 +44,24 @@ from shared.db import (
 )
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
-from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError
+from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError, ServiceTooOld
 from shared.objects.flavor import Flavor
 from shared.objects.image import Image
-from shared.objects.instance import Instance, RequestSpec
+from shared.objects.instance import Instance, RequestedDestination, RequestSpec
 
 LOG = logging.getLogger(__name__)
 
 CREATE_ACTION = "create"
+#: Host and hypervisor names as Nova's schema accepts them.
+HOSTNAME_PATTERN = r"^[a-zA-Z0-9-._]*$"
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """What a create request asks for beyond its body, decided before anything is written."""
+
+    zone: str | None
+    destination: RequestedDestination | None
 
 
 class NewServer(ServerFields):
@@ -62,6 +76,12 @@ class NewServer(ServerFields):
     max_count: int = Field(default=1, ge=1)
     availability_zone: str | None = Field(default=None, min_length=1, max_length=255)
     key_name: str | None = Field(default=None, max_length=255)
+    #: A requested destination (microversion 2.74, admin): see
+    #: :mod:`services.api.requested_destination`.
+    host: str | None = Field(default=None, min_length=1, max_length=255, pattern=HOSTNAME_PATTERN)
+    hypervisor_hostname: str | None = Field(
+        default=None, min_length=1, max_length=255, pattern=HOSTNAME_PATTERN
+    )
 
     @field_validator("flavor_ref", mode="before")
     @classmethod
@@ -137,26 +157,39 @@ def check_fits(flavor: Flavor, image: Image) -> None:
         )
 
 
-async def _check_zone(conn: Connection, zone: str | None) -> None:
-    if zone is None:
+async def _check_zone(conn: Connection, zone: ZoneRequest) -> None:
+    """A zone named on its own must have enabled hosts; a forced host or node names its
+    place precisely, so its zone is taken as given (as Nova does)."""
+    if zone.zone is None or zone.forced:
         return
-    if ":" in zone:
-        raise BadRequest(
-            f"Invalid availability_zone {zone!r}: naming a host in the zone is not supported."
-        )
-    if zone not in await compute_nodes.availability_zones(conn):
-        raise BadRequest(f"The requested availability zone {zone!r} is not available.")
+    if zone.zone not in await compute_nodes.availability_zones(conn):
+        raise BadRequest(f"The requested availability zone {zone.zone!r} is not available.")
 
 
 async def _validate(
-    conn: Connection, ctx: RequestContext, server: NewServer
-) -> tuple[Flavor, Image]:
+    conn: Connection,
+    ctx: RequestContext,
+    server: NewServer,
+    *,
+    policy: Policy,
+    version: APIVersion,
+) -> tuple[Flavor, Image, CreateRequest]:
     check_counts(server)
+    zone = parse_zone(server.availability_zone)
+    destination = await requested_destination.resolve(
+        conn,
+        ctx,
+        policy,
+        version,
+        host=server.host,
+        node=server.hypervisor_hostname,
+        zone=zone,
+    )
     flavor = await _flavor(conn, server.flavor_ref)
     image = await _image(conn, server.image_ref, ctx)
     check_fits(flavor, image)
-    await _check_zone(conn, server.availability_zone)
-    return flavor, image
+    await _check_zone(conn, zone)
+    return flavor, image, CreateRequest(zone=zone.zone, destination=destination)
 
 
 async def _record(
@@ -166,6 +199,7 @@ async def _record(
     flavor: Flavor,
     image: Image,
     *,
+    zone: str | None,
     fields: PreparedFields,
     quota: QuotaSettings,
 ) -> Instance:
@@ -183,7 +217,7 @@ async def _record(
         display_name=server.name,
         flavor=snapshot,
         image_ref=str(image.id),
-        availability_zone=server.availability_zone,
+        availability_zone=zone,
     )
     await fields.record(conn, instance.uuid)
     spec = RequestSpec(
@@ -192,7 +226,7 @@ async def _record(
         user_id=user_id,
         flavor=snapshot,
         image_ref=str(image.id),
-        availability_zone=server.availability_zone,
+        availability_zone=zone,
     )
     await request_specs.create(conn, spec)
     await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
@@ -217,18 +251,29 @@ async def create_server(
     *,
     fields: PreparedFields,
     quota: QuotaSettings,
+    policy: Policy,
+    version: APIVersion,
 ) -> Instance:
     """Record the server and ask the conductor to build it; see the module docstring."""
     async with pool.acquire() as conn:
-        flavor, image = await _validate(conn, ctx, server)
+        flavor, image, request = await _validate(conn, ctx, server, policy=policy, version=version)
+    destination = request.destination
+    if destination is not None and not await conductor.can_take_destinations():
+        raise _conductor_too_old(await conductor.client.cap())
 
     async def record(conn: Connection) -> Instance:
-        return await _record(conn, ctx, server, flavor, image, fields=fields, quota=quota)
+        return await _record(
+            conn, ctx, server, flavor, image, zone=request.zone, fields=fields, quota=quota
+        )
 
     instance = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
     try:
-        await conductor.build_instances(ctx, instance.uuid)
+        await conductor.build_instances(ctx, instance.uuid, destination)
+    except ServiceTooOld as exc:
+        # The cap fell between the check above and the cast: nothing was sent.
+        await _withdraw(pool, instance, exc.message)
+        raise ConflictingRequest(exc.message) from None
     except MessagingError as exc:
         reason = f"keel-conductor could not be reached: {exc.message}"
         LOG.error("withdrawing new server %s: %s", instance.uuid, reason, extra=extra)
@@ -238,11 +283,20 @@ async def create_server(
             "are running, then retry."
         ) from None
     LOG.info(
-        "server %s (%s) accepted: flavor %s, image %s",
+        "server %s (%s) accepted: flavor %s, image %s%s",
         instance.uuid,
         instance.display_name,
         flavor.flavorid,
         image.id,
+        f", requested destination {destination.describe()}" if destination else "",
         extra=extra,
     )
     return instance
+
+
+def _conductor_too_old(cap: str) -> ConflictingRequest:
+    return ConflictingRequest(
+        f"Cannot create a server on a requested destination: the conductor RPC version is "
+        f"capped at {cap} and a requested destination needs {DESTINATION_VERSION}. Upgrade "
+        "every keel-conductor (or lift KEEL_UPGRADE_LEVELS__CONDUCTOR) first."
+    )

@@ -1,4 +1,4 @@
-"""The server list's query string, read as Nova reads it (microversions 2.1 to 2.73).
+"""The server list's query string, read as Nova reads it (microversions 2.1 to 2.74).
 
 Every filter Nova documents is honoured or refused with a 400; none is silently
 dropped, except where Nova drops it too:

@@ -16,7 +16,15 @@ import asyncpg
 from fastapi import APIRouter, Request, Response
 
 from services.api.auth import Context
-from services.api.deps import AppSettings, Compute, Conductor, DbPool, RequestLinks, Version
+from services.api.deps import (
+    AppPolicy,
+    AppSettings,
+    Compute,
+    Conductor,
+    DbPool,
+    RequestLinks,
+    Version,
+)
 from services.api.faults import BadRequest, ItemNotFound
 from services.api.links import Links
 from services.api.microversion import APIVersion
@@ -228,11 +236,19 @@ async def create(
     response: Response,
     version: Version,
     settings: AppSettings,
+    policy: AppPolicy,
 ) -> dict[str, Any]:
     server = body.server
     fields = prepare(server, last_segment(server.image_ref), version, settings.network)
     instance = await create_server(
-        pool, conductor, ctx, server, fields=fields, quota=settings.quota
+        pool,
+        conductor,
+        ctx,
+        server,
+        fields=fields,
+        quota=settings.quota,
+        policy=policy,
+        version=version,
     )
     response.headers["Location"] = links.compute("servers", str(instance.uuid))
     return {"server": created_body(instance, links, fields.admin_pass)}

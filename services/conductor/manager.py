@@ -77,6 +77,7 @@ class ConductorManager:
             scheduler=self._scheduler,
             compute=self._compute,
             service_down_time=self._service_down_time,
+            requested_destination=req.requested_destination,
             faults=self._faults,
         )
         await task.run()

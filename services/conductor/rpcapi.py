@@ -14,20 +14,24 @@ Conductor RPC API history:
 * 1.5 — cold migration: migrate_instance, confirm_migration, revert_migration (casts,
   from keel-api), copy_removed (call: an agent removed the copy a confirmed or reverted
   migration left on its host); report_guests may answer ``moved``.
+* 1.6 — build_instances may carry ``requested_destination``: the host and/or node an
+  admin asked for, as compute node ids; sent at 1.6 only when it does.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from shared.context import RequestContext
+from shared.exceptions import ServiceTooOld
 from shared.objects.base import KeelModel
 from shared.objects.compute_node import NodeResources
-from shared.rpc.client import RPCClient
+from shared.objects.instance import RequestedDestination
+from shared.rpc.client import CapSource, RPCClient
 from shared.rpc.transport import Transport
 from shared.versions import SERVICE_VERSION, apis_for
 
@@ -36,8 +40,22 @@ TOPIC = "conductor"
 RPC_VERSION = apis_for(SERVICE_VERSION).conductor
 
 
+#: The conductor RPC version that carries a requested destination with a build.
+DESTINATION_VERSION = "1.6"
+
+
 class BuildInstances(KeelModel):
     instance_uuid: UUID
+    #: Where an admin asked the server to be placed (1.6); for this build only.
+    requested_destination: RequestedDestination | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_destination(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave out an unset destination, so a conductor of 1.5 or older reads the build."""
+        data = handler(self)
+        if isinstance(data, dict) and self.requested_destination is None:
+            data.pop("requested_destination", None)
+        return data
 
 
 class RegisterCompute(KeelModel):
@@ -207,14 +225,39 @@ class CopyRemoved(KeelModel):
 
 class ConductorAPI:
     def __init__(
-        self, transport: Transport, *, version_cap: str = RPC_VERSION, timeout: float = 60.0
+        self,
+        transport: Transport,
+        *,
+        version_cap: str | CapSource = RPC_VERSION,
+        timeout: float = 60.0,
     ) -> None:
         self.client = RPCClient(transport, TOPIC, version_cap=version_cap, timeout=timeout)
 
-    async def build_instances(self, ctx: RequestContext, instance_uuid: UUID) -> None:
-        await self.client.cast(
-            ctx, "build_instances", BuildInstances(instance_uuid=instance_uuid), version="1.0"
+    async def can_take_destinations(self) -> bool:
+        """Whether the conductor cap allows a build with a requested destination (1.6)."""
+        return await self.client.can_send_version(DESTINATION_VERSION)
+
+    async def build_instances(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        requested_destination: RequestedDestination | None = None,
+    ) -> None:
+        """Cast a build. A requested destination needs 1.6: with an older cap this raises
+        ServiceTooOld rather than send a build that would silently drop it."""
+        version = "1.0"
+        if requested_destination is not None:
+            if not await self.can_take_destinations():
+                raise ServiceTooOld(
+                    "keel-conductor is too old to honour a requested destination (conductor "
+                    f"RPC {await self.client.cap()}, a destination needs "
+                    f"{DESTINATION_VERSION}); upgrade keel-conductor"
+                )
+            version = DESTINATION_VERSION
+        req = BuildInstances(
+            instance_uuid=instance_uuid, requested_destination=requested_destination
         )
+        await self.client.cast(ctx, "build_instances", req, version=version)
 
     async def register_compute(
         self,

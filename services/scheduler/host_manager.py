@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from services.scheduler.filters import HostFilter, default_filters
+from services.scheduler.filters import HostFilter, RequestedDestinationFilter, default_filters
 from services.scheduler.weighers import HostWeigher, default_weighers
 from shared.db import host_candidates
 from shared.db.host_candidates import HostSql
@@ -92,8 +92,21 @@ class HostManager:
         # Matches the index (score DESC, id) read forwards, or backwards when stacking.
         return f"{score} DESC, n.id" if first.multiplier >= 0 else f"{score} ASC, n.id DESC"
 
+    def filters_for(self, spec: RequestSpec) -> list[HostFilter]:
+        """The filters this request goes through: all of them, or, for a forced
+        destination, only the one that narrows the candidates to it."""
+        wanted = spec.requested_destination
+        if wanted is None:
+            return self.filters
+        narrowing: list[HostFilter] = [
+            f for f in self.filters if isinstance(f, RequestedDestinationFilter)
+        ]
+        if wanted.forced:
+            return narrowing or [RequestedDestinationFilter()]
+        return self.filters if narrowing else [RequestedDestinationFilter(), *self.filters]
+
     def _conditions(self, spec: RequestSpec, sql: HostSql) -> list[str | None]:
-        return [f.sql_condition(spec, sql) for f in self.filters]
+        return [f.sql_condition(spec, sql) for f in self.filters_for(spec)]
 
     async def candidates(self, conn: Connection, spec: RequestSpec) -> AsyncIterator[WeighedHost]:
         """Hosts to try claiming on, in order, read a page at a time as they are needed.
@@ -127,7 +140,7 @@ class HostManager:
         total, left = await host_candidates.filter_counts(conn, sql, self._conditions(spec, sql))
         results: list[FilterResult] = []
         start = total
-        for host_filter, end in zip(self.filters, left, strict=True):
+        for host_filter, end in zip(self.filters_for(spec), left, strict=True):
             results.append(FilterResult(name=host_filter.name, start=start, end=end))
             start = end
         self._log_results(spec, results, passed=False, total=total)
@@ -147,7 +160,7 @@ class HostManager:
         """The hosts every filter accepts, and how many each filter was given and kept."""
         remaining = list(hosts)
         results: list[FilterResult] = []
-        for host_filter in self.filters:
+        for host_filter in self.filters_for(spec):
             if not remaining:
                 break
             start = len(remaining)

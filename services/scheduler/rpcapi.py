@@ -5,6 +5,9 @@ Scheduler RPC API history:
 * 1.0 — select_destinations (call): filter, weigh and claim; returns the claimed host.
 * 1.1 — select_destinations claims for ``spec.consumer_uuid`` when it is set (a move's
   migration) and avoids ``spec.ignore_nodes``; sent at 1.0 only without them.
+* 1.2 — select_destinations honours ``spec.requested_destination``: candidates narrowed
+  to its compute nodes (every filter still runs), or, when forced, the filters skipped
+  (the claim is still atomic). Sent at 1.2 only with a destination.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from shared.versions import SERVICE_VERSION, apis_for
 
 TOPIC = "scheduler"
 RPC_VERSION = apis_for(SERVICE_VERSION).scheduler
+#: The scheduler RPC version that honours a requested destination.
+DESTINATION_VERSION = "1.2"
 
 
 class SelectDestinations(KeelModel):
@@ -52,7 +57,17 @@ class SchedulerAPI:
 
         A request for a move (a consumer other than the instance) needs a scheduler that
         honours it: an older one would hand back the instance's own claim on its source.
+        A requested destination needs 1.2: an older scheduler would silently drop it, so
+        ServiceTooOld is raised instead.
         """
+        if spec.requested_destination is not None:
+            if not await self.can_take_destinations():
+                raise ServiceTooOld(
+                    "the scheduler is too old to honour a requested destination (scheduler "
+                    f"RPC {await self.client.cap()}, a destination needs "
+                    f"{DESTINATION_VERSION}); upgrade keel-scheduler"
+                )
+            return await self._select(ctx, spec, DESTINATION_VERSION)
         version = "1.1"
         if not await self.client.can_send_version(version):
             if spec.consumer_uuid is not None or spec.ignore_nodes:
@@ -61,6 +76,13 @@ class SchedulerAPI:
                     f"{await self.client.cap()}, a move needs 1.1); upgrade keel-scheduler"
                 )
             version = "1.0"
+        return await self._select(ctx, spec, version)
+
+    async def can_take_destinations(self) -> bool:
+        """Whether the scheduler cap allows a requested destination (1.2)."""
+        return await self.client.can_send_version(DESTINATION_VERSION)
+
+    async def _select(self, ctx: RequestContext, spec: RequestSpec, version: str) -> Selection:
         return await self.client.call(
             ctx,
             "select_destinations",

@@ -100,6 +100,24 @@ async def of_service(conn: Connection, service_id: int) -> list[ComputeNode]:
     return [ComputeNode.from_row(row) for row in rows]
 
 
+async def named(conn: Connection, *, host: str | None, node: str | None) -> list[ComputeNode]:
+    """The live compute nodes of the live service on ``host`` and/or with hypervisor host
+    name ``node`` (at least one is given), oldest first: how an admin's requested
+    destination, given by name, becomes node ids once."""
+    if host is None and node is None:
+        raise ValueError("a host or a node name is needed")
+    rows = await conn.fetch(
+        """SELECT n.* FROM compute_nodes n JOIN services s ON s.id = n.service_id
+            WHERE n.deleted_at IS NULL AND s.deleted_at IS NULL AND s."binary" = 'keel-compute'
+              AND ($1::text IS NULL OR s.host = $1)
+              AND ($2::text IS NULL OR n.hypervisor_hostname = $2)
+            ORDER BY n.id""",
+        host,
+        node,
+    )
+    return [ComputeNode.from_row(row) for row in rows]
+
+
 async def uuids_elsewhere(conn: Connection, service_id: int) -> list[UUID]:
     """The live nodes of every compute service but ``service_id``."""
     rows = await conn.fetch(

@@ -9,11 +9,19 @@ from shared.exceptions import InstanceNotFound
 from shared.objects.instance import RequestSpec
 
 
+def _stored(spec: RequestSpec) -> dict[str, object]:
+    """What is kept of a spec: not what concerns one request only (its claim's consumer,
+    its requested destination), so later moves and rebuilds choose freely."""
+    kept = spec.model_copy(update={"consumer_uuid": None, "requested_destination": None})
+    data: dict[str, object] = kept.model_dump(mode="json")
+    return data
+
+
 async def create(conn: Connection, spec: RequestSpec) -> None:
     await conn.execute(
         "INSERT INTO request_specs (instance_uuid, spec) VALUES ($1, $2)",
         spec.instance_uuid,
-        spec.model_dump(mode="json"),
+        _stored(spec),
     )
 
 
@@ -30,5 +38,5 @@ async def save(conn: Connection, spec: RequestSpec) -> None:
     await conn.execute(
         "UPDATE request_specs SET spec = $2, updated_at = now() WHERE instance_uuid = $1",
         spec.instance_uuid,
-        spec.model_dump(mode="json"),
+        _stored(spec),
     )

@@ -53,6 +53,31 @@ class Instance(KeelModel):
     key_name: str | None = None
 
 
+class RequestedDestination(KeelModel):
+    """Where one request asks to be placed: the compute nodes of a named host and/or
+    hypervisor hostname, resolved to node ids by keel-api.
+
+    The scheduler narrows its candidates to ``node_ids`` and still runs every filter;
+    ``forced`` (the ``zone:host[:node]`` form) skips the filters, never the atomic claim.
+    """
+
+    host: str | None = None
+    node: str | None = None
+    node_ids: list[int] = Field(min_length=1)
+    forced: bool = False
+
+    def describe(self) -> str:
+        named = " and ".join(
+            part
+            for part in (
+                f"host {self.host}" if self.host else "",
+                f"node {self.node}" if self.node else "",
+            )
+            if part
+        )
+        return f"{named} (forced)" if self.forced else named
+
+
 class RequestSpec(KeelModel):
     """What was asked for when the instance was created: the scheduler's input."""
 
@@ -71,17 +96,22 @@ class RequestSpec(KeelModel):
     #: keep its claim on the source meanwhile); unset, the instance itself. One request
     #: only: never stored with the spec.
     consumer_uuid: UUID | None = None
+    #: Where this request asks to be placed. One request only: never stored with the
+    #: spec, so later moves choose freely.
+    requested_destination: RequestedDestination | None = None
 
     @model_serializer(mode="wrap")
     def _without_empty_ignore_nodes(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Leave out an empty ``ignore_nodes`` and an unset ``consumer_uuid``, so releases
-        that do not know them read specs."""
+        """Leave out an empty ``ignore_nodes``, an unset ``consumer_uuid`` and an unset
+        ``requested_destination``, so releases that do not know them read specs."""
         data = handler(self)
         if isinstance(data, dict):
             if not self.ignore_nodes:
                 data.pop("ignore_nodes", None)
             if self.consumer_uuid is None:
                 data.pop("consumer_uuid", None)
+            if self.requested_destination is None:
+                data.pop("requested_destination", None)
         return data
 
     @property

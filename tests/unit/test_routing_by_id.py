@@ -55,6 +55,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("services/conductor/registration.py", "_record_node"): (
         "noticing that a node's hypervisor host name changed, to log old → new"
     ),
+    ("shared/db/compute_nodes.py", "named"): (
+        "an admin's requested destination is given by name; it is resolved to node ids "
+        "once, in keel-api, and followed by id from there"
+    ),
+    ("services/api/requested_destination.py", "ZoneRequest.forced"): (
+        "whether availability_zone names a forced host or node at all (not a match)"
+    ),
     ("services/scheduler/filters/ignore_hosts.py", "IgnoreHostsFilter.host_passes"): (
         "request specs of an older release name hosts to ignore (logged)"
     ),

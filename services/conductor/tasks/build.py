@@ -47,7 +47,7 @@ from shared.exceptions import (
     Unroutable,
 )
 from shared.faults import FaultPoints
-from shared.objects.instance import Instance
+from shared.objects.instance import Instance, RequestedDestination
 from shared.objects.states import TaskState, VmState
 
 LOG = logging.getLogger(__name__)
@@ -67,10 +67,13 @@ class BuildInstanceTask(TaskBase):
         scheduler: SchedulerAPI,
         compute: ComputeAPI,
         service_down_time: float,
+        requested_destination: RequestedDestination | None = None,
         faults: FaultPoints | None = None,
     ) -> None:
         self.ctx = ctx
         self.instance_uuid = instance_uuid
+        #: Where an admin asked the server to go; given to the scheduler, never stored.
+        self.requested_destination = requested_destination
         self.pool = pool
         self.scheduler = scheduler
         self.compute = compute
@@ -127,6 +130,14 @@ class BuildInstanceTask(TaskBase):
     async def _schedule(self) -> Selection:
         async with self.pool.acquire() as conn:
             spec = await request_specs.get(conn, self.instance_uuid)
+        if self.requested_destination is not None:
+            spec = spec.model_copy(update={"requested_destination": self.requested_destination})
+            LOG.info(
+                "scheduling instance %s on the requested destination: %s",
+                self.instance_uuid,
+                self.requested_destination.describe(),
+                extra=self._log_extra,
+            )
         return await self.scheduler.select_destinations(self.ctx, spec)
 
     async def _record_placement(self, selection: Selection) -> Instance | None:

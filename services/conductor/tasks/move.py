@@ -49,7 +49,7 @@ from shared.db import (
 from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoValidHost, Unroutable
 from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
-from shared.objects.instance import Instance
+from shared.objects.instance import Instance, RequestedDestination
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
 from shared.objects.states import TaskState, VmState
 
@@ -176,9 +176,11 @@ class MoveTask(TaskBase):
             if migration.source_compute_id is not None:
                 source = await compute_nodes.get_by_id(conn, migration.source_compute_id)
         ignore = [source.uuid] if source is not None else []
+        destination: RequestedDestination | None = None
         if migration.dest_host is not None:
-            # The host the operator named: every other node is avoided, and every filter
-            # still runs on the named one.
+            # The host the operator named is a requested destination: the scheduler
+            # narrows to its nodes and every filter still runs on them. A scheduler too
+            # old for that (before 1.2) is told to avoid every other node instead.
             async with self.pool.acquire() as conn:
                 target = await services.find_compute(
                     conn, migration.dest_host, self.service_down_time
@@ -188,8 +190,25 @@ class MoveTask(TaskBase):
                         f"No valid host was found. The requested host {migration.dest_host} "
                         "has no compute service."
                     )
-                ignore += await compute_nodes.uuids_elsewhere(conn, target.id)
-        spec = spec.model_copy(update={"ignore_nodes": ignore, "consumer_uuid": migration.uuid})
+                if await self.scheduler.can_take_destinations():
+                    node_ids = [node.id for node in await compute_nodes.of_service(conn, target.id)]
+                    if not node_ids:
+                        raise NoValidHost(
+                            f"No valid host was found. The requested host "
+                            f"{migration.dest_host} has no compute node."
+                        )
+                    destination = RequestedDestination(host=migration.dest_host, node_ids=node_ids)
+                else:
+                    ignore += await compute_nodes.uuids_elsewhere(conn, target.id)
+        # The instance's own spec is read afresh: whatever destination its create named is
+        # not there (never stored), so a move without a named host chooses freely.
+        spec = spec.model_copy(
+            update={
+                "ignore_nodes": ignore,
+                "consumer_uuid": migration.uuid,
+                "requested_destination": destination,
+            }
+        )
         return await self.scheduler.select_destinations(self.ctx, spec)
 
     async def _record_destination(

@@ -8,6 +8,7 @@ from services.scheduler.filters.compute import ComputeFilter
 from services.scheduler.filters.disk import DiskFilter
 from services.scheduler.filters.ignore_hosts import IgnoreHostsFilter
 from services.scheduler.filters.ram import RamFilter
+from services.scheduler.filters.requested_destination import RequestedDestinationFilter
 from services.scheduler.filters.vcpus import VcpuFilter
 
 __all__ = [
@@ -17,14 +18,19 @@ __all__ = [
     "HostFilter",
     "IgnoreHostsFilter",
     "RamFilter",
+    "RequestedDestinationFilter",
     "VcpuFilter",
     "default_filters",
 ]
 
 
 def default_filters() -> list[HostFilter]:
-    """The filters every request passes through, cheapest first."""
+    """The filters every request passes through, cheapest first.
+
+    RequestedDestinationFilter comes first: it is the one a forced destination keeps.
+    """
     return [
+        RequestedDestinationFilter(),
         ComputeFilter(),
         IgnoreHostsFilter(),
         AvailabilityZoneFilter(),

@@ -111,7 +111,10 @@ async def test_with_a_long_ttl_the_pin_rises_only_after_sighup(db_pool: asyncpg.
 
 def pins_of(minimums: MinimumVersions) -> Pins:
     return Pins(
-        minimums, RpcPin("compute", "auto", minimums), RpcPin("scheduler", "auto", minimums)
+        minimums,
+        RpcPin("compute", "auto", minimums),
+        RpcPin("scheduler", "auto", minimums),
+        RpcPin("conductor", "auto", minimums),
     )
 
 
@@ -257,3 +260,23 @@ async def test_conductor_refuses_to_start_beside_too_old_computes_unless_told(
     lifecycle.stopping.set()
     await task
     assert any("starts anyway" in r.getMessage() for r in caplog.records)
+
+
+async def test_keel_api_caps_conductor_rpcs_by_the_oldest_conductor(db_pool: asyncpg.Pool) -> None:
+    await add_service(db_pool, "old-controller", 6, binary="keel-conductor")
+    await add_service(db_pool, "new-controller", SERVICE_VERSION, binary="keel-conductor")
+    pins = pins_of(MinimumVersions(db_pool, ttl=60))
+    # Release 6 speaks conductor 1.5: cold migration, but not a requested destination.
+    assert await pins.conductor.cap() == "1.5"
+    await set_conductor_version(db_pool, "old-controller", SERVICE_VERSION)
+    await pins.reload(Settings(service_version_cache_ttl=60))
+    assert await pins.conductor.cap() == apis_for(SERVICE_VERSION).conductor
+
+
+async def set_conductor_version(pool: asyncpg.Pool, host: str, version: int) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE services SET version = $2 WHERE host = $1 AND \"binary\" = 'keel-conductor'",
+            host,
+            version,
+        )

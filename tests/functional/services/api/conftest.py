@@ -18,11 +18,13 @@ import pytest
 
 from services.api.app import create_app
 from services.compute.rpcapi import ComputeAPI, TerminateInstance, topic_for
+from services.conductor.rpcapi import RPC_VERSION as CONDUCTOR_RPC_VERSION
 from services.conductor.rpcapi import BuildInstances, ConductorAPI
 from shared.config import AuthSettings, NetworkSettings, RpcSettings, Settings, TokenInfo
 from shared.context import RequestContext
 from shared.db import compute_nodes, images, instances, services
 from shared.objects.compute_node import ComputeNode, NodeResources
+from shared.objects.instance import RequestedDestination
 from shared.objects.service import Service
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
@@ -47,6 +49,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.builds: asyncio.Queue[tuple[RequestContext, UUID]] = asyncio.Queue()
+        #: The requested destination each build carried (None when it carried none).
+        self.destinations: dict[UUID, RequestedDestination | None] = {}
         self.terminations: asyncio.Queue[UUID] = asyncio.Queue()
 
     async def next_build(self) -> tuple[RequestContext, UUID]:
@@ -61,6 +65,7 @@ class _ConductorEndpoint:
         self._recorder = recorder
 
     async def build_instances(self, ctx: RequestContext, req: BuildInstances) -> None:
+        self._recorder.destinations[req.instance_uuid] = req.requested_destination
         await self._recorder.builds.put((ctx, req.instance_uuid))
 
 
@@ -133,7 +138,9 @@ async def transport(
 async def conductor(transport: AmqpTransport, queues: list[str]) -> AsyncIterator[Recorder]:
     """A stand-in keel-conductor consuming the ``conductor`` queue."""
     recorder = Recorder()
-    server = RPCServer(transport, "conductor", _ConductorEndpoint(recorder), version="1.0")
+    server = RPCServer(
+        transport, "conductor", _ConductorEndpoint(recorder), version=CONDUCTOR_RPC_VERSION
+    )
     queues.append("conductor")
     await server.start()
     yield recorder

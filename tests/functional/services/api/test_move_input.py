@@ -27,7 +27,7 @@ from tests.functional.services.api.test_servers import server_body
 
 pytestmark = pytest.mark.functional
 
-VERSIONS = ("2.1", "2.14", "2.29", "2.56", "2.68", "2.73")
+VERSIONS = ("2.1", "2.14", "2.29", "2.56", "2.68", "2.73", "2.74")
 
 BODIES: list[Any] = [
     {"evacuate": None},

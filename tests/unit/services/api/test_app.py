@@ -58,7 +58,7 @@ async def test_root_lists_the_compute_version(client: httpx.AsyncClient) -> None
     [version] = response.json()["versions"]
     assert version["id"] == "v2.1"
     assert version["status"] == "CURRENT"
-    assert version["version"] == "2.73"
+    assert version["version"] == "2.74"
     assert version["min_version"] == "2.1"
     assert version["links"][0] == {"rel": "self", "href": "http://keel.test/v2.1/"}
 
@@ -69,7 +69,7 @@ async def test_compute_version_document(client: httpx.AsyncClient, path: str) ->
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     version = response.json()["version"]
-    assert (version["id"], version["version"], version["min_version"]) == ("v2.1", "2.73", "2.1")
+    assert (version["id"], version["version"], version["min_version"]) == ("v2.1", "2.74", "2.1")
     assert response.headers["OpenStack-API-Version"] == "compute 2.1"
 
 
@@ -105,10 +105,10 @@ async def test_members_get_403_on_admin_routes(
 
 
 async def test_unsupported_microversion_is_406(client: httpx.AsyncClient) -> None:
-    headers = {**ADMIN, "OpenStack-API-Version": "compute 2.74"}
+    headers = {**ADMIN, "OpenStack-API-Version": "compute 2.75"}
     response = await client.get("/v2.1/servers", headers=headers)
     assert response.status_code == 406
-    assert "maximum is 2.73" in response.json()["notAcceptable"]["message"]
+    assert "maximum is 2.74" in response.json()["notAcceptable"]["message"]
 
 
 async def test_malformed_microversion_is_400(client: httpx.AsyncClient) -> None:
@@ -120,8 +120,8 @@ async def test_malformed_microversion_is_400(client: httpx.AsyncClient) -> None:
 
 async def test_responses_name_the_microversion(client: httpx.AsyncClient) -> None:
     response = await client.get("/v2.1/", headers={"OpenStack-API-Version": "compute latest"})
-    assert response.headers["OpenStack-API-Version"] == "compute 2.73"
-    assert response.headers["X-OpenStack-Nova-API-Version"] == "2.73"
+    assert response.headers["OpenStack-API-Version"] == "compute 2.74"
+    assert response.headers["X-OpenStack-Nova-API-Version"] == "2.74"
     assert "OpenStack-API-Version" in response.headers["Vary"]
 
 

@@ -10,7 +10,7 @@ from services.api.microversion import MAX_VERSION, MIN_VERSION, APIVersion
 
 
 def test_max_version_is_2_73() -> None:
-    assert str(MAX_VERSION) == "2.73"
+    assert str(MAX_VERSION) == "2.74"
     assert str(MIN_VERSION) == "2.1"
 
 
@@ -57,12 +57,12 @@ def test_latest_means_maximum(text: str) -> None:
     assert microversion.negotiate(text) == MAX_VERSION
 
 
-@pytest.mark.parametrize("text", ["2.0", "2.74", "3.0", "1.1"])
+@pytest.mark.parametrize("text", ["2.0", "2.75", "3.0", "1.1"])
 def test_out_of_range_is_406(text: str) -> None:
     with pytest.raises(Fault) as caught:
         microversion.negotiate(text)
     assert caught.value.code == 406
-    assert "Minimum is 2.1 and maximum is 2.73" in caught.value.message
+    assert "Minimum is 2.1 and maximum is 2.74" in caught.value.message
 
 
 def test_every_version_in_range_is_accepted() -> None:

@@ -12,7 +12,7 @@ from shared.context import RequestContext
 
 ADMIN = RequestContext(user_id="root", project_id="ops", roles=["admin"])
 MEMBER = RequestContext(user_id="alice", project_id="team", roles=["member"])
-LATEST = APIVersion(2, 73)
+LATEST = APIVersion(2, 74)
 
 
 def order(query: str, ctx: RequestContext = ADMIN) -> list[tuple[str, str]]:
