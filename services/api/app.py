@@ -11,7 +11,7 @@ numbers PostgreSQL cannot store) before a route sees it.
 from __future__ import annotations
 
 import asyncpg
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from services.api import (
     aggregates,
@@ -86,7 +86,9 @@ def create_app(
     app.include_router(quota_sets.router)
     app.include_router(limits.router)
     app.include_router(usage.router)
-    app.include_router(images.router, prefix="/v2.1")
+    app.include_router(
+        images.router, prefix="/v2.1", dependencies=[Depends(images.compute_proxy_gone)]
+    )
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(identity.router())
     return app

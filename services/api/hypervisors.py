@@ -109,7 +109,9 @@ async def _list(
 ) -> dict[str, Any]:
     servers = wants_servers(query, version)
     pattern = query.pattern if version.at_least("2.53") else None
-    paging = page_request(query.limit, query.marker, max_limit=settings.api.max_limit)
+    # Paging arrived in 2.33: before it, limit and marker are ignored (as Nova does).
+    limit, marker = (query.limit, query.marker) if version.at_least("2.33") else (None, None)
+    paging = page_request(limit, marker, max_limit=settings.api.max_limit)
     down_time = settings.service_down_time
     async with pool.acquire() as conn:
         after = await _after(conn, paging.marker, version)

@@ -1,7 +1,8 @@
 """The image registry: image metadata in the Image API v2 shapes (keel stores no data).
 
-Served twice, under ``/v2.1/images`` (clients that use the compute endpoint for images)
-and ``/image/v2/images`` (clients given a separate image endpoint). Members see public
+Served twice, under ``/image/v2/images`` (clients given a separate image endpoint) and
+under ``/v2.1/images`` for clients that use the compute endpoint for images; that one is
+gone from compute microversion 2.36 (404), as Nova's image proxy is. Members see public
 and community images and their own project's; admins see every image and register
 (``POST``, created ``active``, public unless asked otherwise) or delete them. Lists
 leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=true``.
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.api.auth import AdminContext, Context
 from services.api.bounds import Int4
-from services.api.deps import DbPool
+from services.api.deps import DbPool, Version
 from services.api.faults import BadRequest, ItemNotFound
 from services.api.paging import next_marker, page_request, take_page
 from services.api.views.images import IMAGES_PATH, image_view, images_body
@@ -28,6 +29,19 @@ from shared.exceptions import ImageNotFound
 from shared.objects.image import Image
 
 router = APIRouter()
+
+#: The compute microversion from which the image routes under ``/v2.1`` are gone.
+PROXY_GONE = "2.36"
+
+
+def compute_proxy_gone(version: Version) -> None:
+    """404 for the image routes under ``/v2.1`` at microversion 2.36 or later."""
+    if version.at_least(PROXY_GONE):
+        raise ItemNotFound(
+            f"The compute API has no image routes from microversion {PROXY_GONE}; use the "
+            "Image API (/image/v2/images)."
+        )
+
 
 VISIBILITIES = ("public", "private", "shared", "community")
 _SEEN_BY_ALL = ("public", "community")

@@ -2,7 +2,8 @@
 
 The caller's project, or (admins) the one named by ``tenant_id``. keel has no rate
 limits, so ``rate`` is empty. The names follow the microversion as in the compute API:
-the security-group and floating-IP entries go at 2.36, the personality ones at 2.57.
+the security-group and floating-IP entries go at 2.36, ``maxImageMeta`` at 2.39 and the
+personality ones at 2.57.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ _NETWORK = {
 
 def absolute(limits: dict[str, int], usage: ProjectUsage, version: APIVersion) -> dict[str, int]:
     body = {
-        "maxImageMeta": limits["metadata_items"],
         "maxServerMeta": limits["metadata_items"],
         "maxTotalCores": limits["cores"],
         "maxTotalInstances": limits["instances"],
@@ -46,6 +46,8 @@ def absolute(limits: dict[str, int], usage: ProjectUsage, version: APIVersion) -
         "totalRAMUsed": usage.ram,
         "totalServerGroupsUsed": 0,
     }
+    if not version.at_least("2.39"):
+        body["maxImageMeta"] = limits["metadata_items"]
     if not version.at_least("2.57"):
         body["maxPersonality"] = limits["injected_files"]
         body["maxPersonalitySize"] = limits["injected_file_content_bytes"]

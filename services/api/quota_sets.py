@@ -41,13 +41,18 @@ _ALWAYS = (
     "server_group_members",
     "server_groups",
 )
+#: Network quotas, shown before 2.36 as unlimited: keel, like Nova with Neutron, has no
+#: use for them; a value set for them is accepted and has no effect.
+_NETWORK = ("fixed_ips", "floating_ips", "security_group_rules", "security_groups")
 #: Resources whose use a new limit may not fall below (without ``force``).
 _COUNTED = ("cores", "instances", "ram")
 
 
 def resources_at(version: APIVersion) -> tuple[str, ...]:
     """The resources the compute API reports at ``version``, alphabetically."""
-    names = _ALWAYS if version.at_least("2.57") else _ALWAYS + _INJECTED
+    names: tuple[str, ...] = _ALWAYS if version.at_least("2.57") else _ALWAYS + _INJECTED
+    if not version.at_least("2.36"):
+        names += _NETWORK
     return tuple(sorted(names))
 
 
@@ -139,7 +144,7 @@ async def check_not_below_usage(conn: Connection, project_id: str, values: dict[
 
 
 def quota_set(limits: dict[str, int], version: APIVersion) -> dict[str, Any]:
-    return {name: limits[name] for name in resources_at(version)}
+    return {name: limits.get(name, -1) for name in resources_at(version)}
 
 
 @router.get("/{project_id}/defaults")
@@ -204,6 +209,7 @@ async def update(
 ) -> dict[str, Any]:
     refuse_user_id(request)
     values, force = parse_update(await json_body(request), version)
+    values = {name: limit for name, limit in values.items() if name not in _NETWORK}
     async with pool.acquire() as conn, conn.transaction():
         await known_project(conn, settings, project_id)
         await quotas.lock_project(conn, project_id)

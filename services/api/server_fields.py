@@ -164,6 +164,11 @@ class ServerFields(BaseModel):
     block_device_mapping_v2: list[BlockDevice] | None = None
     block_device_mapping: list[dict[str, Any]] | None = None
     admin_pass: str | None = Field(default=None, alias="adminPass")
+    #: Files to inject (before 2.57): keel injects none, so only an empty list is taken.
+    personality: list[Any] | None = None
+    #: Certificates to verify the image with (2.63): keel verifies no signatures, so
+    #: only an empty list or null is taken.
+    trusted_image_certificates: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,25 @@ def prepare(
         raise unexpected("description", "2.19")
     if "tags" in given and not version.at_least("2.52"):
         raise unexpected("tags", "2.52")
+    if "personality" in given:
+        if version.at_least("2.57"):
+            raise BadRequest(
+                "Invalid input for field/attribute server. Additional properties are not "
+                "allowed ('personality' was unexpected): it was removed in microversion 2.57."
+            )
+        if fields.personality:
+            raise BadRequest(
+                "keel does not inject files into guests (personality); pass them in "
+                "user_data instead."
+            )
+    if "trusted_image_certificates" in given:
+        if not version.at_least("2.63"):
+            raise unexpected("trusted_image_certificates", "2.63")
+        if fields.trusted_image_certificates:
+            raise BadRequest(
+                "keel does not verify image signatures: trusted_image_certificates must be "
+                "empty or null."
+            )
     check_block_devices(fields, image_id)
     return PreparedFields(
         network=network,
