@@ -65,6 +65,8 @@ class CloudConfig:
     #: ``HOST:PORT`` the processes reach PostgreSQL at instead of the server's own
     #: address: a :class:`~tests.faults.proxy.TcpProxy` a test can cut.
     database_address: str | None = None
+    #: The same for RabbitMQ: ``HOST:PORT`` of a proxy every process reaches it through.
+    broker_address: str | None = None
     #: A password written into the processes' database URL (the test server trusts
     #: local connections and ignores it), so a test can look for it in the logs.
     database_password: str | None = None
@@ -360,7 +362,11 @@ def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[s
     config = cloud.config
     env.update(
         KEEL_DATABASE_URL=process_database_url(cloud),
-        KEEL_TRANSPORT_URL=AMQP_URL,
+        KEEL_TRANSPORT_URL=(
+            AMQP_URL
+            if config.broker_address is None
+            else url_through(AMQP_URL, config.broker_address)
+        ),
         KEEL_EXCHANGE=cloud.exchange,
         KEEL_RPC__QUEUE_EXPIRES="60",
         KEEL_RPC__CONNECT_TIMEOUT="20",
