@@ -69,7 +69,8 @@ BENCH_QUICK := \
 	"memory.py --fleet-hosts 1000" \
 	"boot.py --servers 500 --clients 50 --hosts 100" \
 	"evacuate.py" \
-	"backfill.py"
+	"backfill.py" \
+	"soak.py --seconds 60 --clients 10 --hosts 10"
 BENCH_FULL := \
 	"schedule.py --hosts 100 1000 10000 --requests 1000 --concurrency 1 8 32" \
 	"rpc.py --calls 5000 --concurrency 1 100 --casts 10000" \
@@ -77,7 +78,8 @@ BENCH_FULL := \
 	"memory.py --fleet-hosts 1000" \
 	"boot.py --servers 2000 --clients 50 --hosts 100" \
 	"evacuate.py" \
-	"backfill.py"
+	"backfill.py" \
+	"soak.py --seconds 600 --clients 20 --hosts 20 --sample 30"
 
 .PHONY: bench
 bench: $(BIN)/python ## the benchmarks in bench/, quick sizes (a few minutes)

@@ -113,6 +113,8 @@ class Cloud:
     token: str
     pool: asyncpg.Pool
     processes: dict[str, Process] = field(default_factory=dict)
+    #: Where keel-conductor serves its Prometheus metrics.
+    conductor_metrics: str = ""
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
@@ -248,6 +250,17 @@ class Cloud:
         for process in reversed(self.processes.values()):
             process.stop()
 
+    async def conductor_counter(self, name: str) -> dict[str, float]:
+        """A counter of keel-conductor's metrics: its value per label set, as text."""
+        async with httpx.AsyncClient(timeout=10) as http:
+            text = (await http.get(f"http://{self.conductor_metrics}/metrics")).text
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(f"{name}_total"):
+                labels, _, value = line.rpartition(" ")
+                values[labels.removeprefix(f"{name}_total")] = float(value)
+        return values
+
     async def topics(self) -> list[str]:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch("""SELECT uuid FROM services WHERE "binary" = 'keel-compute'""")
@@ -299,7 +312,9 @@ async def bench_cloud(
             try:
                 async with pool.acquire() as conn:
                     await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
-                cloud.start("conductor", ["keel-conductor"])
+                cloud.conductor_metrics = f"127.0.0.1:{free_port()}"
+                env = {**cloud.env(), "KEEL_METRICS_BIND": cloud.conductor_metrics}
+                cloud.start("conductor", ["keel-conductor"], env)
                 for number in range(1, shape.schedulers + 1):
                     env = {**cloud.env(), "KEEL_HOST": f"bench-controller-{number}"}
                     cloud.start(f"scheduler{number}", ["keel-scheduler"], env)

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from shared.db import placement
 from shared.db.pool import Connection
 
-#: Rows per transaction.
-BATCH_SIZE = 50
+#: Rows per transaction: about 40 ms of row locks per batch on a small machine, and twice
+#: the throughput of batches of 50 (``bench/backfill.py``; figures in bench/RESULTS.md).
+BATCH_SIZE = 1000
 #: Unresolvable rows listed per migration in a report (all are counted).
 UNRESOLVED_SHOWN = 20
 
@@ -74,12 +75,14 @@ NODE_SERVICE_ID = Backfill(
 MIGRATIONS: tuple[Backfill, ...] = (NODE_SERVICE_ID, INSTANCE_COMPUTE_ID)
 
 
-async def run(conn: Connection, backfill: Backfill, limit: int) -> int:
+async def run(
+    conn: Connection, backfill: Backfill, limit: int, *, batch_size: int = BATCH_SIZE
+) -> int:
     """Link up to ``limit`` resolvable rows, batch by batch; return how many were linked."""
     done = 0
     after = 0
     while done < limit:
-        size = min(BATCH_SIZE, limit - done)
+        size = min(batch_size, limit - done)
         async with conn.transaction():
             rows = await conn.fetch(
                 f"""SELECT t.id, {backfill.target} AS target FROM {backfill.table} t

@@ -71,9 +71,13 @@ def test_rpc_compares_keel_with_raw_aio_pika() -> None:
 
 
 def test_storm() -> None:
-    storm = lines(run("storm.py", "--hosts", "3"), "storm")[0]
+    records = run("storm.py", "--hosts", "3")
+    storm = lines(records, "storm")[0]
     assert storm["hosts"] == 3
     assert storm["fleet_rss_mb"] > 0
+    # The conductor's minimum-version cache: at most one query per binary per TTL.
+    verdicts = [t for t in lines(records, "target") if "min-version" in t["name"]]
+    assert [v["result"] for v in verdicts] == ["PASS"]
 
 
 def test_memory() -> None:
@@ -91,7 +95,31 @@ def test_boot() -> None:
     assert_capacity_held(records)
 
 
-@pytest.mark.parametrize("script", ["evacuate.py", "backfill.py"])
-def test_benchmarks_of_missing_features_say_so(script: str) -> None:
-    (record,) = run(script)
-    assert record["result"] == "not available yet"
+def test_soak() -> None:
+    records = run(
+        "soak.py", "--seconds", "6", "--clients", "2", "--hosts", "2", "--sample", "2",
+        "--warmup", "0",
+    )  # fmt: skip
+    samples = lines(records, "soak sample")
+    assert len(samples) >= 2
+    assert all(s["conductor_rss_mb"] > 0 for s in samples)
+    soak = lines(records, "soak")[0]
+    assert soak["cycles"] > 0
+    assert (soak["failures"], soak["claims_left"], soak["servers_left"]) == (0, 0, 0)
+    assert soak["verdict"] in ("bounded", "grew")
+    assert_capacity_held(records)
+
+
+def test_evacuate() -> None:
+    records = run("evacuate.py", "--instances", "4", "--hosts", "2", "--clients", "2")
+    evacuate = lines(records, "evacuate")[0]
+    assert evacuate["instances"] == 4
+    assert evacuate["all_active_s"] > 0
+    assert evacuate["source_memory_mb_used"] == 0
+    assert_capacity_held(records)
+
+
+def test_backfill() -> None:
+    (record,) = run("backfill.py", "--rows", "500", "--hosts", "7")
+    assert (record["rows"], record["linked"], record["wrongly_linked"]) == (500, 500, 0)
+    assert record["rows/s"] > 0
