@@ -227,6 +227,10 @@ class AmqpTransport(Transport):
         self.reply_queue = f"{exchange}.reply.{uuid.uuid4()}"
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractRobustChannel | None = None
+        #: Replies go out on a channel without publisher confirms: waiting for the
+        #: broker's confirm of each reply held the request (and its prefetch slot) for a
+        #: round trip; a reply that is lost makes its caller time out, as it would anyway.
+        self._reply_channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._dead_exchange: AbstractExchange | None = None
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
@@ -305,6 +309,7 @@ class AmqpTransport(Transport):
         replies = await channel.declare_queue(self.reply_queue, exclusive=True, auto_delete=True)
         await replies.consume(self._on_reply, no_ack=True)
         channel.close_callbacks.add(self._on_channel_closed)
+        self._reply_channel = await connection.channel(publisher_confirms=False)
         self._channel = channel
         self._exchange = exchange
         self._dead_exchange = dead
@@ -435,11 +440,11 @@ class AmqpTransport(Transport):
         reply = aio_pika.Message(
             body, content_type=CONTENT_TYPE, correlation_id=request.correlation_id
         )
-        if self._channel is None:
+        if self._reply_channel is None:
             LOG.warning("cannot reply to message %s: transport closed", request.message_id)
             return
         try:
-            await self._channel.default_exchange.publish(
+            await self._reply_channel.default_exchange.publish(
                 reply, routing_key=request.reply_to, mandatory=False
             )
         except _CHANNEL_ERRORS as exc:
@@ -486,7 +491,8 @@ class AmqpTransport(Transport):
             await consumer.stop(0)
         self._fail_waiting("transport closed")
         connection, self._connection = self._connection, None
-        self._channel = self._exchange = self._dead_exchange = None
+        self._channel = self._reply_channel = None
+        self._exchange = self._dead_exchange = None
         if connection is not None:
             await connection.close()
             LOG.info("disconnected from RabbitMQ at %s", _where(self.url))
