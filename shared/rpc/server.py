@@ -6,7 +6,8 @@ pydantic model or ``None``: the signature is the contract, read once at start-up
 
 Dispatch rules:
 
-* a body that is not a valid envelope, a version this server does not speak
+* a body larger than :data:`MAX_MESSAGE_BYTES` (read no further), a body that is not a
+  valid envelope, a version this server does not speak
   (:class:`UnsupportedVersion`: same major and a higher minor, or another major; checked
   before the method, as oslo.messaging does), an unknown method (:class:`NoSuchMethod`)
   or arguments that do not validate is logged, answered with the typed error if the
@@ -46,6 +47,11 @@ from shared.rpc.transport import Consumer, IncomingMessage, Settle, Settlement, 
 from shared.versions import is_compatible, parse_version
 
 LOG = logging.getLogger(__name__)
+
+#: The largest RPC message a server reads. keel's messages are a few kilobytes (a build
+#: with the most user data a server may have is under 100 KB); anything larger is not one
+#: of them and is dead-lettered unread.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 Method = Callable[[RequestContext, BaseModel], Awaitable[BaseModel | None]]
 
@@ -119,6 +125,13 @@ class RPCServer:
             self._consumer = None
 
     def _parse(self, message: IncomingMessage) -> tuple[Envelope, _Route, BaseModel]:
+        if len(message.body) > MAX_MESSAGE_BYTES:
+            raise _Unservable(
+                InvalidMessage(
+                    f"message of {len(message.body)} bytes is larger than the "
+                    f"{MAX_MESSAGE_BYTES} bytes an RPC message may have"
+                )
+            )
         try:
             envelope = Envelope.model_validate_json(message.body)
         except ValidationError as exc:

@@ -24,7 +24,7 @@ from shared.exceptions import (
 from shared.rpc.client import RPCClient
 from shared.rpc.envelope import Envelope, Reply
 from shared.rpc.fake import FakeTransport
-from shared.rpc.server import RPCServer
+from shared.rpc.server import MAX_MESSAGE_BYTES, RPCServer
 from shared.rpc.transport import IncomingMessage, Settle
 
 TOPIC = "unit"
@@ -246,3 +246,16 @@ async def test_unexpected_error_is_remote_error_and_logged_with_traceback(
     assert caught.value.remote_message == "the disk caught fire"
     [record] = [r for r in caplog.records if "crash failed" in r.getMessage()]
     assert record.exc_info is not None
+
+
+async def test_an_oversized_message_is_dead_lettered_unread(server: RPCServer) -> None:
+    envelope = Envelope(method="greet", version="1.0", context=RequestContext())
+    body = envelope.model_dump_json().encode()
+    huge = body[:-1] + b', "padding": "' + b"x" * MAX_MESSAGE_BYTES + b'"}'
+    settlement = await server.handle(IncomingMessage(body=huge, message_id="m4", reply_to="r.1"))
+    assert settlement.settle is Settle.DEAD_LETTER
+    assert settlement.reply is not None
+    reply = Reply.model_validate_json(settlement.reply)
+    assert reply.error is not None
+    assert reply.error.type == "InvalidMessage"
+    assert "larger than" in reply.error.message
