@@ -37,7 +37,7 @@ from uuid import UUID
 import aio_pika
 import httpx
 from benchkit import LoadResult, figures, report, run_load, target
-from benchkit.cloud import AMQP_URL, CIRROS_ID, Cloud, CloudShape, bench_cloud
+from benchkit.cloud import AMQP_URL, CIRROS_ID, Cloud, CloudShape, bench_cloud, machine_cpu_seconds
 from benchkit.db import check_capacity
 
 from shared.exceptions import BuildFailed
@@ -147,6 +147,13 @@ async def boot_servers(
     return await run_load(boot, count, clients)
 
 
+def cpu_snapshot(cloud: Cloud) -> dict[str, float]:
+    """CPU seconds used so far by each keel process and by the whole machine."""
+    busy, total = machine_cpu_seconds()
+    used = {name: p.cpu_seconds() for name, p in cloud.processes.items()}
+    return {**used, "machine busy": busy, "machine total": total}
+
+
 async def measure(cloud: Cloud, args: argparse.Namespace) -> tuple[LoadResult, dict[str, Any]]:
     headers = {"X-Auth-Token": cloud.token}
     # Idle connections are dropped before uvicorn closes them (after 5 s) under a request.
@@ -165,7 +172,9 @@ async def measure(cloud: Cloud, args: argparse.Namespace) -> tuple[LoadResult, d
             await boot_servers(http, watcher, min(args.clients, 20), args.clients, 60)
             async with Taps(cloud.exchange) as taps:
                 before = await db_stats(cloud)
+                cpu_before = cpu_snapshot(cloud)
                 result = await boot_servers(http, watcher, args.servers, args.clients, args.timeout)
+                cpu_after = cpu_snapshot(cloud)
                 after = await db_stats(cloud)
                 messages = await taps.counts()
         finally:
@@ -176,6 +185,12 @@ async def measure(cloud: Cloud, args: argparse.Namespace) -> tuple[LoadResult, d
         "calls/boot": messages["call"] / booted,
         **{f"{name}/boot": (after[name] - before[name]) / booted for name in STATS},
     }
+    spent = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
+    for name in cloud.processes:
+        per_boot[f"{name}_cpu_ms/boot"] = spent[name] * 1000 / booted
+    # Everything on the machine (PostgreSQL, RabbitMQ, this script, other people's work).
+    per_boot["machine_cpu_ms/boot"] = spent["machine busy"] * 1000 / booted
+    per_boot["machine_busy_%"] = 100 * spent["machine busy"] / spent["machine total"]
     return result, per_boot
 
 

@@ -85,6 +85,15 @@ class Process:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    def cpu_seconds(self) -> float:
+        """CPU time used so far (user + system), from ``/proc``."""
+        try:
+            fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return float("nan")
+        # utime and stime are fields 14 and 15 of stat(5); after the ")" they are 12, 13.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def tail(self, lines: int = 30) -> str:
         try:
             text = self.log.read_text(encoding="utf-8", errors="replace")
@@ -265,6 +274,15 @@ class Cloud:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch("""SELECT uuid FROM services WHERE "binary" = 'keel-compute'""")
         return ["conductor", "scheduler", *(f"compute.{row['uuid']}" for row in rows)]
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """Busy and total CPU seconds of the whole machine so far, from ``/proc/stat``."""
+    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(value) for value in first]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    hertz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hertz, sum(ticks) / hertz
 
 
 def free_port() -> int:
