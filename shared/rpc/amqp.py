@@ -104,6 +104,7 @@ def _incoming(message: AbstractIncomingMessage) -> IncomingMessage:
         reply_to=message.reply_to,
         redelivered=bool(message.redelivered),
         delivery_count=delivery_count(message),
+        user_id=message.user_id,
     )
 
 
@@ -218,6 +219,10 @@ class AmqpTransport(Transport):
         delivery_limit: int = 5,
     ) -> None:
         self.url = url
+        #: The broker user this transport connects as. Every message it publishes says so
+        #: in its AMQP ``user_id``, which RabbitMQ checks against the connection's user:
+        #: a message claiming to come from another user is refused by the broker.
+        self.user = URL(url).user or "guest"
         self.exchange = exchange
         self.queue_expires = queue_expires
         self.connect_timeout = connect_timeout
@@ -377,6 +382,7 @@ class AmqpTransport(Transport):
             message_id=message_id,
             expiration=timeout,
             delivery_mode=DeliveryMode.NOT_PERSISTENT,
+            user_id=self.user,
         )
         try:
             async with asyncio.timeout(timeout):
@@ -393,6 +399,7 @@ class AmqpTransport(Transport):
             content_type=CONTENT_TYPE,
             message_id=message_id,
             delivery_mode=DeliveryMode.PERSISTENT,
+            user_id=self.user,
         )
         await self._publish(CAST, topic, message)
 
@@ -408,6 +415,7 @@ class AmqpTransport(Transport):
             content_type=CONTENT_TYPE,
             message_id=message.message_id,
             delivery_mode=DeliveryMode.PERSISTENT,
+            user_id=self.user,
             headers={
                 REASON_HEADER: reason[:2000],
                 DELIVERIES_HEADER: message.delivery_count + 1,
@@ -438,7 +446,10 @@ class AmqpTransport(Transport):
         if body is None or not request.reply_to:
             return
         reply = aio_pika.Message(
-            body, content_type=CONTENT_TYPE, correlation_id=request.correlation_id
+            body,
+            content_type=CONTENT_TYPE,
+            correlation_id=request.correlation_id,
+            user_id=self.user,
         )
         if self._reply_channel is None:
             LOG.warning("cannot reply to message %s: transport closed", request.message_id)

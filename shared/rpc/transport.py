@@ -48,6 +48,9 @@ class IncomingMessage:
     delivery_count: int = 0
     #: This process's monotonic clock when the message arrived: deadlines count from it.
     received_at: float = field(default_factory=time.monotonic)
+    #: The broker user that published it (AMQP ``user_id``, checked by RabbitMQ against
+    #: the publishing connection); ``None`` where the transport has no users.
+    user_id: str | None = None
 
     @property
     def is_call(self) -> bool:
