@@ -181,6 +181,7 @@ class MoveTask(TaskBase):
             # The host the operator named is a requested destination: the scheduler
             # narrows to its nodes and every filter still runs on them. A scheduler too
             # old for that (before 1.2) is told to avoid every other node instead.
+            narrow = await self.scheduler.can_take_destinations()
             async with self.pool.acquire() as conn:
                 target = await services.find_compute(
                     conn, migration.dest_host, self.service_down_time
@@ -190,16 +191,17 @@ class MoveTask(TaskBase):
                         f"No valid host was found. The requested host {migration.dest_host} "
                         "has no compute service."
                     )
-                if await self.scheduler.can_take_destinations():
+                if narrow:
                     node_ids = [node.id for node in await compute_nodes.of_service(conn, target.id)]
-                    if not node_ids:
-                        raise NoValidHost(
-                            f"No valid host was found. The requested host "
-                            f"{migration.dest_host} has no compute node."
-                        )
-                    destination = RequestedDestination(host=migration.dest_host, node_ids=node_ids)
                 else:
                     ignore += await compute_nodes.uuids_elsewhere(conn, target.id)
+            if narrow:
+                if not node_ids:
+                    raise NoValidHost(
+                        f"No valid host was found. The requested host {migration.dest_host} "
+                        "has no compute node."
+                    )
+                destination = RequestedDestination(host=migration.dest_host, node_ids=node_ids)
         # The instance's own spec is read afresh: whatever destination its create named is
         # not there (never stored), so a move without a named host chooses freely.
         spec = spec.model_copy(
