@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from shared.db import allocations
 from tests.broker import AMQP_URL
-from tests.e2e.cloud import ADMIN, CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.outage import (
+    assert_nothing_restarted,
+    assert_settled_whole,
+    cut_when,
+    pids_of,
+    proxy_to,
+    unlimited_quota,
+)
 from tests.faults.proxy import TcpProxy
-from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -34,11 +39,8 @@ SETTLE = 180.0
 
 @pytest.fixture(scope="module")
 async def proxy() -> AsyncIterator[TcpProxy]:
-    target = urlsplit(AMQP_URL)
-    running = TcpProxy(target.hostname or "127.0.0.1", target.port or 5672)
-    await running.start()
-    yield running
-    await running.close()
+    async with proxy_to(AMQP_URL, 5672) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +70,8 @@ async def boot(http: httpx.AsyncClient, index: int) -> tuple[int, str | None]:
 async def test_every_accepted_boot_settles_after_a_broker_outage(
     cloud: Cloud, proxy: TcpProxy
 ) -> None:
-    pids = {name: p.popen.pid for name, p in cloud.processes.items()}
-    unlimited = {"quota_set": {"instances": -1, "cores": -1, "ram": -1}}
-    async with cloud.http(cloud.admin_token) as http:
-        (await http.put(f"os-quota-sets/{ADMIN['project_id']}", json=unlimited)).raise_for_status()
+    pids = pids_of(cloud)
+    await unlimited_quota(cloud)
     pending = iter(range(BOOTS))
     results: list[tuple[int, str | None]] = []
 
@@ -80,53 +80,16 @@ async def test_every_accepted_boot_settles_after_a_broker_outage(
             for index in pending:
                 results.append(await boot(http, index))
 
-    async def quarter_done() -> bool:
+    def quarter_done() -> bool:
         return len(results) >= BOOTS // 4
 
-    async def outage() -> None:
-        await wait_until(quarter_done, what="a quarter of the boots", timeout=120)
-        await proxy.cut()
-        await asyncio.sleep(OUTAGE_S)
-        await proxy.restore()
-
-    await asyncio.gather(outage(), *(client() for _ in range(CLIENTS)))
+    await asyncio.gather(
+        cut_when(proxy, quarter_done, OUTAGE_S), *(client() for _ in range(CLIENTS))
+    )
     accepted = [server_id for code, server_id in results if server_id is not None]
     refused = [code for code, server_id in results if server_id is None]
     assert len(results) == BOOTS
     assert set(refused) <= {503}, refused
     assert len(accepted) >= BOOTS // 2
-
-    async def settled() -> bool:
-        async with cloud.pool.acquire() as conn:
-            building: int = await conn.fetchval(
-                "SELECT count(*) FROM instances WHERE uuid = ANY($1::uuid[])"
-                " AND vm_state = 'building'",
-                accepted,
-            )
-        return building == 0
-
-    await wait_until(settled, what="every accepted server settling", timeout=SETTLE)
-    async with cloud.pool.acquire() as conn:
-        states = await conn.fetch(
-            "SELECT vm_state, count(*) FROM instances WHERE uuid = ANY($1::uuid[])"
-            " GROUP BY vm_state",
-            accepted,
-        )
-        claims = await conn.fetch(
-            "SELECT instance_uuid, count(*) AS n FROM allocations GROUP BY instance_uuid"
-            " HAVING count(*) > 1"
-        )
-        leftover = await conn.fetchval(
-            "SELECT count(*) FROM instances WHERE deleted_at IS NULL"
-            " AND NOT (uuid = ANY($1::uuid[]))",
-            accepted,
-        )
-        assert await allocations.usage_drift(conn) == []
-    by_state = {row["vm_state"]: row["count"] for row in states}
-    assert set(by_state) <= {"active", "error"}, by_state
-    assert sum(by_state.values()) == len(accepted)
-    assert claims == []
-    assert leftover == 0, "a refused create left a server behind"
-    for name, process in cloud.processes.items():
-        assert process.popen.poll() is None, f"{name} exited:\n{process.tail()}"
-        assert process.popen.pid == pids[name]
+    await assert_settled_whole(cloud, accepted, SETTLE)
+    assert_nothing_restarted(cloud, pids)

@@ -14,12 +14,12 @@ conductor's RPC handlers, whose failures are the messaging layer's to settle and
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.e2e.cloud import CIRROS_ID, PG_SERVER, Cloud, CloudConfig
+from tests.e2e.outage import proxy_to
 from tests.faults.proxy import TcpProxy
 from tests.polling import wait_until
 
@@ -32,11 +32,8 @@ CONTROL_PLANE = ("api", "conductor", "scheduler1")
 
 @pytest.fixture(scope="module")
 async def proxy() -> AsyncIterator[TcpProxy]:
-    target = urlsplit(PG_SERVER)
-    running = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
-    await running.start()
-    yield running
-    await running.close()
+    async with proxy_to(PG_SERVER, 5432) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

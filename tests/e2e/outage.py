@@ -1,0 +1,97 @@
+"""What the outage tests share: a proxy in front of a shared server, and the checks that
+a cloud came through an outage whole."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
+
+from shared.db import allocations
+from tests.e2e.cloud import ADMIN, Cloud
+from tests.faults.proxy import TcpProxy
+from tests.polling import wait_until
+
+
+@asynccontextmanager
+async def proxy_to(url: str, default_port: int) -> AsyncIterator[TcpProxy]:
+    """A running proxy in front of the server ``url`` names."""
+    target = urlsplit(url)
+    running = TcpProxy(target.hostname or "127.0.0.1", target.port or default_port)
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.close()
+
+
+def pids_of(cloud: Cloud) -> dict[str, int]:
+    return {name: process.popen.pid for name, process in cloud.processes.items()}
+
+
+def assert_nothing_restarted(cloud: Cloud, pids: dict[str, int]) -> None:
+    for name, process in cloud.processes.items():
+        assert process.popen.poll() is None, f"{name} exited:\n{process.tail()}"
+        assert process.popen.pid == pids[name]
+
+
+async def assert_settled_whole(
+    cloud: Cloud, accepted: list[str], timeout: float, *, unacknowledged: int = 0
+) -> None:
+    """Every accepted server ends ACTIVE or ERROR within ``timeout``, with at most one
+    claim each; usage adds up. No other server exists — except, at most
+    ``unacknowledged`` of them, never built: creates whose commit reached the database
+    while the connection dropped before its answer did (the client saw a 503; the build
+    deadline fails such a server, since it was never handed to the conductor)."""
+
+    async def settled() -> bool:
+        async with cloud.pool.acquire() as conn:
+            building: int = await conn.fetchval(
+                "SELECT count(*) FROM instances WHERE uuid = ANY($1::uuid[])"
+                " AND vm_state = 'building'",
+                accepted,
+            )
+        return building == 0
+
+    await wait_until(settled, what="every accepted server settling", timeout=timeout)
+    async with cloud.pool.acquire() as conn:
+        states = await conn.fetch(
+            "SELECT vm_state, count(*) FROM instances WHERE uuid = ANY($1::uuid[])"
+            " GROUP BY vm_state",
+            accepted,
+        )
+        doubled = await conn.fetch(
+            "SELECT instance_uuid FROM allocations GROUP BY instance_uuid HAVING count(*) > 1"
+        )
+        leftover = await conn.fetch(
+            "SELECT vm_state, task_state FROM instances WHERE deleted_at IS NULL"
+            " AND NOT (uuid = ANY($1::uuid[]))",
+            accepted,
+        )
+        assert await allocations.usage_drift(conn) == []
+    by_state = {row["vm_state"]: row["count"] for row in states}
+    assert set(by_state) <= {"active", "error"}, by_state
+    assert sum(by_state.values()) == len(accepted)
+    assert doubled == []
+    assert len(leftover) <= unacknowledged, "a refused create left a server behind"
+    assert all(row["vm_state"] in ("building", "error") for row in leftover), leftover
+
+
+async def unlimited_quota(cloud: Cloud) -> None:
+    """The admin project may create as many servers as the test needs."""
+    unlimited = {"quota_set": {"instances": -1, "cores": -1, "ram": -1}}
+    async with cloud.http(cloud.admin_token) as http:
+        (await http.put(f"os-quota-sets/{ADMIN['project_id']}", json=unlimited)).raise_for_status()
+
+
+async def cut_when(proxy: TcpProxy, ready: Callable[[], bool], seconds: float) -> None:
+    """Once ``ready()`` holds, cut the proxy for ``seconds``, then restore it."""
+
+    async def check() -> bool:
+        return ready()
+
+    await wait_until(check, what="the moment to cut", timeout=120)
+    await proxy.cut()
+    await asyncio.sleep(seconds)
+    await proxy.restore()
