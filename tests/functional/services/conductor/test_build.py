@@ -6,6 +6,7 @@ agent is a stand-in served on ``compute.<service uuid>``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from uuid import UUID
 
@@ -19,7 +20,7 @@ from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances
 from shared.objects.flavor import FlavorSnapshot
-from shared.objects.instance import Instance
+from shared.objects.instance import Instance, RequestedDestination
 from shared.rpc.amqp import AmqpTransport
 from tests.functional.services.conductor.stand_in import (
     SMALL,
@@ -237,3 +238,43 @@ async def test_instance_deleted_releases_claim_soft_deletes_and_is_idempotent(
 
 async def _some(items: Sequence[object]) -> bool | None:
     return True if items else None
+
+
+async def test_a_build_to_a_requested_host_delivered_twice_at_once_claims_there_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    roomy = await register(conductor, "roomy", memory_mb=8192)
+    asked = await register(conductor, "asked", memory_mb=2048)
+    agents = {name: StandInCompute(conductor) for name in ("roomy", "asked")}
+    await serve_stand_in(agent_transport, roomy, agents["roomy"])
+    await serve_stand_in(agent_transport, asked, agents["asked"])
+    async with db_pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, asked.node_uuid)
+    instance_uuid = await create_instance(db_pool)
+    request = BuildInstances(
+        instance_uuid=instance_uuid,
+        requested_destination=RequestedDestination(host="asked", node_ids=[node.id]),
+    )
+    managers = [
+        ConductorManager(
+            db_pool,
+            SchedulerAPI(agent_transport, timeout=10),
+            ComputeAPI(agent_transport, timeout=10),
+            service_down_time=60,
+        )
+        for _ in range(2)
+    ]
+    await asyncio.gather(*(m.build_instances(RequestContext(), request) for m in managers))
+
+    built = await settled(db_pool, instance_uuid, "active")
+    assert built.host == "asked"
+    # Both deliveries may send the build on (the agent builds once however often it is
+    # asked); each went to the requested host only.
+    assert {spec.uuid for spec in agents["asked"].built} == {instance_uuid}
+    assert agents["roomy"].built == []
+    assert await held(db_pool, instance_uuid) == 1
+    async with db_pool.acquire() as conn:
+        spec = await conn.fetchval(
+            "SELECT spec FROM request_specs WHERE instance_uuid = $1", instance_uuid
+        )
+    assert "requested_destination" not in spec

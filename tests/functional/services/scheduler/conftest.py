@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import asyncpg
 import pytest
 
+from services.scheduler.host_manager import HostManager
+from services.scheduler.manager import SchedulerManager
+from services.scheduler.rpcapi import RPC_VERSION, TOPIC, SchedulerAPI
 from shared.rpc.amqp import AmqpTransport
+from shared.rpc.server import RPCServer
 from tests.broker import remove_exchange
 
 OpenTransport = Callable[[], Awaitable[AmqpTransport]]
@@ -27,3 +32,20 @@ async def open_transport(amqp_url: str, exchange: str) -> AsyncIterator[OpenTran
     for transport in opened:
         await transport.close()
     await remove_exchange(exchange, ("scheduler",))
+
+
+async def serve_scheduler(pool: asyncpg.Pool, open_transport: OpenTransport) -> RPCServer:
+    """A keel-scheduler endpoint served on the test's exchange."""
+    manager = SchedulerManager(pool, HostManager(service_down_time=60))
+    server = RPCServer(await open_transport(), TOPIC, manager, version=RPC_VERSION)
+    await server.start(prefetch=16)
+    return server
+
+
+@pytest.fixture
+async def scheduler(
+    db_pool: asyncpg.Pool, open_transport: OpenTransport
+) -> AsyncIterator[SchedulerAPI]:
+    server = await serve_scheduler(db_pool, open_transport)
+    yield SchedulerAPI(await open_transport(), timeout=30)
+    await server.stop(drain_timeout=10)

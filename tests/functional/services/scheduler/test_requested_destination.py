@@ -4,7 +4,6 @@ and still claimed atomically; and a scheduler too old for it refuses clearly."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -16,24 +15,11 @@ from shared.exceptions import NoValidHost, ServiceTooOld
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import RequestedDestination, RequestSpec
 from tests.functional.services.scheduler.conftest import OpenTransport
-from tests.functional.services.scheduler.test_select_destinations import (
-    add_host,
-    serve_scheduler,
-    spec_for,
-)
+from tests.functional.services.scheduler.test_select_destinations import add_host, spec_for
 
 pytestmark = pytest.mark.functional
 
 BIG = FlavorSnapshot(flavorid="2", name="big", vcpus=1, memory_mb=2048, root_gb=1)
-
-
-@pytest.fixture
-async def scheduler(
-    db_pool: asyncpg.Pool, open_transport: OpenTransport
-) -> AsyncIterator[SchedulerAPI]:
-    server = await serve_scheduler(db_pool, open_transport)
-    yield SchedulerAPI(await open_transport(), timeout=30)
-    await server.stop(drain_timeout=10)
 
 
 def to(node_id: int, *, forced: bool = False, flavor: FlavorSnapshot = BIG) -> RequestSpec:

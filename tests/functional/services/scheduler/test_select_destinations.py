@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
-from services.scheduler.host_manager import HostManager
-from services.scheduler.manager import SchedulerManager
-from services.scheduler.rpcapi import RPC_VERSION, TOPIC, SchedulerAPI, Selection
+from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.config import DatabaseSettings
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, services
@@ -20,8 +17,7 @@ from shared.exceptions import NoValidHost
 from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import RequestSpec
-from shared.rpc.server import RPCServer
-from tests.functional.services.scheduler.conftest import OpenTransport
+from tests.functional.services.scheduler.conftest import OpenTransport, serve_scheduler
 
 pytestmark = pytest.mark.functional
 
@@ -56,22 +52,6 @@ async def add_host(
 
 def spec_for(flavor: FlavorSnapshot = SMALL) -> RequestSpec:
     return RequestSpec(instance_uuid=uuid.uuid4(), project_id="p", user_id="u", flavor=flavor)
-
-
-async def serve_scheduler(pool: asyncpg.Pool, open_transport: OpenTransport) -> RPCServer:
-    manager = SchedulerManager(pool, HostManager(service_down_time=60))
-    server = RPCServer(await open_transport(), TOPIC, manager, version=RPC_VERSION)
-    await server.start(prefetch=16)
-    return server
-
-
-@pytest.fixture
-async def scheduler(
-    db_pool: asyncpg.Pool, open_transport: OpenTransport
-) -> AsyncIterator[SchedulerAPI]:
-    server = await serve_scheduler(db_pool, open_transport)
-    yield SchedulerAPI(await open_transport(), timeout=30)
-    await server.stop(drain_timeout=10)
 
 
 async def allocation_count(pool: asyncpg.Pool) -> int:
