@@ -72,6 +72,9 @@ class RpcSettings(_Group):
     #: Seconds a handler meeting transient failures is retried within one delivery before
     #: its message is returned to the queue.
     handler_retry_timeout: float = Field(default=10.0, gt=0)
+    #: RabbitMQ's management API, for ``keel-manage agent``; unset, port 15672 of the
+    #: transport URL's host, as the transport URL's user.
+    management_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
 
 class DatabaseSettings(_Group):

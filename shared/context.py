@@ -34,3 +34,6 @@ class RequestContext(BaseModel):
 
 #: The request id of the work the current task is doing; read by the log formatter.
 current_request_id: ContextVar[str | None] = ContextVar("keel_request_id", default=None)
+
+#: The broker user that sent the RPC message being handled (RabbitMQ checked it), if any.
+current_sender: ContextVar[str | None] = ContextVar("keel_sender", default=None)

@@ -25,6 +25,7 @@
     │   ├── HypervisorInUse         a new host whose hypervisor already holds servers
     │   └── ComputeNodeDeleted      its node was deleted by an operator
     ├── ServiceTooOld               this release is too old for the deployment
+    ├── CallerRefused               the broker user that sent a request may not ask it
     ├── BuildFailed                 the virt driver could not build a guest
     ├── GuestNotFound               the hypervisor has no guest for an instance
     ├── TransientError              a temporary failure: the same request may succeed later
@@ -169,6 +170,11 @@ class ServiceTooOld(KeelError):
     pass
 
 
+class CallerRefused(KeelError):
+    """The broker user that sent an RPC request may not ask it (an agent asking about
+    another host's instance, say)."""
+
+
 class BuildFailed(KeelError):
     pass
 
@@ -237,6 +243,7 @@ REMOTE_ALLOWED: dict[str, type[KeelError]] = {
         HypervisorInUse,
         ComputeNodeDeleted,
         ServiceTooOld,
+        CallerRefused,
         BuildFailed,
         TransientError,
         NoSuchMethod,

@@ -62,6 +62,7 @@ from shared.exceptions import (
 from shared.faults import FaultPoints
 from shared.metrics import Metrics
 from shared.objects.compute_node import NodeResources
+from shared.rpc import agent_users
 from shared.rpc.server import RPCServer
 from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
@@ -343,6 +344,7 @@ async def start_agent(
             version=apis.compute,
             policy=RetryPolicy.from_settings(settings.rpc),
             metrics=metrics,
+            guard=agent_users.refuse_agents,
         )
         await server.start(prefetch=settings.rpc.prefetch)
     except BaseException:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
+from services.conductor.agent_guard import AgentGuard
 from services.conductor.auto_confirm import MigrationSweep
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.manager import ConductorManager
@@ -60,6 +61,7 @@ async def run_conductor(
         version=apis_for(settings.service_version).conductor,
         policy=RetryPolicy.from_settings(settings.rpc),
         metrics=lifecycle.metrics,
+        guard=AgentGuard(pool),
     )
     lifecycle.on_reload(pins.reload)
     periodic = []

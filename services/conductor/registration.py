@@ -25,11 +25,13 @@ from services.conductor.rpcapi import (
     ResolveCompute,
     ServiceHeartbeat,
 )
+from shared.context import current_sender
 from shared.db import compute_nodes, services
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound, HostRenameDetected, ServiceTooOld
 from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.service import Binary
+from shared.rpc import agent_users
 from shared.version_checks import refuse_if_older_than_the_rest, refuse_if_unsupported
 from shared.version_pins import MinimumVersions
 
@@ -130,6 +132,8 @@ class ComputeRegistry:
         async with self.pool.acquire() as conn, conn.transaction():
             await compute_identity.resolve(conn, check, self.service_down_time)
             before = await compute_nodes.find_by_uuid(conn, req.node_uuid)
+            sender = current_sender.get()
+            named = agent_users.service_of(sender)
             service = await services.get_or_create(
                 conn,
                 host=req.host,
@@ -137,7 +141,16 @@ class ComputeRegistry:
                 topic=COMPUTE_TOPIC,
                 version=req.version,
                 down_time=self.service_down_time,
+                new_uuid=named,
             )
+            if named is not None and service.uuid != named:
+                # Another agent registered the host between the guard's check and now.
+                assert sender is not None
+                raise agent_users.refuse(
+                    sender,
+                    "register_compute",
+                    f"host {req.host!r} is compute service {service.uuid}, not {named}",
+                )
             # Not marked up here: the agent's first heartbeat does that, once it consumes
             # its queue.
             node = await _record_node(

@@ -15,6 +15,7 @@ from services.manage.commands import (
     HANDLER,
     Command,
     UsageError,
+    agent,
     compute,
     db,
     dlq,
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (db, image, network, service, project, user, dlq, status, compute):
+    for module in (db, image, network, service, project, user, dlq, status, compute, agent):
         module.register(commands)
     return parser
 

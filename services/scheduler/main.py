@@ -20,6 +20,7 @@ from services.scheduler.rpcapi import TOPIC
 from shared.config import Settings
 from shared.faults import FaultPoints
 from shared.objects.service import Binary
+from shared.rpc import agent_users
 from shared.rpc.server import RPCServer
 from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
@@ -52,6 +53,7 @@ async def run_scheduler(
         version=apis_for(settings.service_version).scheduler,
         policy=RetryPolicy.from_settings(settings.rpc),
         metrics=lifecycle.metrics,
+        guard=agent_users.refuse_agents,
     )
 
     async def reload(new: Settings) -> None:

@@ -19,16 +19,26 @@ SELECT = """
 
 
 async def get_or_create(
-    conn: Connection, *, host: str, binary: str, topic: str, version: int, down_time: float
+    conn: Connection,
+    *,
+    host: str,
+    binary: str,
+    topic: str,
+    version: int,
+    down_time: float,
+    new_uuid: UUID | None = None,
 ) -> Service:
-    """The live service row for (host, binary), created if absent; version stamped."""
+    """The live service row for (host, binary), created if absent; version stamped.
+
+    A new row gets ``new_uuid`` (the one an agent's broker user names), else a fresh one.
+    """
     await conn.execute(
         """INSERT INTO services (uuid, host, "binary", topic, version)
            VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (host, "binary") WHERE deleted_at IS NULL
            DO UPDATE SET version = EXCLUDED.version, topic = EXCLUDED.topic,
                          updated_at = now()""",
-        uuid.uuid4(),
+        new_uuid or uuid.uuid4(),
         host,
         binary,
         topic,

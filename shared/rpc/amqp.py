@@ -55,6 +55,7 @@ from yarl import URL
 
 from shared.config import Settings
 from shared.exceptions import MessagingError, MessagingTimeout, Unroutable
+from shared.rpc import agent_users
 from shared.rpc.amqp_topology import (
     CALL,
     CAST,
@@ -223,6 +224,9 @@ class AmqpTransport(Transport):
         #: in its AMQP ``user_id``, which RabbitMQ checks against the connection's user:
         #: a message claiming to come from another user is refused by the broker.
         self.user = URL(url).user or "guest"
+        #: An agent connecting as its own user may not declare the shared topology
+        #: (:mod:`shared.rpc.agent_users`); it only checks that the exchanges exist.
+        self.declares_topology = agent_users.service_of(self.user) is None
         self.exchange = exchange
         self.queue_expires = queue_expires
         self.connect_timeout = connect_timeout
@@ -310,7 +314,9 @@ class AmqpTransport(Transport):
 
     async def _declare(self, connection: AbstractRobustConnection) -> None:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange, dead = await self.topology.declare_exchanges(channel)
+        exchange, dead = await self.topology.declare_exchanges(
+            channel, passive=not self.declares_topology
+        )
         replies = await channel.declare_queue(self.reply_queue, exclusive=True, auto_delete=True)
         await replies.consume(self._on_reply, no_ack=True)
         channel.close_callbacks.add(self._on_channel_closed)

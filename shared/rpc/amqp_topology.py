@@ -92,9 +92,24 @@ class Topology:
         }
 
     async def declare_exchanges(
-        self, channel: AbstractChannel
+        self, channel: AbstractChannel, *, passive: bool = False
     ) -> tuple[AbstractExchange, AbstractExchange]:
-        """The topic exchange and the dead-letter exchange with its two queues."""
+        """The topic exchange and the dead-letter exchange with its two queues.
+
+        ``passive`` only checks that both exchanges exist: for an agent connecting as its
+        own broker user, which may declare nothing shared (:mod:`shared.rpc.agent_users`).
+        """
+        if passive:
+            try:
+                exchange = await channel.declare_exchange(self.exchange, passive=True)
+                dead = await channel.declare_exchange(self.dead_exchange, passive=True)
+            except ChannelNotFoundEntity:
+                raise MessagingError(
+                    f"exchange {self.exchange} or {self.dead_exchange} does not exist on the "
+                    "broker, and this agent's broker user may not declare it: start "
+                    "keel-conductor first (it declares them), then this agent"
+                ) from None
+            return exchange, dead
         try:
             exchange = await channel.declare_exchange(
                 self.exchange, ExchangeType.TOPIC, durable=True

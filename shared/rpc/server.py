@@ -15,6 +15,11 @@ Dispatch rules:
 * a call that waited longer than its caller's timeout is dropped: nobody waits for its
   answer any more. The timeout travels as a duration and counts from the message's
   arrival on this process's monotonic clock, never from another host's wall clock;
+* a server may have a *guard*, which sees each request with the broker user that sent
+  it (the AMQP ``user_id`` RabbitMQ checked) before its method runs, and refuses it by
+  raising :class:`~shared.exceptions.CallerRefused`: answered and acknowledged like any
+  other refusal. The sender is also :data:`~shared.context.current_sender` while the
+  method runs;
 * what the handler's outcome becomes is the settlement policy of
   :mod:`shared.rpc.settlement`.
 """
@@ -31,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from shared.context import RequestContext, current_request_id
+from shared.context import RequestContext, current_request_id, current_sender
 from shared.exceptions import (
     InvalidMessage,
     KeelError,
@@ -54,6 +59,10 @@ LOG = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 Method = Callable[[RequestContext, BaseModel], Awaitable[BaseModel | None]]
+
+#: ``guard(sender, method, request)``: raises to refuse ``request`` from broker user
+#: ``sender`` (``None`` where the transport has no users).
+Guard = Callable[[str | None, str, BaseModel], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -101,8 +110,10 @@ class RPCServer:
         version: str,
         policy: RetryPolicy | None = None,
         metrics: Metrics | None = None,
+        guard: Guard | None = None,
     ) -> None:
         parse_version(version)
+        self.guard = guard
         self.transport = transport
         self.topic = topic
         self.version = version
@@ -167,9 +178,11 @@ class RPCServer:
             self._count("unparsable", settlement)
             return settlement
         token = current_request_id.set(envelope.context.request_id)
+        sender = current_sender.set(message.user_id)
         try:
             settlement = await self._dispatch(message, envelope, route, request)
         finally:
+            current_sender.reset(sender)
             current_request_id.reset(token)
         self._count(envelope.method, settlement)
         return settlement
@@ -214,10 +227,14 @@ class RPCServer:
                 extra=extra,
             )
         what = f"{envelope.method} on {self.topic}"
+
+        async def invoke() -> BaseModel | None:
+            if self.guard is not None:
+                await self.guard(message.user_id, envelope.method, request)
+            return await route.func(envelope.context, request)
+
         try:
-            result = await self.policy.run(
-                what, lambda: route.func(envelope.context, request), extra
-            )
+            result = await self.policy.run(what, invoke, extra)
         except Exception as exc:
             return self._settle_failure(message, envelope, exc, extra)
         if not message.is_call:

@@ -55,6 +55,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("services/conductor/registration.py", "_record_node"): (
         "noticing that a node's hypervisor host name changed, to log old → new"
     ),
+    ("services/conductor/agent_guard.py", "AgentGuard.host"): (
+        "the host an agent's credentials were issued for, compared with the host it says it "
+        "is before it registers (identity, not routing)"
+    ),
+    ("shared/db/agent_users.py", "issue"): (
+        "keel-manage agent credentials HOST: the service an operator names by its host"
+    ),
     ("shared/db/compute_nodes.py", "named"): (
         "an admin's requested destination is given by name; it is resolved to node ids "
         "once, in keel-api, and followed by id from there"
