@@ -38,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from shared.context import RequestContext, current_request_id, current_sender
 from shared.exceptions import (
+    CallerRefused,
     InvalidMessage,
     KeelError,
     MessagingError,
@@ -253,7 +254,8 @@ class RPCServer:
         reason = describe(exc)
         if outcome is Outcome.DONE:
             assert isinstance(exc, KeelError)
-            LOG.warning("%s failed: %s", envelope.method, exc.message, extra=extra)
+            if not isinstance(exc, CallerRefused):  # the guard logged it, with its sender
+                LOG.warning("%s failed: %s", envelope.method, exc.message, extra=extra)
             reply = _error_reply(type(exc).__name__, exc.message) if message.is_call else None
             return Settlement(Settle.ACK, reply)
         if outcome is Outcome.POISON:

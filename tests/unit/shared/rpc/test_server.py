@@ -9,18 +9,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from pydantic import BaseModel
 
-from shared.context import RequestContext, current_request_id
+from shared.context import RequestContext, current_request_id, current_sender
 from shared.exceptions import (
+    CallerRefused,
     InstanceNotFound,
     InvalidMessage,
     NoSuchMethod,
     RemoteError,
 )
+from shared.rpc.agent_users import refuse_agents, user_for
 from shared.rpc.client import RPCClient
 from shared.rpc.envelope import Envelope, Reply
 from shared.rpc.fake import FakeTransport
@@ -259,3 +262,53 @@ async def test_an_oversized_message_is_dead_lettered_unread(server: RPCServer) -
     assert reply.error is not None
     assert reply.error.type == "InvalidMessage"
     assert "larger than" in reply.error.message
+
+
+class Sender(BaseModel):
+    name: str
+    sender: str | None
+
+
+class Whoami:
+    async def whoami(self, ctx: RequestContext, req: Greeting) -> Sender:
+        return Sender(name=req.name, sender=current_sender.get())
+
+
+async def only_ada(sender: str | None, method: str, request: BaseModel) -> None:
+    if sender != "ada":
+        raise CallerRefused(f"{method} refused for {sender}")
+
+
+async def test_a_guard_sees_the_broker_user_and_refuses_before_the_method(
+    server_transport: FakeTransport,
+) -> None:
+    server = RPCServer(server_transport, TOPIC, Whoami(), version="1.0", guard=only_ada)
+    body = _envelope("whoami", {"name": "x"})
+    allowed = await server.handle(
+        IncomingMessage(body=body, message_id="m1", reply_to="r.1", user_id="ada")
+    )
+    refused = await server.handle(
+        IncomingMessage(body=body, message_id="m2", reply_to="r.1", user_id="eve")
+    )
+    assert allowed.settle is Settle.ACK
+    assert allowed.reply is not None
+    assert Reply.model_validate_json(allowed.reply).result == {"name": "x", "sender": "ada"}
+    # A refusal is an answer, not a failure: acknowledged, with the typed error.
+    assert refused.settle is Settle.ACK
+    assert refused.reply is not None
+    error = Reply.model_validate_json(refused.reply).error
+    assert error is not None
+    assert (error.type, error.message) == ("CallerRefused", "whoami refused for eve")
+    assert current_sender.get() is None
+
+
+async def test_refuse_agents_lets_the_control_plane_through_and_logs_an_agent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent = user_for(uuid.uuid4())
+    await refuse_agents("guest", "select_destinations", Greeting(name="x"))
+    await refuse_agents(None, "select_destinations", Greeting(name="x"))
+    with caplog.at_level(logging.WARNING), pytest.raises(CallerRefused, match=agent):
+        await refuse_agents(agent, "select_destinations", Greeting(name="x"))
+    [record] = [r for r in caplog.records if getattr(r, "decision", None) == "rpc_refused"]
+    assert (record.sender, record.rpc_method) == (agent, "select_destinations")  # type: ignore[attr-defined]
