@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 import aio_pika
@@ -63,6 +64,7 @@ from shared.rpc.amqp_topology import (
     REASON_HEADER,
     TOPIC_HEADER,
     Topology,
+    TopologyMissing,
     delivery_count,
     routing_key,
 )
@@ -303,12 +305,24 @@ class AmqpTransport(Transport):
     async def connect(self) -> None:
         if self._connection is not None:
             return
-        connection = await self._open_connection()
-        try:
-            await self._declare(connection)
-        except BaseException:
-            await connection.close()
-            raise
+        started = time.monotonic()
+        while True:
+            connection = await self._open_connection()
+            try:
+                await self._declare(connection)
+                break
+            except TopologyMissing as missing:
+                await connection.close()
+                # An agent on its own broker user started before keel-conductor ever
+                # did: wait for the exchanges (bounded), as for the broker itself.
+                left = self.connect_timeout - (time.monotonic() - started)
+                if left <= 0:
+                    raise
+                LOG.warning("%s; retrying for another %.0fs", missing.message, left)
+                await asyncio.sleep(min(2.0, left))
+            except BaseException:
+                await connection.close()
+                raise
         self._connection = connection
         LOG.info("connected to RabbitMQ at %s, exchange %s", _where(self.url), self.exchange)
 

@@ -64,6 +64,10 @@ def delivery_count(message: AbstractIncomingMessage) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
+class TopologyMissing(MessagingError):
+    """The exchanges are not there, and this user may not declare them."""
+
+
 class Topology:
     def __init__(
         self, exchange: str, *, delivery_limit: int = 5, queue_expires: float | None = None
@@ -104,10 +108,10 @@ class Topology:
                 exchange = await channel.declare_exchange(self.exchange, passive=True)
                 dead = await channel.declare_exchange(self.dead_exchange, passive=True)
             except ChannelNotFoundEntity:
-                raise MessagingError(
+                raise TopologyMissing(
                     f"exchange {self.exchange} or {self.dead_exchange} does not exist on the "
                     "broker, and this agent's broker user may not declare it: start "
-                    "keel-conductor first (it declares them), then this agent"
+                    "keel-conductor first (it declares them)"
                 ) from None
             return exchange, dead
         try:

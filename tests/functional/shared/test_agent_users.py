@@ -25,7 +25,7 @@ from shared.rpc.agent_users import user_for
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.amqp_topology import Topology, routing_key
 from shared.rpc.transport import IncomingMessage, Settle, Settlement
-from tests.broker import agent_user, remove_exchange
+from tests.broker import AMQP_URL, agent_user, remove_exchange
 
 pytestmark = pytest.mark.functional
 
@@ -159,10 +159,23 @@ async def test_an_agent_user_cannot_bind_its_queue_to_another_topic(
             await (await connection.channel()).queue_delete(own_queue)
 
 
-async def test_an_agent_user_waits_for_the_control_plane_to_declare_the_exchange(
+async def test_an_agent_user_waits_a_while_for_the_control_plane_to_declare_the_exchange(
     exchange: str, service_uuid: UUID
 ) -> None:
     async with agent_user(exchange, service_uuid) as url:
-        agent = AmqpTransport(url, exchange, connect_timeout=5)
+        agent = AmqpTransport(url, exchange, connect_timeout=3)
+        waiting = asyncio.create_task(agent.connect())
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        # Once the control plane has declared the exchanges, the agent goes on.
+        control = AmqpTransport(AMQP_URL, exchange, queue_expires=60, connect_timeout=10)
+        await control.connect()
+        try:
+            await asyncio.wait_for(waiting, 10)
+            await agent.close()
+        finally:
+            await control.close()
+            await remove_exchange(exchange)
+        late = AmqpTransport(url, f"{exchange}-never", connect_timeout=1)
         with pytest.raises(MessagingError, match="start keel-conductor first"):
-            await agent.connect()
+            await late.connect()
