@@ -82,7 +82,10 @@ class AgentGuard:
                 if service["host"] != host:
                     return (
                         f"these credentials belong to compute service {service_uuid} of host "
-                        f"{service['host']!r}, not to host {host!r}"
+                        f"{service['host']!r}, not to host {host!r}. Nothing was changed. If "
+                        f"this is that host (renamed by an operator), set KEEL_HOST="
+                        f"{service['host']}; otherwise make credentials for {host!r} "
+                        "(keel-manage agent credentials HOST)"
                     )
                 return None
             issued_for = await issued.host_of(conn, service_uuid)
