@@ -11,10 +11,18 @@ unreachable) the request fails with 503 and the server is soft-deleted again, it
 action closed with the reason: the client sees a clear error, retries when the
 conductor is back, and no half-created server is left for anyone to clean up. A
 conductor that still receives the message finds the instance deleted and drops it.
+
+The connection to PostgreSQL may also drop while the transaction commits: the client
+gets a 503, but the server may have been recorded all the same. Its UUID was chosen
+before the transaction, so keel-api withdraws it in the background once the database
+answers again (for up to :data:`UNCONFIRMED_WITHIN` seconds): a 503 never leaves a
+server behind that nobody will build. Should keel-api stop before it can, the build
+deadline fails that server instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
@@ -23,6 +31,7 @@ from uuid import UUID
 
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from services.api import requested_destination, server_keys
 from services.api.faults import BadRequest, ConflictingRequest, ServiceUnavailable
@@ -42,6 +51,7 @@ from shared.db import (
     instances,
     request_specs,
 )
+from shared.db.errors import describe, is_unavailable
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError, ServiceTooOld
@@ -52,6 +62,10 @@ from shared.objects.instance import Instance, RequestedDestination, RequestSpec
 LOG = logging.getLogger(__name__)
 
 CREATE_ACTION = "create"
+#: Seconds keel-api keeps trying to withdraw a create whose commit went unanswered.
+UNCONFIRMED_WITHIN = 600.0
+#: The withdrawals running in the background (held so they are not collected).
+_unconfirmed: set[asyncio.Task[None]] = set()
 #: Host and hypervisor names as Nova's schema accepts them.
 HOSTNAME_PATTERN = r"^[a-zA-Z0-9-._]*$"
 
@@ -202,6 +216,7 @@ async def _record(
     zone: str | None,
     fields: PreparedFields,
     quota: QuotaSettings,
+    instance_uuid: UUID,
 ) -> Instance:
     """Write the instance, its request spec and its action (inside one transaction)."""
     project_id, user_id = ctx.project_id or "", ctx.user_id or ""
@@ -211,7 +226,7 @@ async def _record(
     await server_keys.check_quota(conn, ctx, quota, snapshot, len(server.metadata or {}))
     instance = await instances.create(
         conn,
-        instance_uuid=uuid.uuid4(),
+        instance_uuid=instance_uuid,
         project_id=project_id,
         user_id=user_id,
         display_name=server.name,
@@ -243,6 +258,57 @@ async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> None
     await in_transaction(pool, withdraw, what=f"withdrawing new server {instance.uuid}")
 
 
+async def _withdraw_unconfirmed(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
+    """Withdraw the server if its unanswered commit recorded it; see the module docstring."""
+    reason = (
+        "the connection to the database was lost while the server was being recorded; "
+        "the request was answered 503"
+    )
+
+    async def withdraw(conn: Connection) -> bool:
+        if not await instances.soft_delete_unplaced(conn, instance_uuid):
+            return False
+        await fixed_ips.release(conn, instance_uuid)
+        await instance_actions.finish(conn, instance_uuid, CREATE_ACTION, reason)
+        return True
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(is_unavailable),
+        stop=stop_after_delay(UNCONFIRMED_WITHIN),
+        wait=wait_random_exponential(multiplier=0.5, max=5.0),
+        reraise=True,
+    )
+    extra = {"instance_uuid": str(instance_uuid), "decision": "unconfirmed_create"}
+    try:
+        withdrawn: bool = await retrying(
+            in_transaction, pool, withdraw, what=f"withdrawing unconfirmed server {instance_uuid}"
+        )
+    except Exception as exc:
+        LOG.error(
+            "could not find out within %gs whether new server %s was recorded (%s); if it "
+            "was, the build deadline puts it in ERROR",
+            UNCONFIRMED_WITHIN,
+            instance_uuid,
+            describe(exc),
+            extra=extra,
+        )
+        return
+    if withdrawn:
+        LOG.warning(
+            "withdrew new server %s: it was recorded, but %s", instance_uuid, reason, extra=extra
+        )
+    else:
+        LOG.info("new server %s was not recorded: nothing to withdraw", instance_uuid, extra=extra)
+
+
+def _withdraw_in_background(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
+    task = asyncio.create_task(
+        _withdraw_unconfirmed(pool, instance_uuid), name=f"keel-withdraw-{instance_uuid}"
+    )
+    _unconfirmed.add(task)
+    task.add_done_callback(_unconfirmed.discard)
+
+
 async def create_server(
     pool: asyncpg.Pool,
     conductor: ConductorAPI,
@@ -261,12 +327,32 @@ async def create_server(
     if destination is not None and not await conductor.can_take_destinations():
         raise _conductor_too_old(await conductor.client.cap())
 
-    async def record(conn: Connection) -> Instance:
-        return await _record(
-            conn, ctx, server, flavor, image, zone=request.zone, fields=fields, quota=quota
-        )
+    instance_uuid = uuid.uuid4()
+    committing = False
 
-    instance = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
+    async def record(conn: Connection) -> Instance:
+        nonlocal committing
+        recorded = await _record(
+            conn,
+            ctx,
+            server,
+            flavor,
+            image,
+            zone=request.zone,
+            fields=fields,
+            quota=quota,
+            instance_uuid=instance_uuid,
+        )
+        committing = True
+        return recorded
+
+    try:
+        instance = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
+    except Exception as exc:
+        if committing and is_unavailable(exc):
+            # Lost during COMMIT: recorded or not, nobody knows yet.
+            _withdraw_in_background(pool, instance_uuid)
+        raise
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
     try:
         await conductor.build_instances(ctx, instance.uuid, destination)

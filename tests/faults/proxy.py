@@ -4,9 +4,10 @@ Put it between keel and a shared server (PostgreSQL, RabbitMQ) and point keel at
 ``proxy.address`` (:func:`url_through` rewrites a URL). :meth:`TcpProxy.cut` drops
 every open connection and refuses new ones, as a stopped server would;
 :meth:`TcpProxy.stall` keeps connections open but lets nothing through, as a network
-that silently drops packets would; :meth:`TcpProxy.restore` undoes either, on the
-same port. The server behind it is never touched, so other
-people's tests using it are not disturbed.
+that silently drops packets would; :meth:`TcpProxy.cut_after` lets a request through
+and then cuts before its answer can come back, as a connection lost at the worst moment
+would; :meth:`TcpProxy.restore` undoes any of them, on the same port. The server
+behind it is never touched, so other people's tests using it are not disturbed.
 
 The proxy runs in the test's event loop: while a test waits (``await``), it forwards.
 """
@@ -38,6 +39,9 @@ class TcpProxy:
         self._flowing.set()
         #: Connections accepted since the proxy started (a test can see keel reconnect).
         self.accepted = 0
+        #: Set by :meth:`cut_after`: the bytes whose forwarding triggers the cut.
+        self._cut_after: bytes | None = None
+        self._answers_dropped = False
 
     @property
     def address(self) -> str:
@@ -55,12 +59,23 @@ class TcpProxy:
         sock: socket.socket = self._server.sockets[0]
         self.port = sock.getsockname()[1]
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
         try:
             while chunk := await reader.read(65536):
                 await self._flowing.wait()
+                if not upstream and self._answers_dropped:
+                    continue
                 writer.write(chunk)
                 await writer.drain()
+                if upstream and self._cut_after is not None and self._cut_after in chunk:
+                    self._cut_after = None
+                    self._answers_dropped = True
+                    # Give the server the time to act on it, then cut.
+                    asyncio.get_running_loop().call_later(
+                        0.3, lambda: asyncio.ensure_future(self.cut())
+                    )
         except OSError:
             pass
         finally:
@@ -84,8 +99,8 @@ class TcpProxy:
             return
         self.accepted += 1
         self._writers |= {client_w, server_w}
-        for reader, writer in ((client_r, server_w), (server_r, client_w)):
-            task = asyncio.create_task(self._pump(reader, writer))
+        for reader, writer, upstream in ((client_r, server_w, True), (server_r, client_w, False)):
+            task = asyncio.create_task(self._pump(reader, writer, upstream=upstream))
             self._pumps.add(task)
             task.add_done_callback(self._pumps.discard)
 
@@ -102,6 +117,11 @@ class TcpProxy:
             task.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
 
+    def cut_after(self, marker: bytes) -> None:
+        """Forward the next client chunk holding ``marker``, drop every answer from then
+        on, and cut shortly after (until :meth:`restore`)."""
+        self._cut_after = marker
+
     def stall(self) -> None:
         """Keep every connection open but forward nothing, until :meth:`restore`."""
         self._flowing.clear()
@@ -109,6 +129,7 @@ class TcpProxy:
     async def restore(self) -> None:
         """Accept and forward again, on the same port."""
         self._flowing.set()
+        self._cut_after, self._answers_dropped = None, False
         if self._server is None:
             await self.start()
 

@@ -7,6 +7,8 @@ so the same pool, answers before, during and after.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -14,6 +16,7 @@ import httpx
 import pytest
 
 from services.api.app import create_app
+from services.api.server_create import _withdraw_unconfirmed
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import DatabaseSettings, Settings
@@ -22,6 +25,7 @@ from shared.rpc.amqp import AmqpTransport
 from tests.faults.proxy import TcpProxy, url_through
 from tests.functional.services.api.conftest import ADMIN, MEMBER, Recorder, add_image
 from tests.functional.services.api.test_servers import server_body
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -86,3 +90,70 @@ async def test_a_silent_database_is_a_bounded_503(
     assert_unavailable(await outage_client.get("/v2.1/flavors", headers=MEMBER))
     await pg_proxy.restore()
     assert (await outage_client.get("/v2.1/flavors", headers=MEMBER)).status_code == 200
+
+
+async def test_a_create_whose_commit_goes_unanswered_leaves_no_server(
+    outage_client: httpx.AsyncClient,
+    db_pool: asyncpg.Pool,
+    pg_proxy: TcpProxy,
+    conductor: Recorder,
+) -> None:
+    await add_image(db_pool)
+    # The COMMIT reaches PostgreSQL; its answer never comes back.
+    pg_proxy.cut_after(b"COMMIT")
+    lost = await outage_client.post("/v2.1/servers", headers=MEMBER, json=server_body("lost"))
+    assert_unavailable(lost)
+    async with db_pool.acquire() as conn:
+        recorded = await conn.fetchrow(
+            "SELECT uuid, deleted_at FROM instances WHERE display_name = 'lost'"
+        )
+    assert recorded is not None, "the commit did not reach the database: nothing to show"
+    assert recorded["deleted_at"] is None
+
+    # Once the database answers again, keel-api withdraws it: the 503 was the truth.
+    await pg_proxy.restore()
+
+    async def withdrawn() -> bool:
+        async with db_pool.acquire() as conn:
+            gone = await conn.fetchval(
+                "SELECT deleted_at IS NOT NULL FROM instances WHERE uuid = $1", recorded["uuid"]
+            )
+        return bool(gone)
+
+    await wait_until(withdrawn, what="the unconfirmed server being withdrawn", timeout=30)
+    async with db_pool.acquire() as conn:
+        message = await conn.fetchval(
+            "SELECT message FROM instance_actions WHERE instance_uuid = $1", recorded["uuid"]
+        )
+        addresses = await conn.fetchval(
+            "SELECT count(*) FROM fixed_ips WHERE instance_uuid = $1", recorded["uuid"]
+        )
+    assert "answered 503" in message
+    assert addresses == 0
+    listed = await outage_client.get("/v2.1/servers", headers=MEMBER)
+    assert listed.json()["servers"] == []
+    assert conductor.builds.empty()
+
+
+async def test_withdrawing_an_unconfirmed_create_twice_at_once_withdraws_it_once(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    created = await client.post("/v2.1/servers", headers=MEMBER, json=server_body("twice"))
+    assert created.status_code == 202, created.text
+    instance_uuid = uuid.UUID(created.json()["server"]["id"])
+    await conductor.next_build()
+    # As if its commit had gone unanswered (the stand-in conductor places nothing).
+    await asyncio.gather(*(_withdraw_unconfirmed(db_pool, instance_uuid) for _ in range(2)))
+    async with db_pool.acquire() as conn:
+        actions = await conn.fetch(
+            "SELECT message FROM instance_actions WHERE instance_uuid = $1", instance_uuid
+        )
+        deleted = await conn.fetchval(
+            "SELECT deleted_at IS NOT NULL FROM instances WHERE uuid = $1", instance_uuid
+        )
+    assert deleted
+    assert [row["message"] for row in actions] == [
+        "the connection to the database was lost while the server was being recorded; "
+        "the request was answered 503"
+    ]
