@@ -112,8 +112,13 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
         instance = await instances.find(conn, req.instance_uuid)
         if instance is None or instance.deleted_at is not None:
             return BuildCheck(verdict=BuildVerdict.ABANDON, reason="the instance was deleted")
-        placed_on = await placement.node_of(conn, instance)
-    if placed_on is None or placed_on.id != node.id:
+        if instance.compute_id is not None:
+            # Linked by id: the asking node is live, so comparing ids is the whole check.
+            here = instance.compute_id == node.id
+        else:
+            placed_on = await placement.node_of(conn, instance)
+            here = placed_on is not None and placed_on.id == node.id
+    if not here:
         where = f"{instance.host}/{instance.node}" if instance.host else "no host yet"
         return BuildCheck(
             verdict=BuildVerdict.LEAVE, reason=f"the instance is placed elsewhere ({where})"
