@@ -37,7 +37,15 @@ from uuid import UUID
 import aio_pika
 import httpx
 from benchkit import LoadResult, figures, report, run_load, target
-from benchkit.cloud import AMQP_URL, CIRROS_ID, Cloud, CloudShape, bench_cloud, machine_cpu_seconds
+from benchkit.cloud import (
+    AMQP_URL,
+    CIRROS_ID,
+    Cloud,
+    CloudShape,
+    bench_cloud,
+    machine_cpu_seconds,
+    server_cpu_seconds,
+)
 from benchkit.db import check_capacity
 
 from shared.exceptions import BuildFailed
@@ -151,7 +159,7 @@ def cpu_snapshot(cloud: Cloud) -> dict[str, float]:
     """CPU seconds used so far by each keel process and by the whole machine."""
     busy, total = machine_cpu_seconds()
     used = {name: p.cpu_seconds() for name, p in cloud.processes.items()}
-    return {**used, "machine busy": busy, "machine total": total}
+    return {**used, **server_cpu_seconds(), "machine busy": busy, "machine total": total}
 
 
 async def measure(cloud: Cloud, args: argparse.Namespace) -> tuple[LoadResult, dict[str, Any]]:
@@ -187,6 +195,8 @@ async def measure(cloud: Cloud, args: argparse.Namespace) -> tuple[LoadResult, d
     }
     spent = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
     for name in cloud.processes:
+        per_boot[f"{name}_cpu_ms/boot"] = spent[name] * 1000 / booted
+    for name in ("postgresql", "rabbitmq"):
         per_boot[f"{name}_cpu_ms/boot"] = spent[name] * 1000 / booted
     # Everything on the machine (PostgreSQL, RabbitMQ, this script, other people's work).
     per_boot["machine_cpu_ms/boot"] = spent["machine busy"] * 1000 / booted

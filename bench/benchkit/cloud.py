@@ -285,6 +285,34 @@ def machine_cpu_seconds() -> tuple[float, float]:
     return (sum(ticks) - idle) / hertz, sum(ticks) / hertz
 
 
+def server_cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by the PostgreSQL and RabbitMQ servers on this machine.
+
+    PostgreSQL's includes the backends that already exited (the postmaster's reaped
+    children); RabbitMQ is its ``beam.smp``. Read from ``/proc``; 0 for one not found.
+    """
+    hertz = os.sysconf("SC_CLK_TCK")
+    used = {"postgresql": 0.0, "rabbitmq": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rpartition(")")[2].split()
+        own = int(fields[11]) + int(fields[12])
+        if name == "beam.smp":
+            used["rabbitmq"] += own / hertz
+        elif name.startswith("postgres"):
+            # The postmaster (a daemon: its parent is init) also carries its reaped
+            # backends; a live backend counts itself.
+            reaped = int(fields[13]) + int(fields[14]) if fields[1] == "1" else 0
+            used["postgresql"] += (own + reaped) / hertz
+    return used
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
