@@ -54,6 +54,7 @@ from shared.exceptions import (
     KeelError,
     MessagingTimeout,
     NoSuchMethod,
+    ServiceNotFound,
     ServiceTooOld,
     TransientError,
     Unroutable,
@@ -144,10 +145,23 @@ class Agent:
                 resources=resources,
             )
         except ServiceTooOld as exc:
-            LOG.error("the conductor refused this agent's heartbeat: %s", exc.message)
-            self._beats.stopping.set()
-            if self._on_refused is not None:
-                self._on_refused(exc)
+            self._refused(exc)
+        except ServiceNotFound:
+            # Deleted while this agent was cut off (a live service cannot be deleted).
+            self._refused(
+                ServiceNotFound(
+                    f"compute service {self.service_uuid} of host {self.settings.host!r} was "
+                    "deleted by an operator (openstack compute service delete); this agent "
+                    "stops. Its node is never used again: to bring the host back as a new "
+                    "node, remove its identity file, then start the agent again."
+                )
+            )
+
+    def _refused(self, exc: KeelError) -> None:
+        LOG.error("the conductor refused this agent's heartbeat: %s", exc.message)
+        self._beats.stopping.set()
+        if self._on_refused is not None:
+            self._on_refused(exc)
 
     async def stop(self) -> None:
         """Stop consuming, drain in-flight work (bounded), stop heartbeats, disconnect."""

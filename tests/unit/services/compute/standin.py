@@ -36,7 +36,7 @@ from services.conductor.rpcapi import (
     ServiceHeartbeat,
 )
 from shared.context import RequestContext
-from shared.exceptions import HostRenameDetected
+from shared.exceptions import HostRenameDetected, ServiceNotFound
 from shared.objects.flavor import FlavorSnapshot
 from shared.rpc.server import RPCServer
 from shared.rpc.transport import Transport
@@ -62,6 +62,8 @@ class StandInConductor:
         self.heartbeats: list[ServiceHeartbeat] = []
         self.build_results: list[InstanceBuildResult] = []
         self.deleted: list[UUID] = []
+        #: Services an operator deleted: their heartbeats are refused.
+        self.deleted_services: set[UUID] = set()
         #: What ``check_build`` answers per instance (``build`` unless set); each answer
         #: is taken in turn, the last one repeated.
         self.verdicts: dict[UUID, list[BuildVerdict]] = {}
@@ -112,6 +114,8 @@ class StandInConductor:
 
     async def service_heartbeat(self, ctx: RequestContext, req: ServiceHeartbeat) -> None:
         self.heartbeats.append(req)
+        if req.service_uuid in self.deleted_services:
+            raise ServiceNotFound(f"service {req.service_uuid} does not exist or was deleted")
 
     async def instance_build_result(self, ctx: RequestContext, req: InstanceBuildResult) -> None:
         self.build_results.append(req)

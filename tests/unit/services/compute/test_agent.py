@@ -19,8 +19,10 @@ from shared.context import RequestContext
 from shared.exceptions import (
     ConfigError,
     HostRenameDetected,
+    KeelError,
     MessagingError,
     MessagingTimeout,
+    ServiceNotFound,
     ServiceTooOld,
 )
 from shared.rpc.fake import FakeBroker, FakeTransport
@@ -294,3 +296,26 @@ async def test_stopped_agent_no_longer_takes_builds(world: World, tmp_path: Path
     await asyncio.sleep(0.05)
 
     assert world.conductor.results_for(spec.uuid) == []
+
+
+async def test_an_agent_whose_service_was_deleted_stops_with_the_reason(
+    world: World, tmp_path: Path
+) -> None:
+    refusals: list[KeelError] = []
+    settings = _settings(tmp_path)
+    driver = FakeDriver(settings.host, vcpus=8, memory_mb=4096, local_gb=100)
+    agent = await start_agent(settings, world.transport(), driver, on_refused=refusals.append)
+    try:
+        beats = len(world.conductor.heartbeats)
+        await eventually(lambda: len(world.conductor.heartbeats) > beats)
+        # Deleted while the agent was cut off from the conductor.
+        world.conductor.deleted_services.add(agent.service_uuid)
+        await eventually(lambda: bool(refusals))
+        [refused] = refusals
+        assert isinstance(refused, ServiceNotFound)
+        assert f"compute service {agent.service_uuid} of host 'host1' was deleted" in str(refused)
+        stopped_at = len(world.conductor.heartbeats)
+        await asyncio.sleep(0.3)
+        assert len(world.conductor.heartbeats) == stopped_at
+    finally:
+        await agent.stop()
