@@ -42,8 +42,12 @@ CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
 ADMIN = {"user_id": "bench-admin", "project_id": "bench-project", "roles": ["admin", "member"]}
 STOP_TIMEOUT = 30.0
 DELETE_CHANNELS = 32
-#: Seconds the broker gets to delete a cloud's queues; unused, they expire anyway.
-CLEANUP_TIMEOUT = 30.0
+#: Seconds the broker gets to delete a cloud's queues; unused, they expire anyway. A
+#: thousand quorum queues take the broker about a minute; the next benchmark should not
+#: start while it is still at it.
+CLEANUP_TIMEOUT = 300.0
+#: Seconds to wait for the broker to answer before a benchmark starts its processes.
+BROKER_READY_TIMEOUT = 300.0
 QUEUE_EXPIRES = 120
 
 
@@ -320,6 +324,26 @@ def free_port() -> int:
         return port
 
 
+async def wait_for_broker(timeout: float = BROKER_READY_TIMEOUT) -> None:
+    """Until RabbitMQ opens a connection and a channel promptly (it may still be busy
+    deleting an earlier benchmark's queues)."""
+    began = time.monotonic()
+    while True:
+        try:
+            connection = await aio_pika.connect(AMQP_URL, timeout=5)
+            async with connection:
+                await connection.channel()
+            break
+        except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
+            if time.monotonic() - began > timeout:
+                raise CloudError(f"RabbitMQ did not answer within {timeout:g}s: {exc!r}") from None
+            print(f"waiting for RabbitMQ ({exc!r})", file=sys.stderr)
+            await asyncio.sleep(2)
+    waited = time.monotonic() - began
+    if waited > 5:
+        print(f"RabbitMQ answered after {waited:.0f}s", file=sys.stderr)
+
+
 async def remove_exchange(exchange: str, topics: list[str]) -> None:
     """Delete the cloud's queues (many channels at once: each deletion waits on the broker)."""
     topology = Topology(exchange)
@@ -342,6 +366,7 @@ async def bench_cloud(
     shape: CloudShape, pg_server: str = DEFAULT_PG_SERVER
 ) -> AsyncIterator[Cloud]:
     """Database, conductor, scheduler(s) and API running; the fleet is the caller's to start."""
+    await wait_for_broker()
     with tempfile.TemporaryDirectory(prefix="keel-bench-") as workdir:
         async with scratch_database(pg_server) as url:
             pool = await create_pool(url, DatabaseSettings(pool_max_size=4, connect_timeout=5))
