@@ -74,8 +74,8 @@ BENCH_QUICK := \
 BENCH_FULL := \
 	"schedule.py --hosts 100 1000 10000 --requests 1000 --concurrency 1 8 32" \
 	"rpc.py --calls 5000 --concurrency 1 100 --casts 10000" \
-	"storm.py --hosts 300" \
-	"memory.py --fleet-hosts 300" \
+	"storm.py --hosts 1000" \
+	"memory.py --fleet-hosts 1000" \
 	"boot.py --servers 2000 --clients 50 --hosts 100" \
 	"evacuate.py" \
 	"backfill.py" \
