@@ -13,6 +13,7 @@ from services.manage.commands import UsageError, set_handler
 from services.manage.database import connect
 from shared.config import Settings
 from shared.db import agent_users as issued
+from shared.exceptions import KeelError
 from shared.rpc.agent_users import permissions, user_for
 
 
@@ -24,15 +25,22 @@ def agent_url(transport_url: str, user: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path``, readable by its owner only, replacing it whole."""
+def _scratch_file(path: Path, text: str) -> Path:
+    """Write ``text`` beside ``path``, readable by its owner only; the file written.
+
+    Written before the broker is asked for the new password, so a path that cannot be
+    written is an error while the old password still works.
+    """
     scratch = path.with_name(f".{path.name}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(scratch, path)
+    try:
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        raise KeelError(f"cannot write {path}: {exc.strerror}; nothing was changed") from None
+    return scratch
 
 
 async def credentials(args: argparse.Namespace, settings: Settings) -> int:
@@ -48,12 +56,18 @@ async def credentials(args: argparse.Namespace, settings: Settings) -> int:
         )
     user = user_for(service_uuid)
     password = secrets.token_urlsafe(32)
-    await admin.put_user(user, password, permissions(settings.exchange, service_uuid))
     line = f"KEEL_TRANSPORT_URL={agent_url(settings.transport_url, user, password)}\n"
+    scratch = None if args.env_file is None else _scratch_file(args.env_file, line)
+    try:
+        await admin.put_user(user, password, permissions(settings.exchange, service_uuid))
+    except BaseException:
+        if scratch is not None:
+            scratch.unlink(missing_ok=True)
+        raise
     state = "registered" if registered else "not registered yet: its first start takes this id"
     print(f"broker user {user} for host {host!r} (compute service {service_uuid}, {state})")
-    if args.env_file is not None:
-        _write_private(args.env_file, line)
+    if scratch is not None:
+        os.replace(scratch, args.env_file)
         print(f"wrote its KEEL_TRANSPORT_URL to {args.env_file} (mode 0600)")
     else:
         print("give the agent on that host this setting, and keep it secret:")
@@ -73,8 +87,7 @@ async def revoke(args: argparse.Namespace, settings: Settings) -> int:
             args.host,
         )
     if not rows:
-        print(f"no agent credentials were made for host {args.host!r}")
-        return 1
+        raise KeelError(f"no agent credentials were made for host {args.host!r}")
     for row in rows:
         await admin.delete_user(row["broker_user"])
         async with connect(settings.database_url) as conn:

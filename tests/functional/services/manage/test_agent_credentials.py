@@ -149,3 +149,26 @@ def test_the_management_api_is_found_beside_the_broker() -> None:
         "admin",
         "other",
     )
+
+
+def test_an_env_file_that_cannot_be_written_changes_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    first = tmp_path / "agent.env"
+    made = manage(database_url, "agent", "credentials", "env-host", "--env-file", str(first))
+    assert made.returncode == 0, made.stderr
+    try:
+        nowhere = tmp_path / "missing" / "agent.env"
+        failed = manage(
+            database_url, "agent", "credentials", "env-host", "--env-file", str(nowhere)
+        )
+        assert failed.returncode == 1
+        assert f"cannot write {nowhere}" in failed.stderr
+        assert "Traceback" not in failed.stderr
+        # The password given before still works: the broker was not asked.
+        assert asyncio.run(connects(transport_url(first)))
+    finally:
+        manage(database_url, "agent", "revoke", "env-host")
+    unknown = manage(database_url, "agent", "revoke", "env-host")
+    assert unknown.returncode == 1
+    assert "no agent credentials were made for host 'env-host'" in unknown.stderr
