@@ -3,7 +3,7 @@
 What is measured: a scratch database at the current schema with ``--hosts`` compute
 hosts and ``--rows`` live instances written as release 1 wrote them (host and node
 names, no ``compute_id``). Then ``instances.compute_id`` is backfilled exactly as
-``keel-manage db online-data-migrations`` does it (:func:`shared.db.online_migrations.run`:
+``keel-manage db online-data-migrations`` does it (:func:`shared.db.backfills.run`:
 keyset batches of ``BATCH_SIZE`` rows, each in its own short transaction, locking only
 that batch), and the rows linked per second are printed. Afterwards every row must be
 linked to the node its names match.
@@ -25,8 +25,8 @@ import asyncpg
 from benchkit import report, target
 from benchkit.db import DEFAULT_PG_SERVER, HostSize, add_hosts, scratch_database
 
-from shared.db import online_migrations
-from shared.db.online_migrations import BATCH_SIZE, INSTANCE_COMPUTE_ID
+from shared.db import backfills
+from shared.db.backfills import BATCH_SIZE, INSTANCE_COMPUTE_ID
 
 FLAVOR = '{"flavorid": "1", "name": "m1.tiny", "vcpus": 1, "memory_mb": 512, "root_gb": 1}'
 #: Rows inserted per statement while preparing.
@@ -75,7 +75,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         try:
             prepared = await prepare(conn, args.rows, args.hosts)
             started = time.monotonic()
-            linked = await online_migrations.run(
+            linked = await backfills.run(
                 conn, INSTANCE_COMPUTE_ID, args.rows + 1, batch_size=args.batch_size
             )
             elapsed = time.monotonic() - started

@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from shared.config import DatabaseSettings
-from shared.db import migrate
+from shared.db import schema
 from shared.db.pool import create_pool
 from tests.broker import AMQP_URL, remove_exchange
 from tests.faults.proxy import TcpProxy
@@ -58,7 +58,7 @@ async def database_url() -> AsyncIterator[str]:
     url = _with_database(PG_SERVER, name)
     conn = await asyncpg.connect(url)
     try:
-        await migrate.sync(conn)
+        await schema.sync(conn)
     finally:
         await conn.close()
     yield url

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from shared.db import allocations, migrate
+from shared.db import allocations, schema
 from shared.db.host_candidates import FREE_DISK_GB, FREE_RAM_MB, FREE_VCPUS
 from shared.db.pool import Connection
 from shared.versions import SERVICE_VERSION
@@ -43,7 +43,7 @@ async def scratch_database(server: str = DEFAULT_PG_SERVER) -> AsyncIterator[str
         url = with_database(server, name)
         conn = await asyncpg.connect(url)
         try:
-            await migrate.sync(conn)
+            await schema.sync(conn)
         finally:
             await conn.close()
         yield url

@@ -3,8 +3,8 @@
 :func:`create_app` builds a FastAPI application around objects made elsewhere (in
 ``main.py`` for a real process, in fixtures for tests): the settings, the database pool
 and the RPC clients. Routes reach them through ``app.state`` (see ``deps.py``). Every request passes
-:class:`~services.api.middleware.ApiMiddleware` (request id, microversion, last-resort
-errors) and then :class:`~services.api.input_guard.InputGuard` (body size, text and
+:class:`~services.api.http.middleware.ApiMiddleware` (request id, microversion, last-resort
+errors) and then :class:`~services.api.http.input_guard.InputGuard` (body size, text and
 numbers PostgreSQL cannot store) before a route sees it.
 """
 
@@ -13,32 +13,31 @@ from __future__ import annotations
 import asyncpg
 from fastapi import Depends, FastAPI
 
-from services.api import (
+from services.api import identity
+from services.api.http import faults, openapi
+from services.api.http.input_guard import InputGuard
+from services.api.http.middleware import ApiMiddleware
+from services.api.http.policy import Policy
+from services.api.resources import (
     aggregates,
     availability_zones,
-    faults,
     flavors,
     hypervisors,
-    identity,
     images,
-    instance_actions,
     keypairs,
     limits,
-    openapi,
     os_migrations,
     os_services,
     quota_sets,
-    server_actions,
-    server_metadata,
-    server_tags,
-    server_update,
-    servers,
     usage,
     versions,
 )
-from services.api.input_guard import InputGuard
-from services.api.middleware import ApiMiddleware
-from services.api.policy import Policy
+from services.api.servers import actions as server_actions
+from services.api.servers import instance_actions
+from services.api.servers import metadata as server_metadata
+from services.api.servers import routes as servers
+from services.api.servers import tags as server_tags
+from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
@@ -57,7 +56,7 @@ def create_app(
         summary="OpenStack Compute API v2.1 subset and an image metadata registry",
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,  # served by services.api.openapi, to whom the settings allow
+        openapi_url=None,  # served by services.api.http.openapi, to whom the settings allow
     )
     app.state.settings = settings
     app.state.pool = pool

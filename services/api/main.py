@@ -17,7 +17,7 @@ import asyncpg
 import uvicorn
 
 from services.api.app import create_app
-from services.api.policy import Policy
+from services.api.http.policy import Policy
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import NetworkSettings, Settings

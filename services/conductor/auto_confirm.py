@@ -29,7 +29,7 @@ import asyncpg
 from services.compute.rpcapi import ComputeAPI
 from services.conductor import migrations
 from shared.context import RequestContext
-from shared.db import compute_nodes, instance_actions, instance_migrations, instances
+from shared.db import compute_nodes, instance_actions, instances, moves
 from shared.objects.migration import Migration, MigrationStatus
 from shared.objects.states import TaskState, VmState
 
@@ -74,8 +74,8 @@ class MigrationSweep:
         async with self.pool.acquire() as conn:
             due = []
             if self.confirm_window > 0:
-                due = await instance_migrations.unconfirmed_moves(conn, self.confirm_window)
-            stalled = await instance_migrations.stalled_endings(conn, self.stall_after)
+                due = await moves.unconfirmed_moves(conn, self.confirm_window)
+            stalled = await moves.stalled_endings(conn, self.stall_after)
         limit = asyncio.Semaphore(CONCURRENCY)
 
         async def bounded(step: Awaitable[bool]) -> bool:
@@ -118,7 +118,7 @@ class MigrationSweep:
                 )
                 if started is None:
                     return False
-                swapped = await instance_migrations.swap_status(
+                swapped = await moves.swap_status(
                     conn,
                     migration.uuid,
                     expected=[MigrationStatus.FINISHED],

@@ -25,13 +25,7 @@ from services.conductor.rpcapi import (
 )
 from services.conductor.tasks.move import EVACUATION
 from shared.context import RequestContext
-from shared.db import (
-    allocations,
-    compute_nodes,
-    instance_actions,
-    instance_migrations,
-    instances,
-)
+from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.db.pool import Connection
 from shared.exceptions import Conflict
 from shared.objects.migration import Migration, MigrationStatus
@@ -48,7 +42,7 @@ async def record_move_result(
     pool: asyncpg.Pool, compute: ComputeAPI, req: MoveResult, down_time: float
 ) -> None:
     async with pool.acquire() as conn:
-        migration = await instance_migrations.get(conn, req.migration_uuid)
+        migration = await moves.get(conn, req.migration_uuid)
     if migration.status != MigrationStatus.PRE_MIGRATING:
         LOG.info(
             "ignoring a result for evacuation %s: it is %s (already handled)",
@@ -85,7 +79,7 @@ async def _rebuilt(pool: asyncpg.Pool, migration: Migration) -> bool:
             )
             ended = None
             if moved is not None:
-                ended = await instance_migrations.swap_status(
+                ended = await moves.swap_status(
                     conn,
                     migration.uuid,
                     expected=[MigrationStatus.PRE_MIGRATING],
@@ -133,7 +127,7 @@ async def _remove_rebuilt_copy(
 
 
 async def _end(conn: Connection, migration: Migration, status: MigrationStatus) -> Migration | None:
-    ended = await instance_migrations.swap_status(
+    ended = await moves.swap_status(
         conn, migration.uuid, expected=[MigrationStatus.PRE_MIGRATING], new=status
     )
     if ended is not None:
@@ -167,13 +161,13 @@ async def confirm_evacuation(pool: asyncpg.Pool, req: EvacuationConfirmed) -> No
     """The source removed its copy: ``done`` → ``completed``, its claim there released."""
     async with pool.acquire() as conn, conn.transaction():
         node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
-        migration = await instance_migrations.get(conn, req.migration_uuid)
+        migration = await moves.get(conn, req.migration_uuid)
         if migration.source_compute_id != node.id:
             raise Conflict(
                 f"evacuation {migration.uuid} is not away from node {node.uuid}; refusing to "
                 "confirm it for that node"
             )
-        completed = await instance_migrations.swap_status(
+        completed = await moves.swap_status(
             conn,
             migration.uuid,
             expected=[MigrationStatus.DONE],

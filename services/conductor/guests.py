@@ -23,7 +23,7 @@ from uuid import UUID
 import asyncpg
 
 from services.conductor.rpcapi import GuestFate, GuestsReport, GuestVerdict, ReportGuests
-from shared.db import compute_nodes, instance_migrations, instances, orphans, placement, services
+from shared.db import compute_nodes, instances, moves, orphans, placement, services
 from shared.db.pool import Connection
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
 
@@ -45,14 +45,14 @@ _RETURNED = (MigrationStatus.REVERTING, MigrationStatus.REVERTED)
 
 
 def guest_verdict(
-    guest: UUID, instance_node: int | None, deleted: bool, moves: list[Migration], node: int
+    guest: UUID, instance_node: int | None, deleted: bool, history: list[Migration], node: int
 ) -> GuestVerdict:
-    """What one guest on node ``node`` is to become; ``moves``: its moves from or to it."""
+    """What one guest on node ``node`` is to become; ``history``: its moves from or to it."""
     if deleted:
         return GuestVerdict(instance_uuid=guest, fate=GuestFate.DELETED, reason="deleted")
     away = [
         m
-        for m in moves
+        for m in history
         if m.migration_type == MigrationType.EVACUATION and m.source_compute_id == node
     ]
     evacuation = away[-1] if away else None
@@ -63,7 +63,7 @@ def guest_verdict(
             migration_uuid=evacuation.uuid,
             reason=f"evacuation {evacuation.uuid} is {evacuation.status}",
         )
-    latest = moves[-1] if moves else None
+    latest = history[-1] if history else None
     if (
         latest is not None
         and latest.migration_type == MigrationType.MIGRATION
@@ -147,10 +147,10 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
                 found = await placement.node_of(conn, instance)
                 instance_node = None if found is None else found.id
             deleted = instance is not None and instance.deleted_at is not None
-            moves = await _moves_of(conn, node.id, guest)
-            verdict = guest_verdict(guest, instance_node, deleted, moves, node.id)
+            history = await _moves_of(conn, node.id, guest)
+            verdict = guest_verdict(guest, instance_node, deleted, history, node.id)
             verdicts.append(step_down(verdict, release))
-        done = await instance_migrations.from_source(
+        done = await moves.from_source(
             conn, node.id, MigrationType.EVACUATION, [MigrationStatus.DONE]
         )
         await orphans.report(

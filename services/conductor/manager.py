@@ -39,7 +39,7 @@ from services.conductor.tasks.build import BuildInstanceTask
 from services.conductor.tasks.move import MoveTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
-from shared.db import instance_migrations
+from shared.db import moves
 from shared.faults import FaultPoints
 from shared.objects.migration import MigrationType
 from shared.version_pins import MinimumVersions
@@ -123,7 +123,7 @@ class ConductorManager:
 
     async def move_result(self, ctx: RequestContext, req: MoveResult) -> None:
         async with self._pool.acquire() as conn:
-            migration = await instance_migrations.get(conn, req.migration_uuid)
+            migration = await moves.get(conn, req.migration_uuid)
         ends = migrations if migration.migration_type == MigrationType.MIGRATION else evacuations
         await ends.record_move_result(self._pool, self._compute, req, self._service_down_time)
 

@@ -34,7 +34,7 @@ from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import CopyRemoved, MoveResult
 from services.conductor.tasks.move import MIGRATION
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes, instance_actions, instance_migrations, instances
+from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.exceptions import Conflict, KeelError
 from shared.faults import FaultPoints
 from shared.objects.instance import Instance
@@ -61,7 +61,7 @@ async def record_move_result(
     pool: asyncpg.Pool, compute: ComputeAPI, req: MoveResult, down_time: float
 ) -> None:
     async with pool.acquire() as conn:
-        migration = await instance_migrations.get(conn, req.migration_uuid)
+        migration = await moves.get(conn, req.migration_uuid)
     if migration.status != MigrationStatus.PRE_MIGRATING:
         LOG.info(
             "ignoring a result for migration %s: it is %s (already handled)",
@@ -83,7 +83,7 @@ async def _built(pool: asyncpg.Pool, migration: Migration) -> bool:
         dest = await compute_nodes.get_by_id(conn, migration.dest_compute_id)
         instance = await instances.find(conn, migration.instance_uuid)
         if instance is None or instance.deleted_at is not None:
-            ended = await instance_migrations.swap_status(
+            ended = await moves.swap_status(
                 conn,
                 migration.uuid,
                 expected=[MigrationStatus.PRE_MIGRATING],
@@ -103,7 +103,7 @@ async def _built(pool: asyncpg.Pool, migration: Migration) -> bool:
         )
         finished = None
         if moved is not None:
-            finished = await instance_migrations.swap_status(
+            finished = await moves.swap_status(
                 conn,
                 migration.uuid,
                 expected=[MigrationStatus.PRE_MIGRATING],
@@ -128,7 +128,7 @@ async def _built(pool: asyncpg.Pool, migration: Migration) -> bool:
 async def _build_failed(pool: asyncpg.Pool, migration: Migration, message: str) -> None:
     fault = f"Migration to {migration.dest_compute} failed: {message}"
     async with pool.acquire() as conn, conn.transaction():
-        ended = await instance_migrations.swap_status(
+        ended = await moves.swap_status(
             conn,
             migration.uuid,
             expected=[MigrationStatus.PRE_MIGRATING],
@@ -190,7 +190,7 @@ async def confirm(
 ) -> None:
     """Remove the source's copy, then make the destination the instance's only home."""
     async with pool.acquire() as conn:
-        migration = await instance_migrations.get(conn, migration_uuid)
+        migration = await moves.get(conn, migration_uuid)
     if migration.status != MigrationStatus.CONFIRMING:
         LOG.info(
             "not confirming migration %s: it is %s",
@@ -218,7 +218,7 @@ async def finish_confirm(pool: asyncpg.Pool, migration: Migration) -> None:
     assert migration.source_compute_id is not None
     assert migration.dest_compute_id is not None
     async with pool.acquire() as conn, conn.transaction():
-        confirmed = await instance_migrations.swap_status(
+        confirmed = await moves.swap_status(
             conn,
             migration.uuid,
             expected=[MigrationStatus.CONFIRMING],
@@ -260,7 +260,7 @@ async def revert(
 ) -> None:
     """Remove the destination's copy, then return the instance to its source."""
     async with pool.acquire() as conn:
-        migration = await instance_migrations.get(conn, migration_uuid)
+        migration = await moves.get(conn, migration_uuid)
     if migration.status != MigrationStatus.REVERTING:
         LOG.info(
             "not reverting migration %s: it is %s",
@@ -292,7 +292,7 @@ async def finish_revert(
     assert migration.source_compute_id is not None
     assert migration.dest_compute_id is not None
     async with pool.acquire() as conn, conn.transaction():
-        current = await instance_migrations.get(conn, migration.uuid)
+        current = await moves.get(conn, migration.uuid)
         if current.status != MigrationStatus.REVERTING:
             LOG.info("migration %s was already reverted", migration.uuid, extra=_extra(migration))
             return
@@ -302,7 +302,7 @@ async def finish_revert(
             conn, migration.instance_uuid, task=TaskState.RESIZE_REVERTING, node=source.node
         )
         if instance is None:
-            await instance_migrations.swap_status(
+            await moves.swap_status(
                 conn,
                 migration.uuid,
                 expected=[MigrationStatus.REVERTING],
@@ -329,7 +329,7 @@ async def finish_revert(
         await _step_failed(pool, migration, REVERT_ACTION, exc.message)
         return
     async with pool.acquire() as conn, conn.transaction():
-        reverted = await instance_migrations.swap_status(
+        reverted = await moves.swap_status(
             conn,
             migration.uuid,
             expected=[MigrationStatus.REVERTING],
@@ -367,7 +367,7 @@ async def _step_failed(pool: asyncpg.Pool, migration: Migration, action: str, me
     task = TaskState.RESIZE_CONFIRMING if confirming else TaskState.RESIZE_REVERTING
     fault = f"{action} of migration {migration.uuid} failed: {message}"
     async with pool.acquire() as conn, conn.transaction():
-        ended = await instance_migrations.swap_status(
+        ended = await moves.swap_status(
             conn, migration.uuid, expected=[status], new=MigrationStatus.ERROR
         )
         if ended is None:
@@ -388,7 +388,7 @@ async def copy_removed(
     """An agent removed the copy a confirmed or reverted migration left on its host."""
     async with pool.acquire() as conn:
         node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
-        migration = await instance_migrations.get(conn, req.migration_uuid)
+        migration = await moves.get(conn, req.migration_uuid)
     if node.id not in (migration.source_compute_id, migration.dest_compute_id):
         raise Conflict(
             f"migration {migration.uuid} is neither from nor to node {node.uuid}; refusing "

@@ -29,7 +29,7 @@ import asyncpg
 import httpx
 
 from shared.config import DatabaseSettings
-from shared.db import images, migrate, services
+from shared.db import images, schema, services
 from shared.db.pool import create_pool
 from tests.broker import AMQP_URL, remove_exchange
 from tests.faults.proxy import url_through
@@ -339,7 +339,7 @@ async def drop_database(url: str) -> None:
 
 async def prepare_database(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
-        await migrate.sync(conn)
+        await schema.sync(conn)
         await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
 
 

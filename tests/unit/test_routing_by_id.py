@@ -22,7 +22,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("shared/db/placement.py", "legacy_node_id_sql"): (
         "the one named fallback: rows an older release wrote have no compute_id yet"
     ),
-    ("shared/db/online_migrations.py", "<module>"): (
+    ("shared/db/backfills.py", "<module>"): (
         "the backfills that turn names into ids (the node of an unlinked instance comes "
         "from placement's fallback; a node's service from its host)"
     ),
@@ -66,7 +66,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "an admin's requested destination is given by name; it is resolved to node ids "
         "once, in keel-api, and followed by id from there"
     ),
-    ("services/api/requested_destination.py", "ZoneRequest.forced"): (
+    ("services/api/servers/requested_destination.py", "ZoneRequest.forced"): (
         "whether availability_zone names a forced host or node at all (not a match)"
     ),
     ("services/scheduler/filters/ignore_hosts.py", "IgnoreHostsFilter.host_passes"): (

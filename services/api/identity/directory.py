@@ -12,9 +12,9 @@ from typing import Any
 import asyncpg
 from fastapi import APIRouter, Request
 
-from services.api.auth import Context
-from services.api.deps import DbPool, RequestLinks
-from services.api.faults import Forbidden, ItemNotFound
+from services.api.http.auth import Context
+from services.api.http.deps import DbPool, RequestLinks
+from services.api.http.faults import Forbidden, ItemNotFound
 from services.api.identity import views
 from shared.context import RequestContext
 from shared.db import projects, users

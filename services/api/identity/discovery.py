@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from services.api.deps import RequestLinks
+from services.api.http.deps import RequestLinks
 from services.api.identity import views
 
 router = APIRouter(prefix="/identity")

@@ -20,9 +20,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api.auth import TOKEN_HEADER, Context
-from services.api.deps import AppSettings, DbPool, RequestLinks
-from services.api.faults import Forbidden, ItemNotFound, Unauthorized
+from services.api.http.auth import TOKEN_HEADER, Context
+from services.api.http.deps import AppSettings, DbPool, RequestLinks
+from services.api.http.faults import Forbidden, ItemNotFound, Unauthorized
 from services.api.identity import views
 from shared.context import RequestContext
 from shared.db import projects, tokens, users

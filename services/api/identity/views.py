@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from services.api.links import Links
+from services.api.http.links import Links
 from shared.objects.identity import (
     DEFAULT_DOMAIN_ID,
     DEFAULT_DOMAIN_NAME,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.api.links import Links
-from services.api.microversion import APIVersion
+from services.api.http.links import Links
+from services.api.http.microversion import APIVersion
 from shared.objects.flavor import Flavor
 
 

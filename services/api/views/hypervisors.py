@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from services.api.microversion import APIVersion
-from services.api.views.servers import instance_name
+from services.api.http.microversion import APIVersion
+from services.api.servers.views import instance_name
 from shared.objects.compute_node import HostState, NodeTotals
 from shared.objects.instance import Instance
 

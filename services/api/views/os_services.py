@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.api.microversion import APIVersion
+from services.api.http.microversion import APIVersion
 from services.api.views.timestamps import naive_isotime
 from shared.objects.service import Binary, Service
 

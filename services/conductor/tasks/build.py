@@ -32,14 +32,7 @@ from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
-from shared.db import (
-    allocations,
-    fixed_ips,
-    instance_actions,
-    instances,
-    placement,
-    request_specs,
-)
+from shared.db import allocations, fixed_ips, instance_actions, instances, placement, request_specs
 from shared.exceptions import (
     BuildFailed,
     KeelError,

@@ -41,8 +41,8 @@ from shared.db import (
     compute_nodes,
     fixed_ips,
     instance_actions,
-    instance_migrations,
     instances,
+    moves,
     request_specs,
     services,
 )
@@ -126,7 +126,7 @@ class MoveTask(TaskBase):
 
     async def execute(self) -> None:
         async with self.pool.acquire() as conn:
-            migration = await instance_migrations.get(conn, self.migration_uuid)
+            migration = await moves.get(conn, self.migration_uuid)
             instance = await instances.find(conn, migration.instance_uuid)
         self.migration = migration
         self.kind = KINDS[migration.migration_type]
@@ -218,7 +218,7 @@ class MoveTask(TaskBase):
     ) -> HostState | None:
         async with self.pool.acquire() as conn, conn.transaction():
             dest = await compute_nodes.get_by_id(conn, selection.compute_node_id)
-            moved = await instance_migrations.swap_status(
+            moved = await moves.swap_status(
                 conn,
                 migration.uuid,
                 expected=[MigrationStatus.ACCEPTED],
@@ -232,7 +232,7 @@ class MoveTask(TaskBase):
                     expected=self.kind.choosing,
                     new=self.kind.building,
                 )
-            current = moved or await instance_migrations.get(conn, migration.uuid)
+            current = moved or await moves.get(conn, migration.uuid)
         if current.status != MigrationStatus.PRE_MIGRATING or current.dest_compute_id != dest.id:
             LOG.info(
                 "%s %s changed while it was scheduled (%s): leaving it be",
@@ -295,7 +295,7 @@ class MoveTask(TaskBase):
         """End the move as ``status``; the instance stays on its source."""
         kind = self.kind
         async with self.pool.acquire() as conn, conn.transaction():
-            ended = await instance_migrations.swap_status(
+            ended = await moves.swap_status(
                 conn, self.migration_uuid, expected=list(UNDER_WAY), new=status
             )
             if ended is None:

@@ -1,14 +1,14 @@
 """``keel-manage db``: create and migrate the database, show its schema version, and run
-the online data migrations (:mod:`services.manage.commands.online_migrations`)."""
+the online data migrations (:mod:`services.manage.commands.backfills`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from services.manage.commands import online_migrations, set_handler
+from services.manage.commands import backfills, set_handler
 from services.manage.database import connect, database_name, ensure_database, server_of
 from shared.config import Settings
-from shared.db import migrate
+from shared.db import schema
 
 
 async def sync(args: argparse.Namespace, settings: Settings) -> int:
@@ -17,10 +17,10 @@ async def sync(args: argparse.Namespace, settings: Settings) -> int:
     if await ensure_database(url):
         print(f"created database {database_name(url)} on {server_of(url)}")
     async with connect(url) as conn:
-        ran = await migrate.sync(conn)
+        ran = await schema.sync(conn)
     for migration in ran:
         print(f"applied {migration.version:04d}_{migration.name}")
-    latest = max((m.version for m in migrate.available()), default=0)
+    latest = max((m.version for m in schema.available()), default=0)
     if ran:
         print(f"database {database_name(url)} is at schema version {latest}")
     else:
@@ -31,8 +31,8 @@ async def sync(args: argparse.Namespace, settings: Settings) -> int:
 async def version(args: argparse.Namespace, settings: Settings) -> int:
     """List every migration of this release as applied or pending."""
     async with connect(settings.database_url) as conn:
-        done = await migrate.applied(conn)
-    shipped = migrate.available()
+        done = await schema.applied(conn)
+    shipped = schema.available()
     for migration in shipped:
         state = "applied" if migration.version in done else "pending"
         print(f"{migration.version:04d}_{migration.name:<40} {state}")
@@ -62,4 +62,4 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         sync,
     )
     set_handler(actions.add_parser("version", help="show applied and pending migrations"), version)
-    online_migrations.register(actions)
+    backfills.register(actions)

@@ -8,7 +8,7 @@ import uuid
 import asyncpg
 import pytest
 
-from shared.db import allocations, compute_nodes, migrate, services
+from shared.db import allocations, compute_nodes, schema, services
 from shared.objects.compute_node import NodeResources
 from shared.objects.flavor import FlavorSnapshot
 
@@ -18,9 +18,9 @@ pytestmark = pytest.mark.functional
 async def test_sync_is_idempotent_and_concurrent_runs_do_not_race(database_url: str) -> None:
     conns = [await asyncpg.connect(database_url) for _ in range(3)]
     try:
-        results = await asyncio.gather(*(migrate.sync(c) for c in conns))
+        results = await asyncio.gather(*(schema.sync(c) for c in conns))
         assert all(r == [] for r in results)
-        assert await migrate.pending(conns[0]) == []
+        assert await schema.pending(conns[0]) == []
         count = await conns[0].fetchval("SELECT count(*) FROM flavors")
         assert count == 5
     finally:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from services.api.app import create_app
-from services.api.server_create import _withdraw_unconfirmed
+from services.api.servers.create import _withdraw_unconfirmed
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import DatabaseSettings, Settings

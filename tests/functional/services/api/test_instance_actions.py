@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from shared.context import RequestContext
-from shared.db import compute_nodes, instance_actions, instance_migrations, services
+from shared.db import compute_nodes, instance_actions, moves, services
 from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.migration import MigrationStatus, MigrationType
 from tests.functional.services.api.conftest import (
@@ -123,7 +123,7 @@ async def test_migrations_are_listed_and_filtered_as_nova_does(
     a, b = await _node(db_pool, "host-a"), await _node(db_pool, "host-b")
     instance = uuid.uuid4()
     async with db_pool.acquire() as conn:
-        evacuation = await instance_migrations.create(
+        evacuation = await moves.create(
             conn,
             RequestContext(user_id="root", project_id="ops"),
             instance_uuid=instance,
@@ -131,14 +131,14 @@ async def test_migrations_are_listed_and_filtered_as_nova_does(
             status=MigrationStatus.ACCEPTED,
             source=a,
         )
-        await instance_migrations.swap_status(
+        await moves.swap_status(
             conn,
             evacuation.uuid,
             expected=[MigrationStatus.ACCEPTED],
             new=MigrationStatus.DONE,
             dest=b,
         )
-        await instance_migrations.create(
+        await moves.create(
             conn,
             RequestContext(),
             instance_uuid=uuid.uuid4(),

@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api.microversion import MAX_VERSION
+from services.api.http.microversion import MAX_VERSION
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import instance_actions, instances

@@ -22,7 +22,7 @@ import pytest
 from services.conductor.rpcapi import ConductorAPI, Registration
 from shared.context import RequestContext
 from shared.db import agent_users as issued
-from shared.db import instance_migrations, instances
+from shared.db import instances, moves
 from shared.exceptions import CallerRefused
 from shared.rpc.agent_users import user_for
 from shared.rpc.amqp import AmqpTransport
@@ -232,7 +232,7 @@ async def test_moves_of_other_hosts_and_control_plane_requests_are_refused(
 
     await eventually(all_refused)
     async with db_pool.acquire() as conn:
-        still = await instance_migrations.get(conn, migration_uuid)
+        still = await moves.get(conn, migration_uuid)
         unbuilt = await instances.get(conn, instance_uuid)
     assert still.status == "done"
     assert unbuilt.vm_state == "building"

@@ -24,13 +24,7 @@ from services.compute.rpcapi import (
 from services.conductor.auto_confirm import MigrationSweep
 from services.conductor.rpcapi import ConductorAPI, Registration
 from shared.context import RequestContext
-from shared.db import (
-    allocations,
-    compute_nodes,
-    instance_actions,
-    instance_migrations,
-    instances,
-)
+from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
 from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
@@ -90,7 +84,7 @@ async def host(
 async def migration_status(pool: asyncpg.Pool, migration_uuid: UUID, status: str) -> Migration:
     async def check() -> Migration | None:
         async with pool.acquire() as conn:
-            found = await instance_migrations.get(conn, migration_uuid)
+            found = await moves.get(conn, migration_uuid)
         return found if found.status == status else None
 
     return await eventually(check)
@@ -129,7 +123,7 @@ async def migrated(
             conn, instance_uuid, TaskState.RESIZE_PREP, vm_states=(VmState.ACTIVE,)
         )
         await instance_actions.start(conn, ctx, instance_uuid, "migrate")
-        migration = await instance_migrations.create(
+        migration = await moves.create(
             conn,
             ctx,
             instance_uuid=instance_uuid,
@@ -153,7 +147,7 @@ async def start_step(
         assert await instances.begin_task(
             conn, migration.instance_uuid, task, vm_states=(VmState.RESIZED,)
         )
-        assert await instance_migrations.swap_status(
+        assert await moves.swap_status(
             conn, migration.uuid, expected=[MigrationStatus.FINISHED], new=status
         )
 
@@ -263,7 +257,7 @@ async def test_failed_rebuild_reported_twice_at_once_fails_once(
             conn, instance_uuid, TaskState.RESIZE_PREP, vm_states=(VmState.ACTIVE,)
         )
         await instance_actions.start(conn, ctx, instance_uuid, "migrate")
-        migration = await instance_migrations.create(
+        migration = await moves.create(
             conn,
             ctx,
             instance_uuid=instance_uuid,
@@ -342,7 +336,7 @@ async def test_no_window_or_a_recent_migration_is_left_for_its_owner(
     await aged(db_pool, migration)
     assert await sweeper(db_pool, agent_transport, window=0).sweep() == 0
     async with db_pool.acquire() as conn:
-        found = await instance_migrations.get(conn, migration.uuid)
+        found = await moves.get(conn, migration.uuid)
     assert found.status == MigrationStatus.FINISHED
     assert agent_a.removed == []
     assert await claims(db_pool, migration.instance_uuid) == {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.api.links import Links
-from services.api.microversion import APIVersion
+from services.api.http.links import Links
+from services.api.http.microversion import APIVersion
 from services.api.views.flavors import flavor_detail, flavor_summary
 from tests.unit.services.api.factories import flavor
 

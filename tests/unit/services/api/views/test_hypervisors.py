@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.api.microversion import APIVersion
+from services.api.http.microversion import APIVersion
 from services.api.views.hypervisors import hypervisor_view
 from tests.unit.services.api.factories import NODE_UUID, SERVICE_UUID, host_state
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.api.microversion import APIVersion
+from services.api.http.microversion import APIVersion
 from services.api.views.os_services import service_view, service_zone
 from tests.unit.services.api.factories import SERVICE_UUID, service
 

@@ -1,0 +1,63 @@
+"""What routes receive from the application: settings, pool, RPC clients, microversion.
+
+``create_app`` puts these objects on ``app.state``; routes name them as typed
+parameters (``pool: DbPool``), never as globals.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import asyncpg
+from fastapi import Depends, Request
+
+from services.api.http.links import Links
+from services.api.http.microversion import MIN_VERSION, APIVersion
+from services.api.http.policy import Policy
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.rpcapi import ConductorAPI
+from shared.config import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_pool(request: Request) -> asyncpg.Pool:
+    pool: asyncpg.Pool = request.app.state.pool
+    return pool
+
+
+def get_conductor(request: Request) -> ConductorAPI:
+    conductor: ConductorAPI = request.app.state.conductor
+    return conductor
+
+
+def get_compute(request: Request) -> ComputeAPI:
+    compute: ComputeAPI = request.app.state.compute
+    return compute
+
+
+def get_version(request: Request) -> APIVersion:
+    """The microversion negotiated for this request (the minimum outside ``/v2.1``)."""
+    version: APIVersion = getattr(request.state, "api_version", MIN_VERSION)
+    return version
+
+
+def get_policy(request: Request) -> Policy:
+    policy: Policy = request.app.state.policy
+    return policy
+
+
+def get_links(request: Request) -> Links:
+    return Links(str(request.base_url))
+
+
+AppSettings = Annotated[Settings, Depends(get_settings)]
+DbPool = Annotated[asyncpg.Pool, Depends(get_pool)]
+Conductor = Annotated[ConductorAPI, Depends(get_conductor)]
+Compute = Annotated[ComputeAPI, Depends(get_compute)]
+Version = Annotated[APIVersion, Depends(get_version)]
+RequestLinks = Annotated[Links, Depends(get_links)]
+AppPolicy = Annotated[Policy, Depends(get_policy)]

@@ -1,0 +1,192 @@
+"""Flavors: list, detail, show, extra specs; admins create and delete.
+
+Members see public flavors. Admins see public ones too unless they pass ``is_public``
+(``true``, ``false`` or ``none`` for all). ``minRam``/``minDisk`` and ``limit``/``marker``
+narrow the list.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import asyncpg
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.api.http.auth import AdminContext, Context
+from services.api.http.bounds import Int4, PositiveInt4
+from services.api.http.deps import DbPool, RequestLinks, Version
+from services.api.http.faults import BadRequest
+from services.api.http.links import Links
+from services.api.http.paging import next_marker, page_request, take_page
+from services.api.views.flavors import flavor_detail, flavor_summary
+from shared.context import RequestContext
+from shared.db import flavors as flavors_db
+from shared.objects.flavor import Flavor
+
+router = APIRouter(prefix="/v2.1/flavors")
+
+_TRUE = {"1", "t", "true", "on", "y", "yes"}
+_FALSE = {"0", "f", "false", "off", "n", "no"}
+
+
+def parse_is_public(value: str | None, *, is_admin: bool) -> bool | None:
+    """Which flavors to list: public only (the default, and always for members)."""
+    if not is_admin or value is None:
+        return True
+    lowered = value.strip().lower()
+    if lowered == "none":
+        return None
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise BadRequest(f"Invalid is_public filter [{value}]")
+
+
+def _minimum(name: str, value: str | None) -> int:
+    if value is None or value == "":
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(f"Invalid {name} filter [{value}]") from None
+
+
+Q = Annotated[str | None, Query()]
+
+
+@dataclass(frozen=True)
+class FlavorQuery:
+    is_public: str | None
+    min_ram: str | None
+    min_disk: str | None
+    limit: str | None
+    marker: str | None
+
+
+def flavor_query(
+    is_public: Q = None,
+    min_ram: Annotated[str | None, Query(alias="minRam")] = None,
+    min_disk: Annotated[str | None, Query(alias="minDisk")] = None,
+    limit: Q = None,
+    marker: Q = None,
+) -> FlavorQuery:
+    return FlavorQuery(is_public, min_ram, min_disk, limit, marker)
+
+
+Filters = Annotated[FlavorQuery, Depends(flavor_query)]
+
+
+async def _list(
+    pool: asyncpg.Pool, ctx: RequestContext, query: FlavorQuery, links: Links, path: str
+) -> tuple[list[Flavor], dict[str, Any]]:
+    """A page of flavors, and the extra body keys that link to the next page."""
+    public = parse_is_public(query.is_public, is_admin=ctx.is_admin)
+    least_ram = _minimum("minRam", query.min_ram)
+    least_disk = _minimum("minDisk", query.min_disk)
+    paging = page_request(query.limit, query.marker)
+    async with pool.acquire() as conn:
+        found = await flavors_db.list_flavors(conn, is_public=public)
+    found = [f for f in found if f.memory_mb >= least_ram and f.root_gb >= least_disk]
+    page = take_page(found, paging, key=lambda f: f.flavorid)
+    after = next_marker(page, paging, key=lambda f: f.flavorid)
+    if after is None:
+        return page, {}
+    params = {"marker": after, **({"limit": query.limit} if query.limit else {})}
+    href = f"{links.compute(path)}?{urlencode(params)}"
+    return page, {"flavors_links": [{"rel": "next", "href": href}]}
+
+
+@router.get("")
+async def list_flavors(
+    pool: DbPool, ctx: Context, version: Version, links: RequestLinks, query: Filters
+) -> dict[str, Any]:
+    page, extra = await _list(pool, ctx, query, links, "flavors")
+    return {"flavors": [flavor_summary(f, version, links) for f in page], **extra}
+
+
+@router.get("/detail")
+async def list_flavors_detail(
+    pool: DbPool, ctx: Context, version: Version, links: RequestLinks, query: Filters
+) -> dict[str, Any]:
+    page, extra = await _list(pool, ctx, query, links, "flavors/detail")
+    return {"flavors": [flavor_detail(f, version, links) for f in page], **extra}
+
+
+@router.get("/{flavor_id}")
+async def show_flavor(
+    flavor_id: str, pool: DbPool, ctx: Context, version: Version, links: RequestLinks
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        flavor = await flavors_db.get(conn, flavor_id)
+    return {"flavor": flavor_detail(flavor, version, links)}
+
+
+@router.get("/{flavor_id}/os-extra_specs")
+async def list_extra_specs(flavor_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        flavor = await flavors_db.get(conn, flavor_id)
+    return {"extra_specs": {str(k): str(v) for k, v in flavor.extra_specs.items()}}
+
+
+class NewFlavor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=255)
+    id: str | None = Field(default=None, max_length=255, pattern=r"^[A-Za-z0-9._ -]*$")
+    ram: PositiveInt4
+    vcpus: PositiveInt4
+    disk: Int4
+    ephemeral: Int4 = Field(default=0, alias="OS-FLV-EXT-DATA:ephemeral")
+    swap: Int4 = 0
+    rxtx_factor: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)
+    is_public: bool = Field(default=True, alias="os-flavor-access:is_public")
+    description: str | None = Field(default=None, max_length=65535)
+
+    @field_validator("name", "id")
+    @classmethod
+    def _no_surrounding_spaces(cls, value: str | None) -> str | None:
+        if value is not None and value != value.strip():
+            raise ValueError("must not start or end with whitespace")
+        return value
+
+
+class NewFlavorBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    flavor: NewFlavor
+
+
+@router.post("", status_code=200)
+async def create_flavor(
+    body: NewFlavorBody, pool: DbPool, ctx: AdminContext, version: Version, links: RequestLinks
+) -> dict[str, Any]:
+    new = body.flavor
+    if new.description is not None and not version.at_least("2.55"):
+        raise BadRequest("Flavor descriptions need microversion 2.55 or later.")
+    async with pool.acquire() as conn:
+        flavor = await flavors_db.create(
+            conn,
+            flavorid=new.id or str(uuid.uuid4()),
+            name=new.name,
+            vcpus=new.vcpus,
+            memory_mb=new.ram,
+            root_gb=new.disk,
+            ephemeral_gb=new.ephemeral,
+            swap=new.swap,
+            rxtx_factor=new.rxtx_factor,
+            is_public=new.is_public,
+            description=new.description,
+        )
+    return {"flavor": flavor_detail(flavor, version, links)}
+
+
+@router.delete("/{flavor_id}", status_code=202, response_class=Response)
+async def delete_flavor(flavor_id: str, pool: DbPool, ctx: AdminContext) -> Response:
+    async with pool.acquire() as conn:
+        await flavors_db.delete(conn, flavor_id)
+    return Response(status_code=202)

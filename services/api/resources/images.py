@@ -1,0 +1,197 @@
+"""The image registry: image metadata in the Image API v2 shapes (keel stores no data).
+
+Served twice, under ``/image/v2/images`` (clients given a separate image endpoint) and
+under ``/v2.1/images`` for clients that use the compute endpoint for images; that one is
+gone from compute microversion 2.36 (404), as Nova's image proxy is. Members see public
+and community images and their own project's; admins see every image and register
+(``POST``, created ``active``, public unless asked otherwise) or delete them. Lists
+leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=true``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.api.http.auth import AdminContext, Context
+from services.api.http.bounds import Int4
+from services.api.http.deps import DbPool, Version
+from services.api.http.faults import BadRequest, ItemNotFound
+from services.api.http.paging import next_marker, page_request, take_page
+from services.api.views.images import IMAGES_PATH, image_view, images_body
+from shared.context import RequestContext
+from shared.db import images as images_db
+from shared.exceptions import ImageNotFound
+from shared.objects.image import Image
+
+router = APIRouter()
+
+#: The compute microversion from which the image routes under ``/v2.1`` are gone.
+PROXY_GONE = "2.36"
+
+
+def compute_proxy_gone(version: Version) -> None:
+    """404 for the image routes under ``/v2.1`` at microversion 2.36 or later."""
+    if version.at_least(PROXY_GONE):
+        raise ItemNotFound(
+            f"The compute API has no image routes from microversion {PROXY_GONE}; use the "
+            "Image API (/image/v2/images)."
+        )
+
+
+VISIBILITIES = ("public", "private", "shared", "community")
+_SEEN_BY_ALL = ("public", "community")
+
+
+def can_see(ctx: RequestContext, image: Image) -> bool:
+    return ctx.is_admin or image.visibility in _SEEN_BY_ALL or image.owner == ctx.project_id
+
+
+def parse_id_filter(value: str | None) -> list[UUID] | None:
+    """``id=UUID`` or ``id=in:UUID,UUID``; a malformed id is a 400."""
+    if value is None:
+        return None
+    raw = value.removeprefix("in:").split(",")
+    try:
+        return [UUID(item.strip()) for item in raw if item.strip()]
+    except ValueError:
+        raise BadRequest(f"Invalid id filter {value!r}: expected image UUIDs.") from None
+
+
+def parse_hidden(value: str | None) -> bool:
+    """``os_hidden``: false (the default) lists visible images, true only hidden ones."""
+    if value is None:
+        return False
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise BadRequest(f"Invalid value for os_hidden: {value!r}; use true or false.")
+    return lowered == "true"
+
+
+def _not_found(image_id: str) -> ItemNotFound:
+    return ItemNotFound(f"No image found with ID {image_id}")
+
+
+Q = Annotated[str | None, Query()]
+
+
+@router.get("/images")
+async def list_images(
+    pool: DbPool,
+    *,
+    ctx: Context,
+    name: Q = None,
+    image_id: Annotated[str | None, Query(alias="id")] = None,
+    visibility: Q = None,
+    status: Q = None,
+    os_hidden: Q = None,
+    limit: Q = None,
+    marker: Q = None,
+) -> dict[str, Any]:
+    ids = parse_id_filter(image_id)
+    hidden = parse_hidden(os_hidden)
+    if visibility is not None and visibility not in (*VISIBILITIES, "all"):
+        raise BadRequest(f"Invalid visibility value: {visibility}")
+    paging = page_request(limit, marker)
+    async with pool.acquire() as conn:
+        found = await images_db.list_images(conn, name=name, ids=ids)
+    found = [
+        image
+        for image in found
+        if can_see(ctx, image)
+        and (visibility in (None, "all") or image.visibility == visibility)
+        and (status is None or image.status == status)
+        and bool(image.properties.get("os_hidden", False)) == hidden
+    ]
+    page = take_page(found, paging, key=lambda image: str(image.id))
+    after = next_marker(page, paging, key=lambda image: str(image.id))
+    return images_body(page, next_marker=after, limit=paging.limit if paging.limited else None)
+
+
+@router.get("/images/{image_id}")
+async def show_image(image_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
+    try:
+        wanted = UUID(image_id)
+    except ValueError:
+        raise _not_found(image_id) from None
+    try:
+        async with pool.acquire() as conn:
+            image = await images_db.get(conn, wanted)
+    except ImageNotFound:
+        raise _not_found(image_id) from None
+    if not can_see(ctx, image):
+        raise _not_found(image_id)
+    return image_view(image)
+
+
+class NewImage(BaseModel):
+    """An image registration; extra fields are the image's (string) properties."""
+
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"additionalProperties": {"type": "string"}}
+    )
+
+    id: UUID | None = None
+    name: str = Field(min_length=1, max_length=255)
+    visibility: Literal["public", "private", "shared", "community"] = "public"
+    disk_format: str | None = Field(default=None, max_length=255)
+    container_format: str | None = Field(default=None, max_length=255)
+    min_disk: Int4 = 0
+    min_ram: Int4 = 0
+    owner: str | None = Field(default=None, max_length=255)
+    protected: bool = False
+    os_hidden: bool = False
+    tags: list[Annotated[str, Field(max_length=255)]] = Field(default_factory=list, max_length=128)
+
+    @model_validator(mode="after")
+    def _string_properties(self) -> NewImage:
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, str):
+                raise ValueError(f"property {key!r} must be a string")
+        return self
+
+    def properties(self) -> dict[str, Any]:
+        props: dict[str, Any] = dict(self.model_extra or {})
+        if self.tags:
+            props["tags"] = list(self.tags)
+        if self.protected:
+            props["protected"] = True
+        if self.os_hidden:
+            props["os_hidden"] = True
+        return props
+
+
+@router.post("/images", status_code=201)
+async def create_image(
+    body: NewImage, pool: DbPool, ctx: AdminContext, response: Response
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        image = await images_db.create(
+            conn,
+            image_id=body.id or uuid.uuid4(),
+            name=body.name,
+            disk_format=body.disk_format,
+            container_format=body.container_format,
+            min_disk=body.min_disk,
+            min_ram=body.min_ram,
+            owner=body.owner or ctx.project_id,
+            visibility=body.visibility,
+            properties=body.properties(),
+        )
+    response.headers["Location"] = f"{IMAGES_PATH}/{image.id}"
+    return image_view(image)
+
+
+@router.delete("/images/{image_id}", status_code=204, response_class=Response)
+async def delete_image(image_id: str, pool: DbPool, ctx: AdminContext) -> Response:
+    try:
+        wanted = UUID(image_id)
+        async with pool.acquire() as conn:
+            await images_db.delete(conn, wanted)
+    except (ValueError, ImageNotFound):
+        raise _not_found(image_id) from None
+    return Response(status_code=204)

@@ -1,0 +1,134 @@
+"""``GET /os-migrations`` (``openstack server migration list``) and a server's migrations.
+
+Admins list every move, evacuations included, told apart by ``migration_type`` from
+2.23. Filters, as Nova takes them: ``host`` (source or destination), ``status``,
+``instance_uuid``, ``migration_type``, ``source_compute``; from 2.59 ``changes-since``
+and paging by ``limit``/``marker`` (a migration's uuid), with ``uuid`` shown; from 2.66
+``changes-before``; from 2.80 ``user_id`` and ``project_id``, shown as well. Other
+query parameters are ignored, as Nova ignores them.
+
+``GET /servers/{id}/migrations`` lists a server's *live* migrations in progress, as in
+Nova; keel has no live migration, so that list is always empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from fastapi import APIRouter, Request
+
+from services.api.http.auth import AdminContext
+from services.api.http.deps import DbPool, RequestLinks, Version
+from services.api.http.faults import BadRequest, ItemNotFound
+from services.api.http.links import Links
+from services.api.http.microversion import APIVersion
+from services.api.http.paging import page_request
+from services.api.servers.filters import timestamp
+from services.api.views.timestamps import naive_isotime
+from shared.db import instances, moves
+from shared.db.moves import MigrationQuery
+from shared.exceptions import NotFound
+from shared.objects.migration import Migration
+
+router = APIRouter(prefix="/v2.1")
+
+
+def migration_view(migration: Migration, version: APIVersion) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": migration.id,
+        "source_node": migration.source_node,
+        "dest_node": migration.dest_node,
+        "source_compute": migration.source_compute,
+        "dest_compute": migration.dest_compute,
+        "dest_host": migration.dest_host,
+        "status": migration.status,
+        "instance_uuid": str(migration.instance_uuid),
+        "old_instance_type_id": None,
+        "new_instance_type_id": None,
+        "created_at": naive_isotime(migration.created_at),
+        "updated_at": naive_isotime(migration.updated_at),
+    }
+    if version.at_least("2.23"):
+        body["migration_type"] = migration.migration_type
+    if version.at_least("2.59"):
+        body["uuid"] = str(migration.uuid)
+    if version.at_least("2.80"):
+        body["user_id"] = migration.user_id
+        body["project_id"] = migration.project_id
+    return body
+
+
+def _uuid(name: str, value: str | None) -> UUID | None:
+    if value is None:
+        return None
+    try:
+        return UUID(value)
+    except ValueError:
+        raise BadRequest(f"Invalid input for query parameters {name}: not a UUID.") from None
+
+
+def _query(request: Request, version: APIVersion) -> MigrationQuery:
+    params = request.query_params
+    since = params.get("changes-since") if version.at_least("2.59") else None
+    until = params.get("changes-before") if version.at_least("2.66") else None
+    query = MigrationQuery(
+        host=params.get("host") or None,
+        status=params.get("status") or None,
+        instance_uuid=_uuid("instance_uuid", params.get("instance_uuid")),
+        migration_type=params.get("migration_type") or None,
+        source_compute=params.get("source_compute") or None,
+        project_id=params.get("project_id") if version.at_least("2.80") else None,
+        user_id=params.get("user_id") if version.at_least("2.80") else None,
+        since=timestamp("changes-since", since) if since else None,
+        until=timestamp("changes-before", until) if until else None,
+    )
+    if query.since and query.until and query.since > query.until:
+        raise BadRequest("The value of changes-since must be less than or equal to changes-before.")
+    return query
+
+
+def _next(request: Request, links: Links, marker: str) -> list[dict[str, str]]:
+    params = [(k, v) for k, v in request.query_params.multi_items() if k != "marker"]
+    return [
+        {"rel": "next", "href": f"{links.compute('os-migrations')}?"
+         + urlencode([*params, ("marker", marker)])}
+    ]  # fmt: skip
+
+
+@router.get("/os-migrations")
+async def list_migrations(
+    request: Request, *, pool: DbPool, ctx: AdminContext, version: Version, links: RequestLinks
+) -> dict[str, Any]:
+    query = _query(request, version)
+    paged = version.at_least("2.59")
+    paging = page_request(
+        request.query_params.get("limit") if paged else None,
+        request.query_params.get("marker") if paged else None,
+    )
+    marker = _uuid("marker", paging.marker)
+    async with pool.acquire() as conn:
+        try:
+            found = await moves.list_page(conn, query, marker=marker, limit=paging.limit)
+        except NotFound:
+            raise BadRequest(f"Marker {paging.marker} could not be found.") from None
+    body: dict[str, Any] = {"migrations": [migration_view(m, version) for m in found]}
+    if paged and paging.limited and len(found) == paging.limit and found:
+        body["migrations_links"] = _next(request, links, str(found[-1].uuid))
+    return body
+
+
+@router.get("/servers/{server_id}/migrations")
+async def server_migrations(
+    server_id: str, *, pool: DbPool, ctx: AdminContext, version: Version
+) -> dict[str, Any]:
+    if not version.at_least("2.23"):
+        raise ItemNotFound("The resource could not be found.")
+    try:
+        instance_uuid = UUID(server_id)
+        async with pool.acquire() as conn:
+            await instances.get(conn, instance_uuid)
+    except (ValueError, NotFound):
+        raise ItemNotFound(f"Instance {server_id} could not be found.") from None
+    return {"migrations": []}

@@ -1,0 +1,233 @@
+"""``os-quota-sets``: read and set a project's limits.
+
+``GET /os-quota-sets/{project}`` (admins, or members for their own project) answers
+every limit, ``/detail`` each with what is in use, ``/defaults`` the defaults. ``PUT``
+(admins) sets limits: whole numbers (or strings of them) ≥ -1, where -1 is unlimited; a
+limit below what the project already uses is refused unless ``force`` is true;
+``DELETE`` (admins) returns the project to the defaults. The resources shown follow the
+microversion as in the compute API: the injected-file limits go at 2.57. Limits are
+per project: a ``user_id`` parameter is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from services.api.http.auth import AdminContext, Context
+from services.api.http.deps import AppSettings, DbPool, Version
+from services.api.http.faults import BadRequest, Forbidden
+from services.api.http.microversion import APIVersion
+from services.api.resources.quotas import defaults, project_limits
+from shared.config import Settings
+from shared.context import RequestContext
+from shared.db import projects, quotas
+from shared.db.pool import Connection
+
+LOG = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v2.1/os-quota-sets")
+
+MAX_LIMIT = 2**31 - 1
+_INJECTED = ("injected_file_content_bytes", "injected_file_path_bytes", "injected_files")
+_ALWAYS = (
+    "cores",
+    "instances",
+    "key_pairs",
+    "metadata_items",
+    "ram",
+    "server_group_members",
+    "server_groups",
+)
+#: Network quotas, shown before 2.36 as unlimited: keel, like Nova with Neutron, has no
+#: use for them; a value set for them is accepted and has no effect.
+_NETWORK = ("fixed_ips", "floating_ips", "security_group_rules", "security_groups")
+#: Resources whose use a new limit may not fall below (without ``force``).
+_COUNTED = ("cores", "instances", "ram")
+
+
+def resources_at(version: APIVersion) -> tuple[str, ...]:
+    """The resources the compute API reports at ``version``, alphabetically."""
+    names: tuple[str, ...] = _ALWAYS if version.at_least("2.57") else _ALWAYS + _INJECTED
+    if not version.at_least("2.36"):
+        names += _NETWORK
+    return tuple(sorted(names))
+
+
+def refuse_user_id(request: Request) -> None:
+    if "user_id" in request.query_params:
+        raise BadRequest("keel keeps quotas per project only: remove the user_id parameter.")
+
+
+async def known_project(conn: Connection, settings: Settings, project_id: str) -> None:
+    """400 unless ``project_id`` is a project keel knows (identity or a static token's)."""
+    static = {info.project_id for info in settings.auth.tokens.values()}
+    if project_id not in static and not await projects.exists(conn, project_id):
+        raise BadRequest(f"Project ID {project_id} is not a valid project.")
+
+
+def may_read(ctx: RequestContext, project_id: str) -> None:
+    if not ctx.is_admin and project_id != ctx.project_id:
+        raise Forbidden(
+            "Policy doesn't allow reading another project's quotas: it needs the admin role."
+        )
+
+
+def _limit(resource: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRequest(
+            f"Invalid input for field/attribute {resource}. Value: {value}. "
+            "It is not a whole number."
+        )
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadRequest(
+            f"Invalid input for field/attribute {resource}. Value: {value}. "
+            "It is not a whole number."
+        ) from None
+    if not -1 <= number <= MAX_LIMIT:
+        raise BadRequest(
+            f"Invalid input for field/attribute {resource}. Value: {value}. "
+            f"A quota limit is between -1 (unlimited) and {MAX_LIMIT}."
+        )
+    return number
+
+
+def _force(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise BadRequest(f"Invalid input for field/attribute force. Value: {value}. Not a boolean.")
+
+
+async def json_body(request: Request) -> object:
+    try:
+        return await request.json()
+    except ValueError:
+        raise BadRequest(
+            'Malformed request body: it must be JSON, e.g. {"quota_set": {"instances": 10}}.'
+        ) from None
+
+
+def parse_update(body: object, version: APIVersion) -> tuple[dict[str, int], bool]:
+    """The limits a ``PUT`` body sets, and its ``force`` flag; 400 if anything is off."""
+    if not isinstance(body, dict) or set(body) != {"quota_set"}:
+        raise BadRequest('The request body must be {"quota_set": {RESOURCE: LIMIT, ...}}.')
+    given = body["quota_set"]
+    if not isinstance(given, dict):
+        raise BadRequest("Invalid input for field/attribute quota_set: it must be an object.")
+    known = set(resources_at(version))
+    unknown = sorted(set(given) - known - {"force"})
+    if unknown:
+        raise BadRequest(
+            "Invalid input for field/attribute quota_set. Additional properties are not "
+            f"allowed ({', '.join(repr(u) for u in unknown)} unexpected). At microversion "
+            f"{version} the quotas are: {', '.join(sorted(known))}."
+        )
+    force = _force(given["force"]) if "force" in given else False
+    return {name: _limit(name, value) for name, value in given.items() if name != "force"}, force
+
+
+async def check_not_below_usage(conn: Connection, project_id: str, values: dict[str, int]) -> None:
+    usage = (await quotas.usage(conn, project_id)).model_dump()
+    for resource in _COUNTED:
+        limit = values.get(resource)
+        if limit is not None and limit != -1 and limit < usage[resource]:
+            raise BadRequest(
+                f"Quota limit {limit} for {resource} must be greater than or equal to "
+                f"already used and reserved {usage[resource]}."
+            )
+
+
+def quota_set(limits: dict[str, int], version: APIVersion) -> dict[str, Any]:
+    return {name: limits.get(name, -1) for name in resources_at(version)}
+
+
+@router.get("/{project_id}/defaults")
+async def show_defaults(
+    project_id: str, ctx: Context, pool: DbPool, settings: AppSettings, version: Version
+) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        await known_project(conn, settings, project_id)
+    return {"quota_set": {"id": project_id, **quota_set(defaults(settings.quota), version)}}
+
+
+@router.get("/{project_id}/detail")
+async def show_detail(
+    project_id: str,
+    request: Request,
+    *,
+    ctx: Context,
+    pool: DbPool,
+    settings: AppSettings,
+    version: Version,
+) -> dict[str, Any]:
+    refuse_user_id(request)
+    may_read(ctx, project_id)
+    async with pool.acquire() as conn:
+        await known_project(conn, settings, project_id)
+        limits = await project_limits(conn, project_id, settings.quota)
+        usage = (await quotas.usage(conn, project_id)).model_dump()
+    detail = {
+        name: {"limit": limit, "in_use": usage.get(name, 0), "reserved": 0}
+        for name, limit in quota_set(limits, version).items()
+    }
+    return {"quota_set": {"id": project_id, **detail}}
+
+
+@router.get("/{project_id}")
+async def show(
+    project_id: str,
+    request: Request,
+    *,
+    ctx: Context,
+    pool: DbPool,
+    settings: AppSettings,
+    version: Version,
+) -> dict[str, Any]:
+    refuse_user_id(request)
+    may_read(ctx, project_id)
+    async with pool.acquire() as conn:
+        await known_project(conn, settings, project_id)
+        limits = await project_limits(conn, project_id, settings.quota)
+    return {"quota_set": {"id": project_id, **quota_set(limits, version)}}
+
+
+@router.put("/{project_id}")
+async def update(
+    project_id: str,
+    request: Request,
+    *,
+    ctx: AdminContext,
+    pool: DbPool,
+    settings: AppSettings,
+    version: Version,
+) -> dict[str, Any]:
+    refuse_user_id(request)
+    values, force = parse_update(await json_body(request), version)
+    values = {name: limit for name, limit in values.items() if name not in _NETWORK}
+    async with pool.acquire() as conn, conn.transaction():
+        await known_project(conn, settings, project_id)
+        await quotas.lock_project(conn, project_id)
+        if not force:
+            await check_not_below_usage(conn, project_id, values)
+        await quotas.set_limits(conn, project_id, values)
+        limits = await project_limits(conn, project_id, settings.quota)
+    LOG.info("quotas of project %s set: %s", project_id, values)
+    return {"quota_set": quota_set(limits, version)}
+
+
+@router.delete("/{project_id}", status_code=202, response_class=Response)
+async def revert(
+    project_id: str, request: Request, ctx: AdminContext, pool: DbPool, settings: AppSettings
+) -> Response:
+    refuse_user_id(request)
+    async with pool.acquire() as conn:
+        await known_project(conn, settings, project_id)
+        await quotas.clear(conn, project_id)
+    LOG.info("quotas of project %s returned to the defaults", project_id)
+    return Response(status_code=202)

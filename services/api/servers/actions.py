@@ -1,0 +1,192 @@
+"""``POST /servers/{id}/action``: one action per request, named by the body's only key.
+
+The actions keel has are registered in :data:`ACTIONS`; each parses its own value. An
+unknown action is a 400, as in Nova.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import asyncpg
+from fastapi import APIRouter, Body, Response
+
+from services.api.http.auth import Context
+from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Version
+from services.api.http.faults import BadRequest
+from services.api.http.microversion import APIVersion
+from services.api.servers.evacuate import evacuate
+from services.api.servers.migrate import CONFIRM, REVERT, finish_resize, migrate
+from services.api.servers.power import (
+    HARD_REBOOT,
+    SOFT_REBOOT,
+    START,
+    STOP,
+    PowerAction,
+    run_power_action,
+)
+from services.api.servers.routes import find_instance
+from services.compute.rpcapi import ComputeAPI, RebootType
+from services.conductor.rpcapi import ConductorAPI
+from shared.config import Settings
+from shared.context import RequestContext
+from shared.objects.instance import Instance
+
+router = APIRouter(prefix="/v2.1/servers")
+
+
+@dataclass(frozen=True)
+class ActionCall:
+    """Everything an action handler may need."""
+
+    pool: asyncpg.Pool
+    compute: ComputeAPI
+    conductor: ConductorAPI
+    settings: Settings
+    version: APIVersion
+    ctx: RequestContext
+    instance: Instance
+    value: Any
+
+
+#: An action; it answers 202 with no body unless it returns its own response.
+Handler = Callable[[ActionCall], Awaitable[Response | None]]
+
+
+def _no_value(name: str, value: Any) -> None:
+    if value is not None:
+        raise BadRequest(f"Invalid input for field/attribute {name}. Value: {value!r}. "
+                         "It must be null.")  # fmt: skip
+
+
+async def _power(
+    call: ActionCall, action: PowerAction, reboot: RebootType = RebootType.SOFT
+) -> Response | None:
+    await run_power_action(
+        call.pool,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        instance=call.instance,
+        action=action,
+        reboot_type=reboot,
+    )
+    return None
+
+
+async def _stop(call: ActionCall) -> Response | None:
+    _no_value("os-stop", call.value)
+    return await _power(call, STOP)
+
+
+async def _start(call: ActionCall) -> Response | None:
+    _no_value("os-start", call.value)
+    return await _power(call, START)
+
+
+def reboot_type(value: Any) -> RebootType:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if not isinstance(kind, str) or kind.upper() not in RebootType.__members__:
+        raise BadRequest(
+            "Invalid input for field/attribute reboot: 'type' is required and must be "
+            "'SOFT' or 'HARD'."
+        )
+    if set(value) - {"type"}:
+        raise BadRequest(
+            "Invalid input for field/attribute reboot: additional properties are not allowed."
+        )
+    return RebootType(kind.upper())
+
+
+async def _reboot(call: ActionCall) -> Response | None:
+    kind = reboot_type(call.value)
+    return await _power(call, HARD_REBOOT if kind is RebootType.HARD else SOFT_REBOOT, kind)
+
+
+async def _evacuate(call: ActionCall) -> Response | None:
+    return await evacuate(
+        call.pool,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        instance=call.instance,
+        value=call.value,
+    )
+
+
+async def _migrate(call: ActionCall) -> Response | None:
+    await migrate(
+        call.pool,
+        call.conductor,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
+async def _finish_resize(call: ActionCall, action: str) -> None:
+    await finish_resize(
+        call.pool,
+        call.conductor,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        instance=call.instance,
+        value=call.value,
+        action=action,
+    )
+
+
+async def _confirm_resize(call: ActionCall) -> Response | None:
+    await _finish_resize(call, CONFIRM)
+    return Response(status_code=204)
+
+
+async def _revert_resize(call: ActionCall) -> Response | None:
+    await _finish_resize(call, REVERT)
+    return None
+
+
+#: Action name in the body → its handler.
+ACTIONS: dict[str, Handler] = {
+    "os-stop": _stop,
+    "os-start": _start,
+    "reboot": _reboot,
+    "evacuate": _evacuate,
+    "migrate": _migrate,
+    CONFIRM: _confirm_resize,
+    REVERT: _revert_resize,
+}
+
+
+@router.post("/{server_id}/action", status_code=202, response_class=Response)
+async def server_action(
+    server_id: str,
+    body: Annotated[dict[str, Any], Body()],
+    *,
+    pool: DbPool,
+    ctx: Context,
+    compute: Compute,
+    conductor: Conductor,
+    settings: AppSettings,
+    version: Version,
+) -> Response:
+    if len(body) != 1:
+        raise BadRequest("The request body must name exactly one action.")
+    ((name, value),) = body.items()
+    handler = ACTIONS.get(name)
+    if handler is None:
+        raise BadRequest(f"There is no such action: {name[:100]}")
+    async with pool.acquire() as conn:
+        instance = await find_instance(conn, ctx, server_id)
+    answer = await handler(
+        ActionCall(pool, compute, conductor, settings, version, ctx, instance, value)
+    )
+    return answer or Response(status_code=202)

@@ -1,0 +1,389 @@
+"""Creating a server: validate the request, record it, hand it to the conductor.
+
+The instance row (BUILD, scheduling) with the fields of
+:mod:`services.api.servers.fields` and its fixed address, its request spec and a
+``create`` action are written in one transaction, so the new server is readable the
+moment the client gets its id. Then ``build_instances`` is cast to keel-conductor,
+which schedules and builds.
+
+If that cast cannot be sent (no conductor queue on the broker, or the broker is
+unreachable) the request fails with 503 and the server is soft-deleted again, its
+action closed with the reason: the client sees a clear error, retries when the
+conductor is back, and no half-created server is left for anyone to clean up. A
+conductor that still receives the message finds the instance deleted and drops it.
+
+The connection to PostgreSQL may also drop while the transaction commits: the client
+gets a 503, but the server may have been recorded all the same. Its UUID was chosen
+before the transaction, so keel-api withdraws it in the background once the database
+answers again (for up to :data:`UNCONFIRMED_WITHIN` seconds): a 503 never leaves a
+server behind that nobody will build. Should keel-api stop before it can, the build
+deadline fails that server instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
+
+from services.api.http.faults import BadRequest, ConflictingRequest, ServiceUnavailable
+from services.api.http.microversion import APIVersion
+from services.api.http.policy import Policy
+from services.api.servers import keys as server_keys
+from services.api.servers import requested_destination
+from services.api.servers.fields import PreparedFields, ServerFields
+from services.api.servers.requested_destination import ZoneRequest, parse_zone
+from services.conductor.rpcapi import DESTINATION_VERSION, ConductorAPI
+from shared.config import QuotaSettings
+from shared.context import RequestContext
+from shared.db import (
+    compute_nodes,
+    fixed_ips,
+    flavors,
+    images,
+    instance_actions,
+    instances,
+    request_specs,
+)
+from shared.db.errors import describe, is_unavailable
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
+from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError, ServiceTooOld
+from shared.objects.flavor import Flavor
+from shared.objects.image import Image
+from shared.objects.instance import Instance, RequestedDestination, RequestSpec
+
+LOG = logging.getLogger(__name__)
+
+CREATE_ACTION = "create"
+#: Seconds keel-api keeps trying to withdraw a create whose commit went unanswered.
+UNCONFIRMED_WITHIN = 600.0
+#: The withdrawals running in the background (held so they are not collected).
+_unconfirmed: set[asyncio.Task[None]] = set()
+#: Host and hypervisor names as Nova's schema accepts them.
+HOSTNAME_PATTERN = r"^[a-zA-Z0-9-._]*$"
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """What a create request asks for beyond its body, decided before anything is written."""
+
+    zone: str | None
+    destination: RequestedDestination | None
+
+
+class NewServer(ServerFields):
+    """The fields keel reads; other fields clients send are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=255)
+    image_ref: str = Field(alias="imageRef", max_length=2048)
+    flavor_ref: str = Field(alias="flavorRef", min_length=1, max_length=2048)
+    min_count: int = Field(default=1, ge=1)
+    max_count: int = Field(default=1, ge=1)
+    availability_zone: str | None = Field(default=None, min_length=1, max_length=255)
+    key_name: str | None = Field(default=None, max_length=255)
+    #: A requested destination (microversion 2.74, admin): see
+    #: :mod:`services.api.servers.requested_destination`.
+    host: str | None = Field(default=None, min_length=1, max_length=255, pattern=HOSTNAME_PATTERN)
+    hypervisor_hostname: str | None = Field(
+        default=None, min_length=1, max_length=255, pattern=HOSTNAME_PATTERN
+    )
+
+    @field_validator("flavor_ref", mode="before")
+    @classmethod
+    def _flavor_id_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        if value != value.strip():
+            raise ValueError("must not start or end with whitespace")
+        if not value.isprintable():
+            raise ValueError("must not contain control characters")
+        return value
+
+
+class NewServerBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    server: NewServer
+
+
+def last_segment(ref: str) -> str:
+    """``http://host/flavors/3`` → ``3``; a bare id is returned as it is."""
+    return ref.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_counts(server: NewServer) -> None:
+    if server.min_count > server.max_count:
+        raise BadRequest("min_count must be <= max_count")
+    if server.max_count > 1:
+        raise BadRequest(
+            "keel creates one server per request: min_count and max_count must be 1 "
+            f"(got min_count={server.min_count}, max_count={server.max_count})."
+        )
+
+
+async def _flavor(conn: Connection, ref: str) -> Flavor:
+    flavor_id = last_segment(ref)
+    try:
+        flavor = await flavors.get(conn, flavor_id)
+    except FlavorNotFound:
+        raise BadRequest(f"Flavor {flavor_id} could not be found.") from None
+    if flavor.disabled:
+        raise BadRequest(f"Flavor {flavor_id} is disabled.")
+    return flavor
+
+
+async def _image(conn: Connection, ref: str, ctx: RequestContext) -> Image:
+    raw = last_segment(ref)
+    try:
+        image = await images.get(conn, UUID(raw))
+    except (ValueError, ImageNotFound):
+        raise BadRequest(f"Image {raw} could not be found.") from None
+    visible = ctx.is_admin or image.visibility in ("public", "community")
+    if not (visible or image.owner == ctx.project_id):
+        raise BadRequest(f"Image {raw} could not be found.")
+    if image.status != "active":
+        raise BadRequest(f"Image {raw} is not active (status {image.status}).")
+    return image
+
+
+def check_fits(flavor: Flavor, image: Image) -> None:
+    if flavor.memory_mb < image.min_ram:
+        raise BadRequest(
+            f"Flavor's memory is too small for requested image: "
+            f"{flavor.memory_mb} MB < {image.min_ram} MB."
+        )
+    if flavor.root_gb and flavor.root_gb < image.min_disk:
+        raise BadRequest(
+            f"Flavor's disk is too small for requested image: "
+            f"{flavor.root_gb} GB < {image.min_disk} GB."
+        )
+
+
+async def _check_zone(conn: Connection, zone: ZoneRequest) -> None:
+    """A zone named on its own must have enabled hosts; a forced host or node names its
+    place precisely, so its zone is taken as given (as Nova does)."""
+    if zone.zone is None or zone.forced:
+        return
+    if zone.zone not in await compute_nodes.availability_zones(conn):
+        raise BadRequest(f"The requested availability zone {zone.zone!r} is not available.")
+
+
+async def _validate(
+    conn: Connection,
+    ctx: RequestContext,
+    server: NewServer,
+    *,
+    policy: Policy,
+    version: APIVersion,
+) -> tuple[Flavor, Image, CreateRequest]:
+    check_counts(server)
+    zone = parse_zone(server.availability_zone)
+    destination = await requested_destination.resolve(
+        conn,
+        ctx,
+        policy,
+        version,
+        host=server.host,
+        node=server.hypervisor_hostname,
+        zone=zone,
+    )
+    flavor = await _flavor(conn, server.flavor_ref)
+    image = await _image(conn, server.image_ref, ctx)
+    check_fits(flavor, image)
+    await _check_zone(conn, zone)
+    return flavor, image, CreateRequest(zone=zone.zone, destination=destination)
+
+
+async def _record(
+    conn: Connection,
+    ctx: RequestContext,
+    server: NewServer,
+    flavor: Flavor,
+    image: Image,
+    *,
+    zone: str | None,
+    fields: PreparedFields,
+    quota: QuotaSettings,
+    instance_uuid: UUID,
+) -> Instance:
+    """Write the instance, its request spec and its action (inside one transaction)."""
+    project_id, user_id = ctx.project_id or "", ctx.user_id or ""
+    snapshot = flavor.snapshot()
+    # Key pair and quota: checked in the transaction that inserts the server.
+    key = await server_keys.find_key(conn, ctx, server.key_name)
+    await server_keys.check_quota(conn, ctx, quota, snapshot, len(server.metadata or {}))
+    instance = await instances.create(
+        conn,
+        instance_uuid=instance_uuid,
+        project_id=project_id,
+        user_id=user_id,
+        display_name=server.name,
+        flavor=snapshot,
+        image_ref=str(image.id),
+        availability_zone=zone,
+    )
+    await fields.record(conn, instance.uuid)
+    spec = RequestSpec(
+        instance_uuid=instance.uuid,
+        project_id=project_id,
+        user_id=user_id,
+        flavor=snapshot,
+        image_ref=str(image.id),
+        availability_zone=zone,
+    )
+    await request_specs.create(conn, spec)
+    await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
+    await server_keys.record_key(conn, instance, key)
+    return instance
+
+
+async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
+    async def withdraw(conn: Connection) -> None:
+        await instances.soft_delete(conn, instance.uuid)
+        await fixed_ips.release(conn, instance.uuid)
+        await instance_actions.finish(conn, instance.uuid, CREATE_ACTION, reason)
+
+    await in_transaction(pool, withdraw, what=f"withdrawing new server {instance.uuid}")
+
+
+async def _withdraw_unconfirmed(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
+    """Withdraw the server if its unanswered commit recorded it; see the module docstring."""
+    reason = (
+        "the connection to the database was lost while the server was being recorded; "
+        "the request was answered 503"
+    )
+
+    async def withdraw(conn: Connection) -> bool:
+        if not await instances.soft_delete_unplaced(conn, instance_uuid):
+            return False
+        await fixed_ips.release(conn, instance_uuid)
+        await instance_actions.finish(conn, instance_uuid, CREATE_ACTION, reason)
+        return True
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(is_unavailable),
+        stop=stop_after_delay(UNCONFIRMED_WITHIN),
+        wait=wait_random_exponential(multiplier=0.5, max=5.0),
+        reraise=True,
+    )
+    extra = {"instance_uuid": str(instance_uuid), "decision": "unconfirmed_create"}
+    try:
+        withdrawn: bool = await retrying(
+            in_transaction, pool, withdraw, what=f"withdrawing unconfirmed server {instance_uuid}"
+        )
+    except Exception as exc:
+        LOG.error(
+            "could not find out within %gs whether new server %s was recorded (%s); if it "
+            "was, the build deadline puts it in ERROR",
+            UNCONFIRMED_WITHIN,
+            instance_uuid,
+            describe(exc),
+            extra=extra,
+        )
+        return
+    if withdrawn:
+        LOG.warning(
+            "withdrew new server %s: it was recorded, but %s", instance_uuid, reason, extra=extra
+        )
+    else:
+        LOG.info("new server %s was not recorded: nothing to withdraw", instance_uuid, extra=extra)
+
+
+def _withdraw_in_background(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
+    task = asyncio.create_task(
+        _withdraw_unconfirmed(pool, instance_uuid), name=f"keel-withdraw-{instance_uuid}"
+    )
+    _unconfirmed.add(task)
+    task.add_done_callback(_unconfirmed.discard)
+
+
+async def create_server(
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    ctx: RequestContext,
+    server: NewServer,
+    *,
+    fields: PreparedFields,
+    quota: QuotaSettings,
+    policy: Policy,
+    version: APIVersion,
+) -> Instance:
+    """Record the server and ask the conductor to build it; see the module docstring."""
+    async with pool.acquire() as conn:
+        flavor, image, request = await _validate(conn, ctx, server, policy=policy, version=version)
+    destination = request.destination
+    if destination is not None and not await conductor.can_take_destinations():
+        raise _conductor_too_old(await conductor.client.cap())
+
+    instance_uuid = uuid.uuid4()
+    committing = False
+
+    async def record(conn: Connection) -> Instance:
+        nonlocal committing
+        recorded = await _record(
+            conn,
+            ctx,
+            server,
+            flavor,
+            image,
+            zone=request.zone,
+            fields=fields,
+            quota=quota,
+            instance_uuid=instance_uuid,
+        )
+        committing = True
+        return recorded
+
+    try:
+        instance = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
+    except Exception as exc:
+        if committing and is_unavailable(exc):
+            # Lost during COMMIT: recorded or not, nobody knows yet.
+            _withdraw_in_background(pool, instance_uuid)
+        raise
+    extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
+    try:
+        await conductor.build_instances(ctx, instance.uuid, destination)
+    except ServiceTooOld as exc:
+        # The cap fell between the check above and the cast: nothing was sent.
+        await _withdraw(pool, instance, exc.message)
+        raise ConflictingRequest(exc.message) from None
+    except MessagingError as exc:
+        reason = f"keel-conductor could not be reached: {exc.message}"
+        LOG.error("withdrawing new server %s: %s", instance.uuid, reason, extra=extra)
+        await _withdraw(pool, instance, reason)
+        raise ServiceUnavailable(
+            f"The server was not created: {reason}. Check that keel-conductor and RabbitMQ "
+            "are running, then retry."
+        ) from None
+    LOG.info(
+        "server %s (%s) accepted: flavor %s, image %s%s",
+        instance.uuid,
+        instance.display_name,
+        flavor.flavorid,
+        image.id,
+        f", requested destination {destination.describe()}" if destination else "",
+        extra=extra,
+    )
+    return instance
+
+
+def _conductor_too_old(cap: str) -> ConflictingRequest:
+    return ConflictingRequest(
+        f"Cannot create a server on a requested destination: the conductor RPC version is "
+        f"capped at {cap} and a requested destination needs {DESTINATION_VERSION}. Upgrade "
+        "every keel-conductor (or lift KEEL_UPGRADE_LEVELS__CONDUCTOR) first."
+    )

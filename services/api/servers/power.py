@@ -1,0 +1,181 @@
+"""Stopping, starting and rebooting a server: ``os-stop``, ``os-start`` and ``reboot``.
+
+Each is a compare-and-swap on the server's state, then a cast to its host's agent, as in
+Nova:
+
+* ``os-stop``: ACTIVE or ERROR with no task → task ``powering-off``; the agent shuts the
+  guest down and the server becomes SHUTOFF;
+* ``os-start``: SHUTOFF with no task → ``powering-on``; then ACTIVE;
+* ``reboot`` SOFT: ACTIVE with no task → ``rebooting`` (status REBOOT); HARD: ACTIVE,
+  SHUTOFF or ERROR, with no task or during another reboot → ``rebooting_hard`` (status
+  HARD_REBOOT); then ACTIVE.
+
+A server in another state is a 409 naming the state. These are compute RPC 1.1 methods:
+while the deployment's compute RPC cap is lower (an agent of an older release is still
+registered, or an operator pinned it), the request is refused with 409 naming the
+services that are too old, and nothing is changed or sent. If the message cannot be
+sent, the task is undone: 409 when the host's agent has no queue, 503 when the broker
+cannot be reached.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from uuid import UUID
+
+import asyncpg
+
+from services.api.http.faults import ConflictingRequest, ServiceUnavailable
+from services.api.servers.delete import host_service
+from services.compute.rpcapi import SINCE, ComputeAPI, RebootType
+from shared.config import Settings
+from shared.context import RequestContext
+from shared.db import instance_actions, instances, services
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
+from shared.exceptions import MessagingError, Unroutable
+from shared.objects.instance import Instance
+from shared.objects.service import Binary, Service
+from shared.objects.states import TaskState, VmState
+from shared.versions import first_release_speaking, release_name
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PowerAction:
+    """One of the actions: its name (as Nova names it), RPC method and state machine."""
+
+    name: str
+    method: str
+    task: TaskState
+    vm_states: tuple[VmState, ...]
+    from_tasks: tuple[TaskState | None, ...] = (None,)
+
+
+STOP = PowerAction("stop", "stop_instance", TaskState.POWERING_OFF, (VmState.ACTIVE, VmState.ERROR))
+START = PowerAction("start", "start_instance", TaskState.POWERING_ON, (VmState.STOPPED,))
+SOFT_REBOOT = PowerAction("reboot", "reboot_instance", TaskState.REBOOTING, (VmState.ACTIVE,))
+HARD_REBOOT = PowerAction(
+    "reboot",
+    "reboot_instance",
+    TaskState.REBOOTING_HARD,
+    (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR),
+    (None, TaskState.REBOOTING, TaskState.REBOOTING_HARD),
+)
+
+
+async def _too_old(
+    pool: asyncpg.Pool, compute: ComputeAPI, action: PowerAction, down_time: float
+) -> str:
+    """Why the compute RPC cap does not allow the action: the services holding it down."""
+    needed = SINCE[action.method]
+    cap = await compute.client.cap()
+    release = first_release_speaking("compute", needed) or 0
+    async with pool.acquire() as conn:
+        old = await services.older_than(conn, Binary.COMPUTE.value, release, down_time)
+    if not old:
+        return (
+            f"the compute RPC version is pinned to {cap} (KEEL_UPGRADE_LEVELS__COMPUTE), "
+            f"and '{action.name}' needs {needed}"
+        )
+    listing = ", ".join(_describe(service) for service in old)
+    return (
+        f"compute service(s) {listing} are too old: '{action.name}' needs compute RPC "
+        f"{needed} (release {release_name(release)}), and the deployment's cap is {cap}. "
+        "Upgrade those services first"
+    )
+
+
+def _describe(service: Service) -> str:
+    return f"{service.host} (release {release_name(service.version)})"
+
+
+async def _begin(
+    pool: asyncpg.Pool, ctx: RequestContext, instance: Instance, action: PowerAction
+) -> None:
+    async def begin(conn: Connection) -> Instance | None:
+        started = await instances.begin_task(
+            conn,
+            instance.uuid,
+            action.task,
+            vm_states=action.vm_states,
+            from_tasks=action.from_tasks,
+        )
+        if started is not None:
+            await instance_actions.start(conn, ctx, instance.uuid, action.name)
+        return started
+
+    if await in_transaction(pool, begin, what=f"starting {action.name} of {instance.uuid}"):
+        return
+    state = (
+        f"task_state {instance.task_state}"
+        if instance.task_state is not None and instance.vm_state in action.vm_states
+        else f"vm_state {instance.vm_state}"
+    )
+    raise ConflictingRequest(
+        f"Cannot '{action.name}' instance {instance.uuid} while it is in {state}"
+    )
+
+
+async def _undo(pool: asyncpg.Pool, instance_uuid: UUID, action: PowerAction, why: str) -> None:
+    async def undo(conn: Connection) -> None:
+        await instances.finish_task(conn, instance_uuid, (action.task,))
+        await instance_actions.finish(conn, instance_uuid, action.name, why)
+
+    await in_transaction(pool, undo, what=f"undoing {action.name} of {instance_uuid}")
+
+
+async def run_power_action(
+    pool: asyncpg.Pool,
+    compute: ComputeAPI,
+    *,
+    settings: Settings,
+    ctx: RequestContext,
+    instance: Instance,
+    action: PowerAction,
+    reboot_type: RebootType = RebootType.SOFT,
+) -> None:
+    """Check, swap the task, cast; see the module docstring."""
+    down_time = settings.service_down_time
+    if not await compute.can_send(action.method):
+        raise ConflictingRequest(
+            f"Cannot '{action.name}' instance {instance.uuid}: "
+            + await _too_old(pool, compute, action, down_time)
+            + "."
+        )
+    service = await host_service(pool, instance, down_time)
+    if service is None:
+        raise ConflictingRequest(
+            f"Cannot '{action.name}' instance {instance.uuid} while it is in vm_state "
+            f"{instance.vm_state} with no compute host"
+        )
+    await _begin(pool, ctx, instance, action)
+    try:
+        if action.method == "stop_instance":
+            await compute.stop_instance(ctx, service.uuid, instance.uuid)
+        elif action.method == "start_instance":
+            await compute.start_instance(ctx, service.uuid, instance.uuid)
+        else:
+            await compute.reboot_instance(ctx, service.uuid, instance.uuid, reboot_type)
+    except Unroutable:
+        await _undo(pool, instance.uuid, action, f"no queue for compute service {service.uuid}")
+        raise ConflictingRequest(
+            f"Cannot '{action.name}' instance {instance.uuid}: the compute service of host "
+            f"{service.host} has no queue on the message bus; is its agent running?"
+        ) from None
+    except MessagingError as exc:
+        await _undo(pool, instance.uuid, action, exc.message)
+        raise ServiceUnavailable(
+            f"The server was not changed: the message bus could not be reached "
+            f"({exc.message}). Retry once RabbitMQ is available."
+        ) from None
+    LOG.info(
+        "asked compute service %s on %s to %s server %s",
+        service.uuid,
+        service.host,
+        action.name,
+        instance.uuid,
+        extra={"instance_uuid": str(instance.uuid)},
+    )

@@ -1,0 +1,76 @@
+"""``PUT /servers/{id}``: rename a server, or (from microversion 2.19) describe it.
+
+The answer is the whole server, as ``GET /servers/{id}`` shows it. Anything else in the
+body is a 400: keel has no access IPs or disk configuration to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
+
+from services.api.http.auth import Context
+from services.api.http.deps import AppSettings, DbPool, RequestLinks, Version
+from services.api.http.faults import BadRequest
+from services.api.servers.fields import Description, ServerName, unexpected
+from services.api.servers.routes import find_instance, server_view
+from shared.db import server_fields
+
+LOG = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v2.1/servers")
+
+
+class ServerUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: ServerName | None = None
+    description: Description = None
+
+
+class ServerUpdateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    server: ServerUpdate
+
+
+@router.put("/{server_id}")
+async def update_server(
+    server_id: str,
+    body: ServerUpdateBody,
+    *,
+    pool: DbPool,
+    ctx: Context,
+    version: Version,
+    links: RequestLinks,
+    settings: AppSettings,
+) -> dict[str, Any]:
+    change = body.server
+    describe = "description" in change.model_fields_set
+    if describe and not version.at_least("2.19"):
+        raise unexpected("description", "2.19")
+    if "name" in change.model_fields_set and change.name is None:
+        raise BadRequest("Invalid input for field/attribute server.name: it must be a string.")
+    async with pool.acquire() as conn:
+        instance = await find_instance(conn, ctx, server_id)
+        updated = await server_fields.update(
+            conn,
+            instance.uuid,
+            name=change.name,
+            description=change.description,
+            set_description=describe,
+        )
+        view = await server_view(
+            conn, ctx, version, links, settings.service_down_time, shown=[updated]
+        )
+    LOG.info(
+        "server %s updated: name %r, description %s",
+        updated.uuid,
+        updated.display_name,
+        "changed" if describe else "unchanged",
+        extra={"instance_uuid": str(updated.uuid)},
+    )
+    return {"server": view.detail(updated, show=True)}

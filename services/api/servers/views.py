@@ -1,0 +1,268 @@
+"""Server bodies: the summary of a list, the detail at a microversion, the create answer.
+
+What the client reads most: ``status`` (from the vm state), ``image`` (an object, or
+``""`` for none, never null) and ``flavor`` (``{"id", "links"}`` below 2.47, the
+embedded flavor from 2.47). Fields an admin sees and a member does not: the
+``OS-EXT-SRV-ATTR:*`` placement details, ``host_status`` (from 2.16) and the details of
+a 500 fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from services.api.http.links import Links
+from services.api.http.microversion import APIVersion
+from services.api.views.timestamps import isotime, naive_isotime
+from shared.objects.instance import Instance
+from shared.objects.network import FixedIp
+from shared.objects.states import TaskState, VmState
+
+_STATUS: dict[str, str] = {
+    VmState.BUILDING: "BUILD",
+    VmState.ACTIVE: "ACTIVE",
+    VmState.STOPPED: "SHUTOFF",
+    VmState.RESIZED: "VERIFY_RESIZE",
+    VmState.ERROR: "ERROR",
+    VmState.DELETED: "DELETED",
+}
+
+#: Task states that show instead of an active server's status, as Nova shows them.
+_TASK_STATUS: dict[str, str] = {
+    TaskState.REBOOTING: "REBOOT",
+    TaskState.REBOOTING_HARD: "HARD_REBOOT",
+    TaskState.REBUILDING: "REBUILD",
+    TaskState.RESIZE_PREP: "RESIZE",
+    TaskState.RESIZE_MIGRATING: "RESIZE",
+    TaskState.RESIZE_REVERTING: "REVERT_RESIZE",
+}
+#: The vm states whose status a running task replaces.
+_TASK_SHOWN = (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR, VmState.RESIZED)
+
+
+#: Status filters a client may send, and the vm states they select here. Statuses keel
+#: never produces are valid filters that match nothing.
+STATUS_FILTERS: dict[str, tuple[str, ...]] = {
+    **{status: (vm_state,) for vm_state, status in _STATUS.items()},
+    **{status: tuple(_TASK_SHOWN) for status in _TASK_STATUS.values()},
+    **{
+        status: ()
+        for status in (
+            "PASSWORD",
+            "MIGRATING",
+            "PAUSED",
+            "SUSPENDED",
+            "RESCUE",
+            "SHELVED",
+            "SHELVED_OFFLOADED",
+            "SOFT_DELETED",
+            "UNKNOWN",
+        )
+    },
+}
+#: Status filters that stand for a task, and the task states each selects. As in Nova,
+#: a status that stands for a vm state alone (``ACTIVE``) selects that vm state whatever
+#: its task, so a list asking for it too is not narrowed by task.
+TASK_STATUS_FILTERS: dict[str, tuple[str, ...]] = {
+    status: tuple(task for task, shown in _TASK_STATUS.items() if shown == status)
+    for status in set(_TASK_STATUS.values())
+}
+
+_PROGRESS = {"BUILD": 0, "ACTIVE": 100}
+_DEFAULT_SECURITY_GROUPS = ({"name": "default"},)
+
+
+def server_status(vm_state: str, task_state: str | None = None) -> str:
+    if vm_state in _TASK_SHOWN and task_state in _TASK_STATUS:
+        return _TASK_STATUS[task_state]
+    return _STATUS.get(vm_state, "UNKNOWN")
+
+
+def host_id(project_id: str, host: str | None) -> str:
+    """An opaque id of the host, the same for one project's servers on one host."""
+    if not host:
+        return ""
+    return hashlib.sha224((project_id + host).encode()).hexdigest()
+
+
+def instance_name(instance: Instance) -> str:
+    return f"instance-{instance.id:08x}"
+
+
+def created_body(instance: Instance, links: Links, admin_pass: str) -> dict[str, Any]:
+    """The answer to a create: enough to find the new server, and its admin password."""
+    return {
+        "id": str(instance.uuid),
+        "links": links.resource("servers", str(instance.uuid)),
+        "OS-DCF:diskConfig": "MANUAL",
+        "security_groups": [dict(group) for group in _DEFAULT_SECURITY_GROUPS],
+        "adminPass": admin_pass,
+    }
+
+
+def addresses_body(held: Sequence[FixedIp]) -> dict[str, list[dict[str, Any]]]:
+    """``{network name: [address, ...]}`` as the ``addresses`` of a server."""
+    body: dict[str, list[dict[str, Any]]] = {}
+    for fixed in held:
+        body.setdefault(fixed.network_name, []).append(
+            {
+                "version": fixed.version,
+                "addr": fixed.address,
+                "OS-EXT-IPS:type": "fixed",
+                "OS-EXT-IPS-MAC:mac_addr": fixed.mac,
+            }
+        )
+    return body
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """Shapes servers for one request: its microversion, links and caller."""
+
+    version: APIVersion
+    links: Links
+    is_admin: bool
+    #: compute host → ``UP``/``DOWN``/``MAINTENANCE``/``UNKNOWN``, for ``host_status``.
+    host_statuses: Mapping[str, str] = field(default_factory=dict)
+    #: (host, node) → the node's availability zone, shown for servers placed there.
+    node_zones: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    #: instance → the fixed addresses it holds.
+    addresses: Mapping[UUID, Sequence[FixedIp]] = field(default_factory=dict)
+
+    def availability_zone(self, instance: Instance) -> str:
+        """The zone of the node the server is on; before that, the zone it asked for."""
+        if instance.host:
+            zone = self.node_zones.get((instance.host, instance.node or ""))
+            if zone is not None:
+                return zone
+        return instance.availability_zone or ""
+
+    def summary(self, instance: Instance) -> dict[str, Any]:
+        uuid = str(instance.uuid)
+        return {
+            "id": uuid,
+            "name": instance.display_name,
+            "links": self.links.resource("servers", uuid),
+        }
+
+    def image(self, instance: Instance) -> dict[str, Any] | str:
+        if not instance.image_ref:
+            return ""
+        ref = instance.image_ref
+        return {
+            "id": ref,
+            "links": [{"rel": "bookmark", "href": self.links.bookmark("images", ref)}],
+        }
+
+    def flavor(self, instance: Instance) -> dict[str, Any]:
+        flavor = instance.flavor
+        if not self.version.at_least("2.47"):
+            href = self.links.bookmark("flavors", flavor.flavorid)
+            return {"id": flavor.flavorid, "links": [{"rel": "bookmark", "href": href}]}
+        return {
+            "vcpus": flavor.vcpus,
+            "ram": flavor.memory_mb,
+            "disk": flavor.root_gb,
+            "ephemeral": flavor.ephemeral_gb,
+            "swap": flavor.swap,
+            "original_name": flavor.name,
+            "extra_specs": dict(flavor.extra_specs),
+        }
+
+    def fault(self, instance: Instance) -> dict[str, Any] | None:
+        fault = instance.fault
+        if fault is None or instance.vm_state not in (VmState.ERROR, VmState.DELETED):
+            return None
+        body: dict[str, Any] = {
+            "code": fault.code,
+            "created": isotime(fault.created),
+            "message": fault.message,
+        }
+        if self.is_admin or fault.code != 500:
+            body["details"] = fault.details
+        return body
+
+    def detail(self, instance: Instance, *, show: bool = False) -> dict[str, Any]:
+        """The full server at this request's microversion (``show``: a single server)."""
+        body = self._base(instance)
+        fault = self.fault(instance)
+        if fault is not None:
+            body["fault"] = fault
+        if body["status"] in _PROGRESS:
+            body["progress"] = _PROGRESS[body["status"]]
+        if self.is_admin:
+            body.update(self._admin_fields(instance))
+        body.update(self._versioned_fields(instance, show=show))
+        return body
+
+    def _base(self, instance: Instance) -> dict[str, Any]:
+        return {
+            **self.summary(instance),
+            "status": server_status(instance.vm_state, instance.task_state),
+            "tenant_id": instance.project_id,
+            "user_id": instance.user_id,
+            "metadata": dict(instance.metadata),
+            "hostId": host_id(instance.project_id, instance.host),
+            "image": self.image(instance),
+            "flavor": self.flavor(instance),
+            "created": isotime(instance.created_at),
+            "updated": isotime(instance.updated_at or instance.created_at),
+            "addresses": addresses_body(self.addresses.get(instance.uuid, ())),
+            "accessIPv4": "",
+            "accessIPv6": "",
+            "key_name": instance.key_name,
+            "config_drive": "",
+            "OS-DCF:diskConfig": "MANUAL",
+            "OS-EXT-AZ:availability_zone": self.availability_zone(instance),
+            "OS-EXT-STS:vm_state": instance.vm_state,
+            "OS-EXT-STS:task_state": instance.task_state,
+            "OS-EXT-STS:power_state": instance.power_state,
+            "OS-SRV-USG:launched_at": naive_isotime(instance.launched_at),
+            "OS-SRV-USG:terminated_at": naive_isotime(instance.terminated_at),
+            "security_groups": [dict(group) for group in _DEFAULT_SECURITY_GROUPS],
+            "os-extended-volumes:volumes_attached": [],
+        }
+
+    def _admin_fields(self, instance: Instance) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "OS-EXT-SRV-ATTR:host": instance.host,
+            "OS-EXT-SRV-ATTR:hypervisor_hostname": instance.node,
+            "OS-EXT-SRV-ATTR:instance_name": instance_name(instance),
+        }
+        if self.version.at_least("2.3"):
+            fields.update(
+                {
+                    "OS-EXT-SRV-ATTR:reservation_id": "",
+                    "OS-EXT-SRV-ATTR:launch_index": 0,
+                    "OS-EXT-SRV-ATTR:hostname": instance.display_name,
+                    "OS-EXT-SRV-ATTR:kernel_id": "",
+                    "OS-EXT-SRV-ATTR:ramdisk_id": "",
+                    "OS-EXT-SRV-ATTR:root_device_name": None,
+                    "OS-EXT-SRV-ATTR:user_data": instance.user_data,
+                }
+            )
+        if self.version.at_least("2.16"):
+            fields["host_status"] = (
+                self.host_statuses.get(instance.host, "UNKNOWN") if instance.host else ""
+            )
+        return fields
+
+    def _versioned_fields(self, instance: Instance, *, show: bool) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.version.at_least("2.9"):
+            fields["locked"] = False
+        if self.version.at_least("2.19"):
+            fields["description"] = instance.description
+        if self.version.at_least("2.26"):
+            fields["tags"] = list(instance.tags)
+        if self.version.at_least("2.63"):
+            fields["trusted_image_certificates"] = None
+        if show and self.version.at_least("2.71"):
+            fields["server_groups"] = []
+        if self.version.at_least("2.73"):
+            fields["locked_reason"] = None
+        return fields

@@ -1,0 +1,220 @@
+"""Server bodies across microversions, for members and admins."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from services.api.http.links import Links
+from services.api.http.microversion import APIVersion
+from services.api.servers.views import (
+    STATUS_FILTERS,
+    TASK_STATUS_FILTERS,
+    ServerView,
+    created_body,
+    server_status,
+)
+from shared.objects.instance import InstanceFault
+from shared.objects.network import FixedIp, mac_address
+from tests.unit.services.api.factories import CREATED, instance
+
+LINKS = Links("http://api.example:8774/")
+NETWORK_ID = uuid.UUID("0e0e0e0e-0000-4000-8000-000000000001")
+
+
+def view(version: str = "2.1", *, admin: bool = False, **kw: Any) -> ServerView:
+    return ServerView(version=APIVersion.parse(version), links=LINKS, is_admin=admin, **kw)
+
+
+@pytest.mark.parametrize(
+    ("vm_state", "status"),
+    [
+        ("building", "BUILD"),
+        ("active", "ACTIVE"),
+        ("stopped", "SHUTOFF"),
+        ("error", "ERROR"),
+        ("deleted", "DELETED"),
+        ("mystery", "UNKNOWN"),
+    ],
+)
+def test_status_from_vm_state(vm_state: str, status: str) -> None:
+    assert server_status(vm_state) == status
+
+
+def test_status_filters_select_vm_states() -> None:
+    assert STATUS_FILTERS["BUILD"] == ("building",)
+    assert STATUS_FILTERS["SHUTOFF"] == ("stopped",)
+    assert STATUS_FILTERS["PAUSED"] == ()
+
+
+def test_summary() -> None:
+    body = view().summary(instance())
+    assert body["id"] == "6f1a5e2c-0000-4000-8000-000000000001"
+    assert body["name"] == "web-1"
+    assert body["links"][0] == {
+        "rel": "self",
+        "href": "http://api.example:8774/v2.1/servers/6f1a5e2c-0000-4000-8000-000000000001",
+    }
+
+
+def test_detail_basics_for_a_new_server() -> None:
+    body = view().detail(instance())
+    assert body["status"] == "BUILD"
+    assert body["tenant_id"] == "team"
+    assert body["created"] == "2024-05-01T12:00:00Z"
+    assert body["updated"] == "2024-05-01T12:00:00Z"
+    assert body["hostId"] == ""
+    assert body["progress"] == 0
+    assert body["addresses"] == {}
+    assert body["OS-EXT-STS:task_state"] == "scheduling"
+    assert body["OS-SRV-USG:launched_at"] is None
+    assert body["os-extended-volumes:volumes_attached"] == []
+
+
+def test_image_is_an_object_or_empty_string_never_null() -> None:
+    image = view().detail(instance())["image"]
+    assert image["id"] == "11111111-2222-3333-4444-555555555555"
+    assert view().detail(instance(image_ref=""))["image"] == ""
+
+
+def test_flavor_is_a_reference_below_2_47() -> None:
+    flavor = view("2.46").detail(instance())["flavor"]
+    assert flavor["id"] == "1"
+    assert flavor["links"][0]["href"] == "http://api.example:8774/flavors/1"
+
+
+def test_flavor_is_embedded_from_2_47() -> None:
+    flavor = view("2.47").detail(instance())["flavor"]
+    assert flavor == {
+        "vcpus": 1,
+        "ram": 512,
+        "disk": 1,
+        "ephemeral": 0,
+        "swap": 0,
+        "original_name": "m1.tiny",
+        "extra_specs": {},
+    }
+
+
+def test_placement_details_are_for_admins_only() -> None:
+    placed = instance(host="h1", node="h1-node", vm_state="active", task_state=None)
+    member = view("2.73").detail(placed)
+    admin = view("2.73", admin=True, host_statuses={"h1": "UP"}).detail(placed)
+    assert not any(key.startswith("OS-EXT-SRV-ATTR") for key in member)
+    assert "host_status" not in member
+    assert admin["OS-EXT-SRV-ATTR:host"] == "h1"
+    assert admin["OS-EXT-SRV-ATTR:hypervisor_hostname"] == "h1-node"
+    assert admin["OS-EXT-SRV-ATTR:instance_name"] == "instance-00000007"
+    assert admin["host_status"] == "UP"
+    assert member["hostId"] == admin["hostId"] != ""
+
+
+def test_host_status_needs_2_16() -> None:
+    placed = instance(host="h1")
+    assert "host_status" not in view("2.15", admin=True).detail(placed)
+    assert view("2.16", admin=True).detail(placed)["host_status"] == "UNKNOWN"
+    assert view("2.16", admin=True).detail(instance())["host_status"] == ""
+
+
+def test_fault_details_are_hidden_from_members_for_500s() -> None:
+    fault = InstanceFault(
+        code=500, message="No valid host was found.", details="x", created=CREATED
+    )
+    failed = instance(vm_state="error", task_state=None, fault=fault)
+    member = view().detail(failed)["fault"]
+    assert member == {"code": 500, "created": "2024-05-01T12:00:00Z", "message": fault.message}
+    assert view(admin=True).detail(failed)["fault"]["details"] == "x"
+
+
+def test_fault_is_shown_only_in_error() -> None:
+    fault = InstanceFault(code=500, message="old", created=CREATED)
+    assert "fault" not in view().detail(instance(vm_state="active", fault=fault))
+
+
+@pytest.mark.parametrize(
+    ("field", "first"),
+    [
+        ("locked", "2.9"),
+        ("description", "2.19"),
+        ("tags", "2.26"),
+        ("trusted_image_certificates", "2.63"),
+        ("locked_reason", "2.73"),
+    ],
+)
+def test_versioned_fields_appear_at_their_version(field: str, first: str) -> None:
+    major, minor = first.split(".")
+    before = f"{major}.{int(minor) - 1}"
+    assert field not in view(before).detail(instance())
+    assert field in view(first).detail(instance())
+
+
+def test_server_groups_only_on_show_from_2_71() -> None:
+    assert "server_groups" not in view("2.70").detail(instance(), show=True)
+    assert "server_groups" not in view("2.73").detail(instance())
+    assert view("2.71").detail(instance(), show=True)["server_groups"] == []
+
+
+def test_every_version_gives_the_fields_the_client_reads() -> None:
+    for minor in range(1, 74):
+        body = view(f"2.{minor}", admin=True).detail(instance(), show=True)
+        for key in ("id", "name", "status", "image", "flavor", "links", "created"):
+            assert body[key] is not None
+
+
+def test_created_body() -> None:
+    body = created_body(instance(), LINKS, "s3cret")
+    assert body["id"] == "6f1a5e2c-0000-4000-8000-000000000001"
+    assert body["OS-DCF:diskConfig"] == "MANUAL"
+    assert body["adminPass"] == "s3cret"
+
+
+def test_addresses_metadata_and_zone_of_a_placed_server() -> None:
+    placed = instance(host="compute-1", node="compute-1", metadata={"role": "web"})
+    held = FixedIp(
+        network_id=NETWORK_ID,
+        network_name="private",
+        address="10.0.0.2",
+        mac=mac_address(NETWORK_ID, "10.0.0.2"),
+    )
+    shown = view(
+        addresses={placed.uuid: [held]}, node_zones={("compute-1", "compute-1"): "nova"}
+    ).detail(placed)
+    assert shown["addresses"] == {
+        "private": [
+            {
+                "version": 4,
+                "addr": "10.0.0.2",
+                "OS-EXT-IPS:type": "fixed",
+                "OS-EXT-IPS-MAC:mac_addr": held.mac,
+            }
+        ]
+    }
+    assert held.mac.startswith("02:")
+    assert held.mac.endswith(":0a:00:00:02")
+    assert shown["metadata"] == {"role": "web"}
+    assert shown["OS-EXT-AZ:availability_zone"] == "nova"
+
+
+def test_zone_before_placement_is_the_one_asked_for() -> None:
+    assert view().detail(instance())["OS-EXT-AZ:availability_zone"] == ""
+    asked = instance(availability_zone="az1")
+    assert view().detail(asked)["OS-EXT-AZ:availability_zone"] == "az1"
+
+
+def test_description_tags_and_user_data_by_version_and_role() -> None:
+    described = instance(description="front end", tags=["web", "prod"], user_data="aGk=")
+    assert "description" not in view("2.18").detail(described)
+    assert view("2.19").detail(described)["description"] == "front end"
+    assert "tags" not in view("2.25").detail(described)
+    assert view("2.26").detail(described)["tags"] == ["web", "prod"]
+    assert view("2.3", admin=True).detail(described)["OS-EXT-SRV-ATTR:user_data"] == "aGk="
+    assert "OS-EXT-SRV-ATTR:user_data" not in view("2.2", admin=True).detail(described)
+    assert "OS-EXT-SRV-ATTR:user_data" not in view("2.73").detail(described)
+
+
+def test_task_statuses_select_the_vm_states_their_task_shows_on() -> None:
+    assert set(STATUS_FILTERS["REBOOT"]) == {"active", "stopped", "error", "resized"}
+    assert TASK_STATUS_FILTERS["RESIZE"] == ("resize_prep", "resize_migrating")
+    assert TASK_STATUS_FILTERS["REVERT_RESIZE"] == ("resize_reverting",)
