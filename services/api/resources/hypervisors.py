@@ -23,7 +23,7 @@ from services.api.http.faults import BadRequest, Fault, ItemNotFound
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker, page_request
-from services.api.servers.filters import boolean
+from services.api.http.query import boolean
 from services.api.views.hypervisors import (
     hypervisor_id,
     hypervisor_view,

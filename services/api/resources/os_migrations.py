@@ -25,7 +25,7 @@ from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import page_request
-from services.api.servers.filters import timestamp
+from services.api.http.query import timestamp
 from services.api.views.timestamps import naive_isotime
 from shared.db import instances, moves
 from shared.db.moves import MigrationQuery

@@ -18,6 +18,7 @@ from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Vers
 from services.api.http.faults import BadRequest
 from services.api.http.microversion import APIVersion
 from services.api.servers.evacuate import evacuate
+from services.api.servers.lookup import find_instance
 from services.api.servers.migrate import CONFIRM, REVERT, finish_resize, migrate
 from services.api.servers.power import (
     HARD_REBOOT,
@@ -27,7 +28,6 @@ from services.api.servers.power import (
     PowerAction,
     run_power_action,
 )
-from services.api.servers.routes import find_instance
 from services.compute.rpcapi import ComputeAPI, RebootType
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings

@@ -39,6 +39,7 @@ from services.api.http.policy import Policy
 from services.api.servers import keys as server_keys
 from services.api.servers import requested_destination
 from services.api.servers.fields import PreparedFields, ServerFields
+from services.api.servers.lookup import last_segment
 from services.api.servers.requested_destination import ZoneRequest, parse_zone
 from services.conductor.rpcapi import DESTINATION_VERSION, ConductorAPI
 from shared.config import QuotaSettings
@@ -117,11 +118,6 @@ class NewServerBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     server: NewServer
-
-
-def last_segment(ref: str) -> str:
-    """``http://host/flavors/3`` → ``3``; a bare id is returned as it is."""
-    return ref.rstrip("/").rsplit("/", 1)[-1]
 
 
 def check_counts(server: NewServer) -> None:

@@ -24,9 +24,10 @@ from uuid import UUID
 import asyncpg
 
 from services.api.http.faults import ServiceUnavailable
+from services.api.servers.lookup import host_service
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
-from shared.db import allocations, fixed_ips, instance_actions, instances, placement
+from shared.db import allocations, fixed_ips, instance_actions, instances
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import InstanceNotFound, MessagingError, Unroutable
@@ -77,13 +78,6 @@ async def local_delete(
         extra={"instance_uuid": str(instance_uuid), "decision": "local_delete"},
     )
     return True
-
-
-async def host_service(pool: asyncpg.Pool, instance: Instance, down_time: float) -> Service | None:
-    """The compute service of the instance's node (by id), or ``None`` if it is gone."""
-    async with pool.acquire() as conn:
-        host = await placement.host_of(conn, instance, down_time)
-    return None if host is None else host.service
 
 
 def _warn_files_remain(instance: Instance, why: str) -> None:

@@ -19,7 +19,7 @@ unless ``deleted`` says otherwise.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from uuid import UUID
 
 from starlette.datastructures import QueryParams
@@ -27,14 +27,12 @@ from starlette.datastructures import QueryParams
 from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import MAX_LIMIT, PageRequest, marker_not_found, page_request
-from services.api.servers.create import last_segment
+from services.api.http.query import boolean, timestamp
+from services.api.servers.lookup import last_segment
 from services.api.servers.views import STATUS_FILTERS, TASK_STATUS_FILTERS
 from shared.context import RequestContext
 from shared.db.instance_search import InstanceSearch, SortDir
 from shared.objects.states import VmState
-
-_TRUE = {"1", "t", "true", "on", "y", "yes"}
-_FALSE = {"0", "f", "false", "off", "n", "no"}
 
 #: Filters matched exactly: query parameter → field.
 EXACT = {
@@ -122,29 +120,6 @@ def member_filters(version: APIVersion) -> frozenset[str]:
     if version.at_least("2.73"):
         allowed.add("locked")
     return frozenset(allowed)
-
-
-def boolean(name: str, value: str, *, strict: bool = True) -> bool:
-    lowered = value.strip().lower()
-    if lowered in _TRUE or (lowered == "" and name == "all_tenants"):
-        return True
-    if lowered in _FALSE or not strict:
-        return False
-    raise BadRequest(
-        f"Invalid {name} value {value!r}: acceptable values are "
-        f"{', '.join(sorted(_TRUE | _FALSE))}."
-    )
-
-
-def timestamp(name: str, value: str) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise BadRequest(
-            f"Invalid input for query parameters {name}. Value: {value}. "
-            f"'{value}' is not a 'date-time'"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def states_for(statuses: list[str], version: APIVersion) -> tuple[list[str], list[str] | None]:

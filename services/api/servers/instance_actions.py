@@ -27,7 +27,7 @@ from services.api.http.deps import DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import page_request
-from services.api.servers.filters import timestamp
+from services.api.http.query import timestamp
 from services.api.servers.views import host_id
 from services.api.views.timestamps import naive_isotime
 from shared.context import RequestContext

@@ -25,7 +25,7 @@ from services.api.http.deps import AppSettings, DbPool
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.resources.quotas import check_metadata_items, project_limits
 from services.api.servers.fields import Metadata
-from services.api.servers.routes import find_instance
+from services.api.servers.lookup import find_instance
 from shared.config import QuotaSettings
 from shared.context import RequestContext
 from shared.db import server_fields

@@ -27,7 +27,7 @@ from uuid import UUID
 import asyncpg
 
 from services.api.http.faults import ConflictingRequest, ServiceUnavailable
-from services.api.servers.delete import host_service
+from services.api.servers.lookup import host_service
 from services.compute.rpcapi import SINCE, ComputeAPI, RebootType
 from shared.config import Settings
 from shared.context import RequestContext

@@ -7,10 +7,8 @@ filters and sort keys are read by :mod:`services.api.servers.filters`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
-from uuid import UUID
 
 import asyncpg
 from fastapi import APIRouter, Request, Response
@@ -25,22 +23,22 @@ from services.api.http.deps import (
     RequestLinks,
     Version,
 )
-from services.api.http.faults import BadRequest, ItemNotFound
+from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker
-from services.api.servers.create import NewServerBody, create_server, last_segment
+from services.api.servers.create import NewServerBody, create_server
 from services.api.servers.delete import delete_server
 from services.api.servers.fields import prepare
 from services.api.servers.filters import server_search
-from services.api.servers.views import ServerView, created_body
+from services.api.servers.lookup import find_instance, last_segment, server_view
+from services.api.servers.views import created_body
 from shared.context import RequestContext
-from shared.db import compute_nodes, fixed_ips, instance_search, instances
+from shared.db import instance_search
 from shared.db.instance_search import InstanceSearch
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
-from shared.objects.service import Service
 
 router = APIRouter(prefix="/v2.1/servers")
 
@@ -73,42 +71,6 @@ LIST_PARAMETERS = {
         _query("marker", "the id of the server before the page"),
     ]
 }
-
-
-def host_status(service: Service) -> str:
-    if service.forced_down:
-        return "DOWN"
-    if service.disabled:
-        return "MAINTENANCE"
-    return "UP" if service.is_up else "UNKNOWN"
-
-
-async def server_view(
-    conn: Connection,
-    ctx: RequestContext,
-    version: APIVersion,
-    links: Links,
-    down_time: float,
-    *,
-    shown: Sequence[Instance],
-) -> ServerView:
-    """The view of ``shown`` for this caller: their addresses and zones; for admins
-    from 2.16, each host's status. Reads only the hosts of the servers shown."""
-    hosts = sorted({instance.host for instance in shown if instance.host})
-    states = await compute_nodes.host_states_on(conn, down_time, hosts)
-    statuses: dict[str, str] = {}
-    if ctx.is_admin and version.at_least("2.16"):
-        statuses = {state.service.host: host_status(state.service) for state in states}
-    return ServerView(
-        version=version,
-        links=links,
-        is_admin=ctx.is_admin,
-        host_statuses=statuses,
-        node_zones={
-            (s.node.host, s.node.hypervisor_hostname): s.node.availability_zone for s in states
-        },
-        addresses=await fixed_ips.for_instances(conn, [instance.uuid for instance in shown]),
-    )
 
 
 async def _find_page(conn: Connection, search: InstanceSearch) -> list[Instance]:
@@ -193,18 +155,6 @@ async def list_servers_detail(
         max_limit=settings.api.max_limit,
         detail=True,
     )
-
-
-async def find_instance(conn: Connection, ctx: RequestContext, server_id: str) -> Instance:
-    """The caller's server ``server_id``; 404 if it does not exist or is another project's."""
-    not_found = ItemNotFound(f"Instance {server_id} could not be found.")
-    try:
-        instance = await instances.get(conn, UUID(server_id))
-    except (ValueError, InstanceNotFound):
-        raise not_found from None
-    if not ctx.is_admin and instance.project_id != ctx.project_id:
-        raise not_found
-    return instance
 
 
 @router.get("/{server_id}")

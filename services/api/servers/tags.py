@@ -20,8 +20,8 @@ from services.api.http.deps import DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
 from services.api.servers.fields import MAX_TAGS, Tag, Tags
+from services.api.servers.lookup import find_instance
 from services.api.servers.metadata import CHANGEABLE
-from services.api.servers.routes import find_instance
 from shared.db import server_fields
 
 router = APIRouter(prefix="/v2.1/servers")

@@ -16,7 +16,7 @@ from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest
 from services.api.servers.fields import Description, ServerName, unexpected
-from services.api.servers.routes import find_instance, server_view
+from services.api.servers.lookup import find_instance, server_view
 from shared.db import server_fields
 
 LOG = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.api.http.faults import Fault
-from services.api.servers.create import NewServerBody, check_counts, check_fits, last_segment
+from services.api.servers.create import NewServerBody, check_counts, check_fits
+from services.api.servers.lookup import last_segment
 from tests.unit.services.api.factories import flavor, image
 
 BASE: dict[str, Any] = {"name": "web-1", "imageRef": "11111111-2222-3333-4444-555555555555"}
