@@ -59,6 +59,23 @@ run: install ## run a local cloud in the foreground; Ctrl-C stops it
 clean: $(BIN)/python ## drop the local cloud's database and .keel/ (refused while it runs)
 	$(BIN)/python deploy/localcloud.py clean
 
+# Tempest, OpenStack's own API tests, in a virtualenv of its own (its dependencies are
+# not keel's). `make tempest TEMPEST_REGEX=servers` runs a slice.
+TEMPEST_VENV ?= .tempest-venv
+TEMPEST_STAMP := $(TEMPEST_VENV)/.installed
+TEMPEST_REGEX ?=
+TEMPEST_CONCURRENCY ?= 2
+
+$(TEMPEST_STAMP): tests/tempest/requirements.txt
+	test -x $(TEMPEST_VENV)/bin/python || $(PYTHON) -m venv $(TEMPEST_VENV)
+	$(TEMPEST_VENV)/bin/pip install --quiet -r tests/tempest/requirements.txt
+	touch $@
+
+.PHONY: tempest
+tempest: $(BIN)/python $(TEMPEST_STAMP) ## Tempest's compute API tests against a cloud of their own
+	$(BIN)/python -m tests.tempest.run --venv $(TEMPEST_VENV) \
+		--concurrency $(TEMPEST_CONCURRENCY) $(if $(TEMPEST_REGEX),--regex '$(TEMPEST_REGEX)')
+
 # Each benchmark prints a human line and a JSON line per figure, and PASS/FAIL against
 # its targets (never enforced). `make bench` is the quick set (a few minutes);
 # `make bench-full` runs the issue's sizes. bench/RESULTS.md records a run.

@@ -1,0 +1,190 @@
+"""What Tempest is told about a keel cloud: its accounts and its ``tempest.conf``.
+
+keel's Identity API authenticates users but has no API to create projects or users, so
+Tempest runs with pre-provisioned accounts (``accounts.yaml``) that :mod:`tests.tempest.run`
+creates in the database before Tempest starts. Tempest hands each test class a member
+(primary), a reader and a manager of one project, an account of another project (alt)
+and an admin, and locks each account while a class holds it: there are enough of each
+for every worker at once.
+
+The feature flags say exactly what keel serves: a flag is true only where keel
+implements the feature; what keel lacks is false, so Tempest skips those tests and says
+why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Account sets: one per worker that may hold credentials at the same time, and spares.
+ACCOUNT_SETS = 4
+
+#: The compute microversions keel-api answers.
+MIN_MICROVERSION = "2.1"
+MAX_MICROVERSION = "2.74"
+
+#: Tempest's [compute-feature-enabled] flags for what keel serves and lacks.
+FEATURES: dict[str, bool] = {
+    "cold_migration": True,
+    "resize": False,
+    "pause": False,
+    "suspend": False,
+    "shelve": False,
+    "shelve_migrate": False,
+    "console_output": False,
+    "change_password": False,
+    "disk_config": False,
+    "live_migration": False,
+    "live_migrate_back_and_forth": False,
+    "block_migration_for_live_migration": False,
+    "volume_backed_live_migration": False,
+    "can_migrate_between_any_hosts": True,
+    "metadata_service": False,
+    "vnc_console": False,
+    "spice_console": False,
+    "serial_console": False,
+    "rescue": False,
+    "stable_rescue": False,
+    "enable_instance_password": True,
+    "interface_attach": False,
+    "snapshot": False,
+    "personality": False,
+    "attach_encrypted_volume": False,
+    "config_drive": False,
+    "swap_volume": False,
+    "volume_multiattach": False,
+    "unified_limits": False,
+    "hostname_fqdn_sanitization": False,
+}
+
+
+@dataclass(frozen=True)
+class Account:
+    """One pre-provisioned account: a keel user with one role in one project."""
+
+    username: str
+    project: str
+    password: str
+    #: keel's role: ``admin`` or ``member``.
+    keel_role: str
+    #: The roles Tempest matches on (``reader`` and ``manager`` are keel members).
+    tempest_roles: tuple[str, ...]
+
+
+def accounts(password: str) -> list[Account]:
+    """Every account, alt accounts first.
+
+    Tempest gives a class its alt account from the first free account that is not an
+    admin, so the accounts of projects of their own come first: an alt never shares the
+    primary's project.
+    """
+    found: list[Account] = []
+    for i in range(1, ACCOUNT_SETS + 1):
+        found.append(Account(f"tempest-alt-{i}", f"tempest-alt-{i}", password, "member", ()))
+    for i in range(1, ACCOUNT_SETS + 1):
+        project = f"tempest-{i}"
+        for persona in ("member", "reader", "manager"):
+            found.append(Account(f"{project}-{persona}", project, password, "member", (persona,)))
+    for i in range(1, ACCOUNT_SETS + 1):
+        name = f"tempest-admin-{i}"
+        found.append(Account(name, name, password, "admin", ("admin",)))
+    return found
+
+
+def accounts_yaml(found: list[Account]) -> str:
+    """Tempest's ``test_accounts_file`` (JSON strings are YAML scalars)."""
+    lines: list[str] = []
+    for account in found:
+        lines.append(f"- username: {json.dumps(account.username)}")
+        lines.append(f"  project_name: {json.dumps(account.project)}")
+        lines.append(f"  password: {json.dumps(account.password)}")
+        lines.append("  user_domain_name: Default")
+        lines.append("  project_domain_name: Default")
+        if account.tempest_roles:
+            lines.append(f"  roles: {json.dumps(list(account.tempest_roles))}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Cloud:
+    """What ``tempest.conf`` needs to know about the running cloud."""
+
+    api_url: str
+    image_ref: str
+    image_ref_alt: str
+    flavor_ref: str
+    flavor_ref_alt: str
+    compute_nodes: int
+
+
+def tempest_conf(cloud: Cloud, workdir: Path, accounts_file: Path) -> str:
+    """The whole ``tempest.conf`` for ``cloud``; Tempest's state goes under ``workdir``."""
+    features = "\n".join(f"{name} = {str(on).lower()}" for name, on in FEATURES.items())
+    return f"""\
+[DEFAULT]
+log_dir = {workdir}
+log_file = tempest.log
+
+[oslo_concurrency]
+lock_path = {workdir / "locks"}
+
+[auth]
+use_dynamic_credentials = false
+test_accounts_file = {accounts_file}
+default_credentials_domain_name = Default
+create_isolated_networks = false
+
+[identity]
+uri_v3 = {cloud.api_url}/identity/v3
+auth_version = v3
+region = RegionOne
+v3_endpoint_type = public
+admin_role = admin
+
+[identity-feature-enabled]
+api_v2 = false
+api_v3 = true
+
+[compute]
+image_ref = {cloud.image_ref}
+image_ref_alt = {cloud.image_ref_alt}
+flavor_ref = {cloud.flavor_ref}
+flavor_ref_alt = {cloud.flavor_ref_alt}
+build_interval = 1
+build_timeout = 120
+ready_wait = 0
+min_compute_nodes = {cloud.compute_nodes}
+min_microversion = {MIN_MICROVERSION}
+max_microversion = {MAX_MICROVERSION}
+region = RegionOne
+endpoint_type = publicURL
+
+[compute-feature-enabled]
+{features}
+
+[image]
+region = RegionOne
+endpoint_type = publicURL
+build_interval = 1
+build_timeout = 60
+
+[image-feature-enabled]
+api_v2 = true
+
+[network-feature-enabled]
+floating_ips = false
+
+[validation]
+run_validation = false
+
+[service_available]
+nova = true
+glance = true
+neutron = false
+cinder = false
+swift = false
+horizon = false
+placement = false
+"""
