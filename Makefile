@@ -4,16 +4,24 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := shared services deploy bench tests
+SOURCES := shared services deploy bench devkit tests
+TYPED := shared services deploy bench devkit
+# devkit/ (the harness of the tests, the benchmarks and `make run`) is not shipped: a .pth
+# file puts this checkout on the virtualenv's path instead.
+CHECKOUT_PTH := $(VENV)/.checkout-on-path
 
 .DEFAULT_GOAL := all
 
 .PHONY: install
-install: $(STAMP) ## create .venv and install keel with its dev tools (again when pyproject.toml changes)
+install: $(STAMP) $(CHECKOUT_PTH) ## create .venv and install keel with its dev tools (again when pyproject.toml changes)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+$(CHECKOUT_PTH): | $(BIN)/python
+	$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "keel-checkout.pth").write_text("$(CURDIR)\n")'
 	touch $@
 
 # Lint and test need a virtualenv, but do not reinstall an existing one: `make install` does.
@@ -29,26 +37,26 @@ fmt: $(BIN)/python ## format the code and apply safe lint fixes
 lint: $(BIN)/python ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check $(SOURCES)
 	$(BIN)/ruff format --check $(SOURCES)
-	$(BIN)/mypy shared services deploy bench
+	$(BIN)/mypy $(TYPED)
 
 .PHONY: typecheck
-typecheck: $(BIN)/python ## mypy --strict over shared, services, deploy and bench
-	$(BIN)/mypy shared services deploy bench
+typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)
+	$(BIN)/mypy $(TYPED)
 
 .PHONY: test
-test: $(BIN)/python ## the whole suite: unit, functional and end-to-end
+test: $(CHECKOUT_PTH) ## the whole suite: unit, functional and end-to-end
 	$(BIN)/pytest
 
 .PHONY: test-unit
-test-unit: $(BIN)/python ## unit tests only (no PostgreSQL or RabbitMQ needed)
+test-unit: $(CHECKOUT_PTH) ## unit tests only (no PostgreSQL or RabbitMQ needed)
 	$(BIN)/pytest tests/unit
 
 .PHONY: test-functional
-test-functional: $(BIN)/python ## functional tests (real PostgreSQL and RabbitMQ)
+test-functional: $(CHECKOUT_PTH) ## functional tests (real PostgreSQL and RabbitMQ)
 	$(BIN)/pytest tests/functional
 
 .PHONY: test-e2e
-test-e2e: $(BIN)/python ## end-to-end tests (real processes, real openstack CLI)
+test-e2e: $(CHECKOUT_PTH) ## end-to-end tests (real processes, real openstack CLI)
 	$(BIN)/pytest tests/e2e
 
 .PHONY: run
@@ -56,7 +64,7 @@ run: install ## run a local cloud in the foreground; Ctrl-C stops it
 	$(BIN)/python deploy/localcloud.py
 
 .PHONY: clean
-clean: $(BIN)/python ## drop the local cloud's database and .keel/ (refused while it runs)
+clean: $(CHECKOUT_PTH) ## drop the local cloud's database and .keel/ (refused while it runs)
 	$(BIN)/python deploy/localcloud.py clean
 
 # Tempest, OpenStack's own API tests, in a virtualenv of its own (its dependencies are
@@ -99,11 +107,11 @@ BENCH_FULL := \
 	"soak.py --seconds 600 --clients 20 --hosts 20 --sample 30"
 
 .PHONY: bench
-bench: $(BIN)/python ## the benchmarks in bench/, quick sizes (a few minutes)
+bench: $(CHECKOUT_PTH) ## the benchmarks in bench/, quick sizes (a few minutes)
 	@for run in $(BENCH_QUICK); do echo "== bench/$$run"; $(BIN)/python bench/$$run || exit 1; done
 
 .PHONY: bench-full
-bench-full: $(BIN)/python ## the benchmarks at the issue's sizes (longer)
+bench-full: $(CHECKOUT_PTH) ## the benchmarks at the issue's sizes (longer)
 	@for run in $(BENCH_FULL); do echo "== bench/$$run"; $(BIN)/python bench/$$run || exit 1; done
 
 .PHONY: all

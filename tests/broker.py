@@ -1,33 +1,21 @@
-"""Tidying the test broker: what a test declared under its own exchange goes with it."""
+"""The test broker: its URL, removing a test's exchange (both from :mod:`devkit`), and
+per-agent users."""
 
 from __future__ import annotations
 
-import os
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from uuid import UUID
 
-import aio_pika
-
+from devkit.broker import remove_exchange
+from devkit.servers import AMQP_URL
 from services.manage.broker_admin import BrokerAdmin
 from services.manage.commands.agent import agent_url
 from shared.config import Settings
 from shared.rpc.agent_users import permissions, user_for
-from shared.rpc.amqp_topology import Topology
 
-AMQP_URL = os.environ.get("KEEL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
-
-
-async def remove_exchange(name: str, topics: Sequence[str] = ()) -> None:
-    """Delete exchange ``name``, its dead-letter exchange and queues, and ``topics``' queues.
-
-    Idempotent. Queues of other topics are left to expire on their own (tests set
-    ``queue_expires``).
-    """
-    connection = await aio_pika.connect(AMQP_URL)
-    async with connection:
-        await Topology(name).delete(await connection.channel(), topics)
+__all__ = ["AMQP_URL", "agent_user", "remove_exchange"]
 
 
 @asynccontextmanager

@@ -1,14 +1,14 @@
 """Fixtures shared by every test layer.
 
 Functional and end-to-end tests talk to a real PostgreSQL and RabbitMQ. Each test gets
-its own freshly migrated database and its own exchange, so tests never see each
-other's rows or messages. Point the suite elsewhere with ``KEEL_TEST_PG`` (a server URL,
-any database) and ``KEEL_TEST_AMQP``.
+its own migrated database (a copy of a template migrated once per run, see
+:mod:`devkit.database`) and its own exchange, so tests never see each other's rows or
+messages. Point the suite elsewhere with ``KEEL_TEST_PG`` (a server URL, any database)
+and ``KEEL_TEST_AMQP``.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -16,18 +16,12 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
+from devkit.broker import remove_exchange
+from devkit.database import Scratch, scratch
+from devkit.servers import AMQP_URL, PG_SERVER
 from shared.config import DatabaseSettings
-from shared.db import schema
 from shared.db.pool import create_pool
-from tests.broker import AMQP_URL, remove_exchange
 from tests.faults.proxy import TcpProxy
-
-PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _with_database(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
 
 
 @pytest.fixture
@@ -46,27 +40,19 @@ async def exchange() -> AsyncIterator[str]:
     await remove_exchange(name)
 
 
+@pytest.fixture(scope="session")
+async def databases() -> AsyncIterator[Scratch]:
+    """This run's scratch databases on the test server; all dropped at its end."""
+    async with scratch(PG_SERVER) as run:
+        yield run
+
+
 @pytest.fixture
-async def database_url() -> AsyncIterator[str]:
+async def database_url(databases: Scratch) -> AsyncIterator[str]:
     """A new, fully migrated database, dropped after the test."""
-    name = f"keel_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(PG_SERVER)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = _with_database(PG_SERVER, name)
-    conn = await asyncpg.connect(url)
-    try:
-        await schema.sync(conn)
-    finally:
-        await conn.close()
+    url = await databases.migrated("test")
     yield url
-    admin = await asyncpg.connect(PG_SERVER)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    await databases.drop(url)
 
 
 @pytest.fixture
