@@ -10,7 +10,8 @@
     │   ├── ComputeNodeNotFound
     │   ├── ProjectNotFound
     │   ├── UserNotFound
-    │   └── KeyPairNotFound
+    │   ├── KeyPairNotFound
+    │   └── ConsoleNotAvailable     a guest's console log cannot be read
     ├── Conflict
     │   ├── InstanceInvalidState
     │   ├── NoMoreFixedIps          every address of the network is taken
@@ -92,6 +93,10 @@ class ProjectNotFound(NotFound):
 
 class UserNotFound(NotFound):
     pass
+
+
+class ConsoleNotAvailable(NotFound):
+    """The guest exists, but its console log cannot be read."""
 
 
 class KeyPairNotFound(NotFound):
@@ -245,6 +250,8 @@ REMOTE_ALLOWED: dict[str, type[KeelError]] = {
         ServiceTooOld,
         CallerRefused,
         BuildFailed,
+        GuestNotFound,
+        ConsoleNotAvailable,
         TransientError,
         NoSuchMethod,
         UnsupportedVersion,

@@ -28,6 +28,8 @@ History:
 * 7 (``gantline``) — requested destination: conductor 1.6 (``build_instances`` carries
   the host and/or node an admin asked for), scheduler 1.2 (``select_destinations``
   narrows candidates to a requested destination, or, forced, skips the filters).
+* 8 (``halyard``) — console output: compute 1.4 (``get_console_output``: the end of a
+  guest's console log, for ``os-getConsoleOutput``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.2", conductor="1.4", scheduler="1.1"),
     ReleaseApis(compute="1.3", conductor="1.5", scheduler="1.1"),
     ReleaseApis(compute="1.3", conductor="1.6", scheduler="1.2"),
+    ReleaseApis(compute="1.4", conductor="1.6", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -79,6 +82,7 @@ RELEASE_NAMES: dict[str, int] = {
     "eyebolt": 5,
     "fairlead": 6,
     "gantline": 7,
+    "halyard": 8,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -14,6 +14,8 @@ Compute RPC API history:
   it), remove_moved_guest (call: remove the copy a migration left on this host),
   finish_revert (call: bring a reverted instance's source guest back). rebuild_instance
   also builds a migrated instance on its destination.
+* 1.4 — get_console_output (call): the end of a guest's console log, optionally only
+  its last ``tail_length`` lines.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ SINCE: dict[str, str] = {
     "prepare_migration": "1.3",
     "remove_moved_guest": "1.3",
     "finish_revert": "1.3",
+    "get_console_output": "1.4",
 }
 
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
@@ -126,6 +129,18 @@ class FinishRevert(KeelModel):
     migration_uuid: UUID
     #: Start the guest (the instance was running before it was migrated).
     power_on: bool = True
+
+
+class GetConsoleOutput(KeelModel):
+    """The end of the guest's console log; ``tail_length`` lines of it, or all it keeps."""
+
+    instance_uuid: UUID
+    tail_length: int | None = Field(default=None, ge=0)
+
+
+class ConsoleOutput(KeelModel):
+    #: The log as text: bytes that are not ASCII become U+FFFD, as Nova shows them.
+    output: str
 
 
 class ComputeAPI:
@@ -216,6 +231,25 @@ class ComputeAPI:
                 f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
             )
         await client.call(ctx, method, req, version=SINCE[method])
+
+    async def get_console_output(
+        self,
+        ctx: RequestContext,
+        service_uuid: UUID,
+        instance_uuid: UUID,
+        *,
+        tail_length: int | None = None,
+    ) -> str:
+        """The guest's console log (its last ``tail_length`` lines if given), as text."""
+        method = "get_console_output"
+        client = self.client.for_topic(topic_for(service_uuid))
+        if not await client.can_send_version(SINCE[method]):
+            raise ServiceTooOld(
+                f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
+            )
+        req = GetConsoleOutput(instance_uuid=instance_uuid, tail_length=tail_length)
+        reply = await client.call(ctx, method, req, version=SINCE[method], returns=ConsoleOutput)
+        return reply.output
 
     async def prepare_migration(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID, migration_uuid: UUID

@@ -19,6 +19,10 @@ from pydantic import Field
 from services.compute.rpcapi import InstanceSpec
 from shared.objects.base import KeelModel
 
+#: The most of a console log a driver returns: its last 100 KiB, as Nova's libvirt
+#: driver keeps.
+MAX_CONSOLE_BYTES = 100 * 1024
+
 
 class HypervisorResources(KeelModel):
     """The hypervisor's totals as the driver sees them, before allocation ratios."""
@@ -75,4 +79,12 @@ class Driver(Protocol):
 
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
         """Restart the guest (a hard reboot also starts one that was off)."""
+        ...
+
+    async def console_output(self, instance_uuid: UUID) -> bytes:
+        """The end of the guest's console log (at most :data:`MAX_CONSOLE_BYTES`).
+
+        GuestNotFound if the guest is missing; ConsoleNotAvailable if its log cannot be
+        read. A guest that has printed nothing yet has an empty log.
+        """
         ...

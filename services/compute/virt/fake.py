@@ -2,7 +2,8 @@
 
 Used by unit tests and by scale tests that run many agents in one machine: it has the
 sizes it is given, takes ``spawn_delay`` seconds to build a guest, and touches nothing
-outside the process.
+outside the process. Each guest's console log is kept in memory: ``keel-guest-up
+<uuid>`` at every boot (spawn, power on, reboot), a line at every power-off.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import logging
 from uuid import UUID
 
 from services.compute.rpcapi import InstanceSpec
-from services.compute.virt.driver import HypervisorResources
+from services.compute.virt.console import boot_banner, stamped, up_line
+from services.compute.virt.driver import MAX_CONSOLE_BYTES, HypervisorResources
 from shared.exceptions import GuestNotFound
 
 LOG = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class FakeDriver:
         self.spawn_delay = spawn_delay
         self._guests: dict[UUID, InstanceSpec] = {}
         self._running: set[UUID] = set()
+        self._consoles: dict[UUID, str] = {}
 
     def hypervisor_hostname(self) -> str:
         return self._hostname
@@ -52,7 +55,10 @@ class FakeDriver:
             return
         if self.spawn_delay:
             await asyncio.sleep(self.spawn_delay)
-        self._guests.setdefault(spec.uuid, spec)
+        if spec.uuid in self._guests:
+            return
+        self._guests[spec.uuid] = spec
+        self._consoles[spec.uuid] = boot_banner(spec, self._hostname)
         self._running.add(spec.uuid)
 
     async def rebuild(self, spec: InstanceSpec) -> None:
@@ -61,6 +67,11 @@ class FakeDriver:
     async def destroy(self, instance_uuid: UUID) -> None:
         self._guests.pop(instance_uuid, None)
         self._running.discard(instance_uuid)
+        self._consoles.pop(instance_uuid, None)
+
+    def _boot(self, instance_uuid: UUID) -> None:
+        self._running.add(instance_uuid)
+        self._consoles[instance_uuid] += stamped(up_line(instance_uuid))
 
     def _existing(self, instance_uuid: UUID) -> UUID:
         if instance_uuid not in self._guests:
@@ -68,15 +79,23 @@ class FakeDriver:
         return instance_uuid
 
     async def power_off(self, instance_uuid: UUID) -> None:
-        self._running.discard(self._existing(instance_uuid))
+        if self._existing(instance_uuid) in self._running:
+            self._running.discard(instance_uuid)
+            self._consoles[instance_uuid] += stamped("powered off")
 
     async def power_on(self, instance_uuid: UUID) -> None:
-        self._running.add(self._existing(instance_uuid))
+        if self._existing(instance_uuid) not in self._running:
+            self._boot(instance_uuid)
 
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
         self._existing(instance_uuid)
         if hard or instance_uuid in self._running:
-            self._running.add(instance_uuid)
+            self._consoles[instance_uuid] += stamped(f"{'hard' if hard else 'soft'} reboot")
+            self._boot(instance_uuid)
+
+    async def console_output(self, instance_uuid: UUID) -> bytes:
+        log = self._consoles[self._existing(instance_uuid)].encode()
+        return log[-MAX_CONSOLE_BYTES:]
 
     def is_running(self, instance_uuid: UUID) -> bool:
         return instance_uuid in self._running

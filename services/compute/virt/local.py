@@ -3,8 +3,11 @@
 A guest is ``<state_dir>/instances/<uuid>/`` holding ``disk`` (a sparse file of the
 flavor's ``root_gb`` GiB: its size is set, no data is written) and ``metadata.json``
 (the :class:`~services.compute.rpcapi.InstanceSpec` it was built from: with its fixed
-addresses, metadata and user data, what a guest reads at first boot). What exists on
-the host is what an operator sees with ``ls``.
+addresses, metadata and user data, what a guest reads at first boot) and
+``console.log``, which the driver writes as a guest's console would show it: a line when
+the guest is made, ``keel-guest-up <uuid>`` each time it "boots" (spawn, power on,
+reboot), and a line for each power change. What exists on the host is what an operator
+sees with ``ls``.
 
 A guest appears and disappears atomically. It is built in a scratch directory
 ``instances/.building-<uuid>-<random>`` and renamed into place once complete; it is
@@ -27,6 +30,7 @@ from uuid import UUID
 
 from services.compute.durable import fsync_dir, write_synced
 from services.compute.rpcapi import InstanceSpec
+from services.compute.virt.console import append_line, boot_banner, read_tail, up_line
 from services.compute.virt.driver import HypervisorResources
 from shared.exceptions import BuildFailed, GuestNotFound
 
@@ -37,6 +41,7 @@ INSTANCES_DIR = "instances"
 DISK_FILE = "disk"
 METADATA_FILE = "metadata.json"
 POWER_FILE = "power"
+CONSOLE_FILE = "console.log"
 RUNNING, SHUTDOWN = "running", "shutdown"
 _BUILDING = ".building-"
 _DELETING = ".deleting-"
@@ -94,9 +99,21 @@ class LocalDriver:
         await asyncio.to_thread(self._set_power, instance_uuid, RUNNING)
 
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
-        current = await asyncio.to_thread(self.power_state, instance_uuid)
-        if hard or current == RUNNING:
-            await asyncio.to_thread(self._set_power, instance_uuid, RUNNING)
+        await asyncio.to_thread(self._reboot, instance_uuid, hard)
+
+    async def console_output(self, instance_uuid: UUID) -> bytes:
+        guest = await asyncio.to_thread(self._guest, instance_uuid)
+        return await asyncio.to_thread(read_tail, guest / CONSOLE_FILE)
+
+    def _reboot(self, instance_uuid: UUID, hard: bool) -> None:
+        current = self.power_state(instance_uuid)
+        if not hard and current != RUNNING:
+            LOG.info("guest %s is off: a soft reboot leaves it off", instance_uuid)
+            return
+        append_line(
+            self.guest_dir(instance_uuid) / CONSOLE_FILE, f"{'hard' if hard else 'soft'} reboot"
+        )
+        self._set_power(instance_uuid, RUNNING, booted=True)
 
     def power_state(self, instance_uuid: UUID) -> str:
         """``running`` or ``shutdown``; GuestNotFound if the guest does not exist."""
@@ -112,12 +129,19 @@ class LocalDriver:
             raise GuestNotFound(f"guest {instance_uuid} does not exist in {self.instances_dir}")
         return guest
 
-    def _set_power(self, instance_uuid: UUID, state: str) -> None:
+    def _set_power(self, instance_uuid: UUID, state: str, *, booted: bool = False) -> None:
+        """Record the guest's power state; its console shows a boot or a power-off."""
         guest = self._guest(instance_uuid)
+        before = self.power_state(instance_uuid)
         scratch = guest / f".{POWER_FILE}.{secrets.token_hex(4)}"
         write_synced(scratch, f"{state}\n".encode())
         os.replace(scratch, guest / POWER_FILE)
         fsync_dir(guest)
+        console = guest / CONSOLE_FILE
+        if state == RUNNING and (booted or before != RUNNING):
+            append_line(console, up_line(instance_uuid))
+        elif state == SHUTDOWN and before != SHUTDOWN:
+            append_line(console, "powered off")
         LOG.info("guest %s is now %s", instance_uuid, state, extra=_extra(instance_uuid))
 
     def _sweep_scratch(self) -> list[str]:
@@ -164,7 +188,7 @@ class LocalDriver:
         scratch = Path(tempfile.mkdtemp(prefix=f"{_BUILDING}{spec.uuid}-", dir=self.instances_dir))
         try:
             try:
-                _write_guest(scratch, spec)
+                _write_guest(scratch, spec, self._hostname)
             except OSError as exc:
                 raise BuildFailed(
                     f"cannot write guest {spec.uuid} in {self.instances_dir}: {exc.strerror or exc}"
@@ -204,13 +228,14 @@ class LocalDriver:
                 shutil.rmtree(leftover)
 
 
-def _write_guest(directory: Path, spec: InstanceSpec) -> None:
+def _write_guest(directory: Path, spec: InstanceSpec, hypervisor: str) -> None:
     os.chmod(directory, _GUEST_DIR_MODE)
     with (directory / DISK_FILE).open("xb") as disk:
         disk.truncate(spec.flavor.root_gb * GIB)
         os.fsync(disk.fileno())
     write_synced(directory / METADATA_FILE, spec.model_dump_json(indent=2).encode())
     write_synced(directory / POWER_FILE, f"{RUNNING}\n".encode())
+    write_synced(directory / CONSOLE_FILE, boot_banner(spec, hypervisor).encode())
     fsync_dir(directory)
 
 

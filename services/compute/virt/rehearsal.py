@@ -82,3 +82,6 @@ class RehearsalDriver:
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
         await self._rehearse("reboot", instance_uuid)
         await self._driver.reboot(instance_uuid, hard=hard)
+
+    async def console_output(self, instance_uuid: UUID) -> bytes:
+        return await self._driver.console_output(instance_uuid)

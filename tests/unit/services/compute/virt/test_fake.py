@@ -5,8 +5,11 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
+
 from services.compute.virt import FakeDriver, LocalDriver, load_driver
 from shared.config import ComputeSettings, Settings
+from shared.exceptions import GuestNotFound
 from tests.unit.services.compute.standin import make_spec
 
 
@@ -72,3 +75,29 @@ async def test_factory_builds_a_sized_fake_driver(tmp_path: Path) -> None:
         1024,
         FakeDriver.DEFAULT_LOCAL_GB,
     )
+
+
+async def test_fake_console_shows_each_boot_and_power_off() -> None:
+    driver = FakeDriver("fake1")
+    spec = make_spec()
+    marker = f"keel-guest-up {spec.uuid}"
+    await driver.spawn(spec)
+    booted = (await driver.console_output(spec.uuid)).decode()
+
+    await driver.power_off(spec.uuid)
+    await driver.power_on(spec.uuid)
+    await driver.power_on(spec.uuid)
+    await driver.reboot(spec.uuid, hard=False)
+    log = (await driver.console_output(spec.uuid)).decode()
+
+    assert booted.count(marker) == 1
+    assert len(booted.splitlines()) >= 10
+    assert [line.split("] ", 1)[1] for line in log[len(booted) :].splitlines()] == [
+        "powered off",
+        marker,
+        "soft reboot",
+        marker,
+    ]
+    await driver.destroy(spec.uuid)
+    with pytest.raises(GuestNotFound):
+        await driver.console_output(spec.uuid)

@@ -12,8 +12,9 @@ import pytest
 
 from services.compute.rpcapi import InstanceSpec
 from services.compute.virt import local
+from services.compute.virt.driver import MAX_CONSOLE_BYTES
 from services.compute.virt.local import GIB, LocalDriver
-from shared.exceptions import BuildFailed
+from shared.exceptions import BuildFailed, GuestNotFound
 from shared.objects.network import FixedIp, mac_address
 from tests.unit.services.compute.standin import make_spec
 
@@ -93,6 +94,7 @@ async def test_concurrent_spawns_of_one_guest_leave_one_whole_guest(driver: Loca
 
     assert _entries(driver) == [str(spec.uuid)]
     assert sorted(p.name for p in driver.guest_dir(spec.uuid).iterdir()) == [
+        "console.log",
         "disk",
         "metadata.json",
         "power",
@@ -104,8 +106,8 @@ async def test_failed_write_leaves_nothing_that_looks_like_a_guest(
 ) -> None:
     write_guest = local._write_guest
 
-    def write_then_run_out_of_space(directory: Path, spec: InstanceSpec) -> None:
-        write_guest(directory, spec)
+    def write_then_run_out_of_space(directory: Path, spec: InstanceSpec, hypervisor: str) -> None:
+        write_guest(directory, spec, hypervisor)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(local, "_write_guest", write_then_run_out_of_space)
@@ -195,3 +197,53 @@ async def test_resources_measured_when_not_set(tmp_path: Path) -> None:
 
 def test_hypervisor_hostname_is_the_configured_host(driver: LocalDriver) -> None:
     assert driver.hypervisor_hostname() == "host1"
+
+
+async def test_console_shows_the_boot_and_every_power_change(driver: LocalDriver) -> None:
+    spec = make_spec()
+    await driver.spawn(spec)
+    marker = f"keel-guest-up {spec.uuid}"
+
+    booted = (await driver.console_output(spec.uuid)).decode()
+    await driver.power_off(spec.uuid)
+    await driver.power_off(spec.uuid)
+    await driver.power_on(spec.uuid)
+    await driver.reboot(spec.uuid, hard=False)
+    await driver.reboot(spec.uuid, hard=True)
+    after = (await driver.console_output(spec.uuid)).decode()
+
+    assert booted.count(marker) == 1
+    assert len(booted.splitlines()) >= 10
+    assert after.startswith(booted)
+    changes = [line.split("] ", 1)[1] for line in after[len(booted) :].splitlines()]
+    assert changes == ["powered off", marker, "soft reboot", marker, "hard reboot", marker]
+
+
+async def test_soft_reboot_of_a_guest_that_is_off_shows_nothing(driver: LocalDriver) -> None:
+    spec = make_spec()
+    await driver.spawn(spec)
+    await driver.power_off(spec.uuid)
+    before = await driver.console_output(spec.uuid)
+
+    await driver.reboot(spec.uuid, hard=False)
+
+    assert await driver.console_output(spec.uuid) == before
+    assert driver.power_state(spec.uuid) == "shutdown"
+
+
+async def test_console_of_a_missing_guest_is_guest_not_found(driver: LocalDriver) -> None:
+    with pytest.raises(GuestNotFound):
+        await driver.console_output(uuid.uuid4())
+
+
+async def test_console_returns_only_the_end_of_a_long_log(driver: LocalDriver) -> None:
+    spec = make_spec()
+    await driver.spawn(spec)
+    log = driver.guest_dir(spec.uuid) / "console.log"
+    with log.open("ab") as stream:
+        stream.write(b"x" * MAX_CONSOLE_BYTES + b"\nlast line\n")
+
+    output = await driver.console_output(spec.uuid)
+
+    assert len(output) == MAX_CONSOLE_BYTES
+    assert output.endswith(b"x\nlast line\n")
