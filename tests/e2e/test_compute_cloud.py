@@ -56,6 +56,27 @@ def test_server_lifecycle_on_an_agent(cloud: Cloud) -> None:
     assert cloud.openstack("server", "list") == []
 
 
+def test_console_log_shows_each_boot_with_the_stock_client(cloud: Cloud) -> None:
+    server = cloud.openstack(
+        "server", "create", "--flavor", "m1.tiny", "--image", "cirros", "--wait", "talker"
+    )
+    marker = f"keel-guest-up {server['id']}"
+
+    booted = cloud.openstack("console", "log", "show", "talker", as_json=False)
+    cloud.openstack("server", "stop", "talker", as_json=False)
+    stopped = wait_for_status(cloud, server["id"], {"SHUTOFF"})
+    cloud.openstack("server", "start", "talker", as_json=False)
+    started = wait_for_status(cloud, server["id"], {"ACTIVE"})
+    last = cloud.openstack("console", "log", "show", "--lines", "3", "talker", as_json=False)
+    cloud.openstack("server", "delete", "--wait", server["id"], as_json=False)
+
+    assert booted.count(marker) == 1
+    assert (stopped["status"], started["status"]) == ("SHUTOFF", "ACTIVE")
+    assert last.count(marker) == 1
+    assert "powered off" in last
+    assert len(last.rstrip("\n").split("\n")) <= 3
+
+
 def test_members_see_their_own_servers_without_host_details(cloud: Cloud) -> None:
     member = "keel-member"
     server = cloud.openstack(

@@ -17,6 +17,7 @@ from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Version
 from services.api.http.faults import BadRequest
 from services.api.http.microversion import APIVersion
+from services.api.servers import console
 from services.api.servers.evacuate import evacuate
 from services.api.servers.lookup import find_instance
 from services.api.servers.migrate import CONFIRM, REVERT, finish_resize, migrate
@@ -154,6 +155,17 @@ async def _revert_resize(call: ActionCall) -> Response | None:
     return None
 
 
+async def _console_output(call: ActionCall) -> Response | None:
+    return await console.console_output(
+        call.pool,
+        call.compute,
+        ctx=call.ctx,
+        instance=call.instance,
+        value=call.value,
+        down_time=call.settings.service_down_time,
+    )
+
+
 #: Action name in the body → its handler.
 ACTIONS: dict[str, Handler] = {
     "os-stop": _stop,
@@ -163,6 +175,7 @@ ACTIONS: dict[str, Handler] = {
     "migrate": _migrate,
     CONFIRM: _confirm_resize,
     REVERT: _revert_resize,
+    console.ACTION: _console_output,
 }
 
 

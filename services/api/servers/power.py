@@ -66,11 +66,12 @@ HARD_REBOOT = PowerAction(
 )
 
 
-async def _too_old(
-    pool: asyncpg.Pool, compute: ComputeAPI, action: PowerAction, down_time: float
+async def too_old(
+    pool: asyncpg.Pool, compute: ComputeAPI, name: str, method: str, down_time: float
 ) -> str:
-    """Why the compute RPC cap does not allow the action: the services holding it down."""
-    needed = SINCE[action.method]
+    """Why the compute RPC cap does not allow action ``name`` (RPC ``method``): the
+    services holding it down, or the operator's pin."""
+    needed = SINCE[method]
     cap = await compute.client.cap()
     release = first_release_speaking("compute", needed) or 0
     async with pool.acquire() as conn:
@@ -78,11 +79,11 @@ async def _too_old(
     if not old:
         return (
             f"the compute RPC version is pinned to {cap} (KEEL_UPGRADE_LEVELS__COMPUTE), "
-            f"and '{action.name}' needs {needed}"
+            f"and '{name}' needs {needed}"
         )
     listing = ", ".join(_describe(service) for service in old)
     return (
-        f"compute service(s) {listing} are too old: '{action.name}' needs compute RPC "
+        f"compute service(s) {listing} are too old: '{name}' needs compute RPC "
         f"{needed} (release {release_name(release)}), and the deployment's cap is {cap}. "
         "Upgrade those services first"
     )
@@ -142,7 +143,7 @@ async def run_power_action(
     if not await compute.can_send(action.method):
         raise ConflictingRequest(
             f"Cannot '{action.name}' instance {instance.uuid}: "
-            + await _too_old(pool, compute, action, down_time)
+            + await too_old(pool, compute, action.name, action.method, down_time)
             + "."
         )
     service = await host_service(pool, instance, down_time)
