@@ -27,7 +27,7 @@ from services.api.http.faults import (
     ItemNotFound,
     ServiceUnavailable,
 )
-from services.api.servers.delete import host_service
+from services.api.servers.lookup import host_service
 from services.api.servers.power import too_old
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
