@@ -7,6 +7,7 @@ narrow the list.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -29,6 +30,7 @@ from shared.objects.flavor import Flavor
 
 router = APIRouter(prefix="/v2.1/flavors")
 
+_FLAVOR_ID = re.compile(r"(?! )[A-Za-z0-9._ -]{1,255}(?<! )")
 _TRUE = {"1", "t", "true", "on", "y", "yes"}
 _FALSE = {"0", "f", "false", "off", "n", "no"}
 
@@ -137,7 +139,8 @@ class NewFlavor(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=255)
-    id: str | None = Field(default=None, max_length=255, pattern=r"^[A-Za-z0-9._ -]*$")
+    #: A string, or a JSON number as Nova takes it (kept as its decimal text).
+    id: str | None = None
     ram: PositiveInt4
     vcpus: PositiveInt4
     disk: Int4
@@ -147,11 +150,24 @@ class NewFlavor(BaseModel):
     is_public: bool = Field(default=True, alias="os-flavor-access:is_public")
     description: str | None = Field(default=None, max_length=65535)
 
-    @field_validator("name", "id")
+    @field_validator("name")
     @classmethod
-    def _no_surrounding_spaces(cls, value: str | None) -> str | None:
-        if value is not None and value != value.strip():
+    def _no_surrounding_spaces(cls, value: str) -> str:
+        if value != value.strip():
             raise ValueError("must not start or end with whitespace")
+        return value
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _flavor_id(cls, value: object) -> object:
+        """Nova's rule: 1-255 letters, digits, ``.``, ``_``, ``-`` and inner spaces."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str) and not _FLAVOR_ID.fullmatch(value):
+            raise ValueError(
+                "must be 1-255 letters, digits, '.', '_', '-' or spaces, "
+                "not starting or ending with a space"
+            )
         return value
 
 

@@ -95,3 +95,23 @@ async def test_bad_flavor_bodies_are_400(client: httpx.AsyncClient) -> None:
     described = {"name": "x", "ram": 1, "vcpus": 1, "disk": 1, "description": "too early"}
     early = await client.post("/v2.1/flavors", headers=at("2.54"), json={"flavor": described})
     assert early.status_code == 400
+
+
+@pytest.mark.parametrize(("given", "stored"), [(4711, "4711"), (2.5, "2.5"), ("x.1 y", "x.1 y")])
+async def test_a_flavor_id_may_be_a_number_or_a_string(
+    client: httpx.AsyncClient, given: object, stored: str
+) -> None:
+    body = {"flavor": {"name": f"by-id-{stored}", "id": given, "ram": 64, "vcpus": 1, "disk": 0}}
+    created = await client.post("/v2.1/flavors", headers=ADMIN, json=body)
+    assert created.status_code == 200, created.text
+    assert created.json()["flavor"]["id"] == stored
+    shown = await client.get(f"/v2.1/flavors/{stored}", headers=ADMIN)
+    assert shown.json()["flavor"]["name"] == f"by-id-{stored}"
+
+
+@pytest.mark.parametrize("given", ["", " lead", "trail ", "a/b", True, [], {}])
+async def test_a_malformed_flavor_id_is_400(client: httpx.AsyncClient, given: object) -> None:
+    body = {"flavor": {"name": "bad-id", "id": given, "ram": 64, "vcpus": 1, "disk": 0}}
+    created = await client.post("/v2.1/flavors", headers=ADMIN, json=body)
+    assert created.status_code == 400, created.text
+    assert "flavor.id" in created.json()["badRequest"]["message"]
