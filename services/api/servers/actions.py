@@ -56,12 +56,6 @@ class ActionCall:
 Handler = Callable[[ActionCall], Awaitable[Response | None]]
 
 
-def _no_value(name: str, value: Any) -> None:
-    if value is not None:
-        raise BadRequest(f"Invalid input for field/attribute {name}. Value: {value!r}. "
-                         "It must be null.")  # fmt: skip
-
-
 async def _power(
     call: ActionCall, action: PowerAction, reboot: RebootType = RebootType.SOFT
 ) -> Response | None:
@@ -78,12 +72,10 @@ async def _power(
 
 
 async def _stop(call: ActionCall) -> Response | None:
-    _no_value("os-stop", call.value)
     return await _power(call, STOP)
 
 
 async def _start(call: ActionCall) -> Response | None:
-    _no_value("os-start", call.value)
     return await _power(call, START)
 
 

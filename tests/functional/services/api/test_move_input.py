@@ -44,6 +44,15 @@ BODIES: list[Any] = [
     {"evacuate": {"onSharedStorage": "maybe"}},
     {"evacuate": {"force": "yes"}},
     {"evacuate": {"unknown": 1}},
+    # Nova takes any value for these; with nothing to confirm or revert they are refused.
+    {"confirmResize": {"x": 1}},
+    {"confirmResize": "now"},
+    {"revertResize": [1]},
+    {"revertResize": {"\u0000": 1}},
+]
+
+#: Refused from 2.56, where ``migrate`` takes a host; below it Nova ignores the value.
+MIGRATE_BODIES: list[Any] = [
     {"migrate": "host-b"},
     {"migrate": {"host": "\u0000"}},
     {"migrate": {"host": ""}},
@@ -51,10 +60,6 @@ BODIES: list[Any] = [
     {"migrate": {"host": "h" * 300}},
     {"migrate": {"unknown": True}},
     {"migrate": []},
-    {"confirmResize": {"x": 1}},
-    {"confirmResize": "now"},
-    {"revertResize": [1]},
-    {"revertResize": {"\u0000": 1}},
 ]
 
 QUERIES = [
@@ -77,6 +82,10 @@ QUERIES = [
     "project_id=%00",
     "hidden=%ff%fe",
 ]
+
+
+def _minor(version: str) -> int:
+    return int(version.partition(".")[2])
 
 
 def shaped(response: httpx.Response) -> None:
@@ -106,15 +115,16 @@ async def server(client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Re
 async def test_malformed_move_bodies_are_refused_with_faults_and_no_record(
     client: httpx.AsyncClient, db_pool: asyncpg.Pool, server: str
 ) -> None:
-    for version in VERSIONS:
-        for body in BODIES:
-            response = await client.post(
-                f"/v2.1/servers/{server}/action",
-                headers={**at(version), "Content-Type": "application/json"},
-                content=json.dumps(body),  # ASCII: lone surrogates travel escaped
-            )
-            shaped(response)
-            assert response.status_code >= 400, (version, body, response.text)
+    tried = [(v, b) for v in VERSIONS for b in BODIES]
+    tried += [(v, b) for v in VERSIONS if _minor(v) >= 56 for b in MIGRATE_BODIES]
+    for version, body in tried:
+        response = await client.post(
+            f"/v2.1/servers/{server}/action",
+            headers={**at(version), "Content-Type": "application/json"},
+            content=json.dumps(body),  # ASCII: lone surrogates travel escaped
+        )
+        shaped(response)
+        assert response.status_code >= 400, (version, body, response.text)
     async with db_pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM migrations") == 0
 
