@@ -1,7 +1,9 @@
 """Version discovery: what the client reads before anything else, without a token.
 
-``GET /`` lists the API versions; ``GET /v2.1/`` describes the compute API, with the
-microversion range the client negotiates within. ``GET /image/`` is the image API's
+``GET /`` lists the API versions as Nova does: ``v2.0`` (DEPRECATED) first, then
+``v2.1``; ``GET /v2.1/`` describes the compute API, with the microversion range the
+client negotiates within. ``GET /v2/`` describes ``v2.0`` so that its link can be
+followed, but keel serves no v2.0 API under it: clients speak v2.1. ``GET /image/`` is the image API's
 discovery document, for clients configured with a separate image endpoint.
 """
 
@@ -18,6 +20,7 @@ from services.api.http.microversion import MAX_VERSION, MIN_VERSION
 router = APIRouter()
 
 UPDATED = "2013-07-23T11:33:21Z"
+LEGACY_UPDATED = "2025-07-04T12:00:00Z"
 IMAGE_API_VERSIONS = ("2.16", "2.0")
 
 
@@ -38,9 +41,33 @@ def compute_version(links: Links) -> dict[str, Any]:
     }
 
 
+def legacy_version(links: Links) -> dict[str, Any]:
+    """The v2.0 entry: no microversions (``version`` and ``min_version`` empty)."""
+    return {
+        "id": "v2.0",
+        "status": "DEPRECATED",
+        "version": "",
+        "min_version": "",
+        "updated": LEGACY_UPDATED,
+        "links": [{"rel": "self", "href": links.bookmark("v2") + "/"}],
+        "media-types": [
+            {
+                "base": "application/json",
+                "type": "application/vnd.openstack.compute+json;version=2",
+            }
+        ],
+    }
+
+
 @router.get("/")
 async def list_versions(links: RequestLinks) -> dict[str, Any]:
-    return {"versions": [compute_version(links)]}
+    return {"versions": [legacy_version(links), compute_version(links)]}
+
+
+@router.get("/v2")
+@router.get("/v2/")
+async def show_legacy_version(links: RequestLinks) -> dict[str, Any]:
+    return {"version": legacy_version(links)}
 
 
 @router.get("/v2.1")

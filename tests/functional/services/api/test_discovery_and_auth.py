@@ -13,7 +13,13 @@ pytestmark = pytest.mark.functional
 async def test_discovery_needs_no_token(client: httpx.AsyncClient) -> None:
     root = await client.get("/")
     assert root.status_code == 200
-    assert root.json()["versions"][0]["id"] == "v2.1"
+    assert [v["id"] for v in root.json()["versions"]] == ["v2.0", "v2.1"]
+    legacy = root.json()["versions"][0]
+    assert (legacy["status"], legacy["version"], legacy["min_version"]) == ("DEPRECATED", "", "")
+    for version in root.json()["versions"]:
+        [self_link] = [link for link in version["links"] if link["rel"] == "self"]
+        followed = (await client.get(self_link["href"].removeprefix("http://keel.test"))).json()
+        assert followed["version"]["links"][0] == self_link
     for path in ("/v2.1", "/v2.1/"):
         version = (await client.get(path)).json()["version"]
         assert version["status"] == "CURRENT"
