@@ -18,6 +18,20 @@ class Binary(StrEnum):
     API = "keel-api"
 
 
+#: Nova's names for the same services, so tools written for Nova find keel's.
+NOVA_BINARIES = {
+    "nova-compute": Binary.COMPUTE,
+    "nova-conductor": Binary.CONDUCTOR,
+    "nova-scheduler": Binary.SCHEDULER,
+}
+
+
+def canonical_binary(name: str) -> str:
+    """keel's name for a service binary given by Nova's name (or by keel's: unchanged)."""
+    alias = NOVA_BINARIES.get(name)
+    return alias.value if alias is not None else name
+
+
 class Service(KeelModel):
     id: int
     uuid: UUID

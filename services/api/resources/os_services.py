@@ -1,10 +1,11 @@
 """os-services (admin): the keel processes, up or down, and what operators change on them.
 
 ``GET /os-services`` filters on ``host`` and ``binary`` server-side (the client's
-``compute service set`` needs exactly one match). From microversion 2.53 a compute
-service is changed with ``PUT /os-services/{uuid}``: enable, disable with a reason, or
-force down. Below 2.53 the same path takes an action instead of a uuid
-(:mod:`services.api.resources.os_services_legacy`).
+``compute service set`` needs exactly one match). Nova's binary names (``nova-compute``,
+``nova-conductor``, ``nova-scheduler``) stand for keel's wherever a binary is named.
+From microversion 2.53 a compute service is changed with ``PUT /os-services/{uuid}``:
+enable, disable with a reason, or force down. Below 2.53 the same path takes an action
+instead of a uuid (:mod:`services.api.resources.os_services_legacy`).
 
 ``DELETE /os-services/{id}`` (an integer id below 2.53, the UUID from 2.53) removes a
 service whose process is stopped, with its compute node when it hosts no servers
@@ -30,7 +31,7 @@ from services.api.views.os_services import service_view, service_zone
 from shared.db import service_maintenance, services
 from shared.db.pool import Connection
 from shared.exceptions import ServiceNotFound
-from shared.objects.service import Binary, Service
+from shared.objects.service import Binary, Service, canonical_binary
 
 LOG = logging.getLogger(__name__)
 
@@ -57,7 +58,9 @@ async def list_services(
 ) -> dict[str, Any]:
     down_time = settings.service_down_time
     async with pool.acquire() as conn:
-        found, zones = await _with_zones(conn, down_time, host=host, binary=binary)
+        found, zones = await _with_zones(
+            conn, down_time, host=host, binary=None if binary is None else canonical_binary(binary)
+        )
     return {"services": [service_view(s, version, service_zone(s, zones)) for s in found]}
 
 

@@ -13,14 +13,14 @@ from typing import Any, TypeVar
 
 import asyncpg
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
 from services.api.servers.evacuate import refuse_up_with_unconfirmed_evacuations
 from shared.context import RequestContext
 from shared.db import services
-from shared.objects.service import Binary
+from shared.objects.service import Binary, canonical_binary
 
 LOG = logging.getLogger(__name__)
 
@@ -36,6 +36,11 @@ class LegacyServiceBody(BaseModel):
     host: str = Field(min_length=1, max_length=255, pattern=r"^[a-zA-Z0-9-._]*$")
     binary: str = Field(min_length=1, max_length=255)
     disabled_reason: str | None = Field(default=None, min_length=1, max_length=255)
+
+    @field_validator("binary")
+    @classmethod
+    def _keel_name(cls, value: str) -> str:
+        return canonical_binary(value)
 
 
 class ForcedDownBody(LegacyServiceBody):

@@ -3,8 +3,8 @@
 ``GET /`` lists the API versions as Nova does: ``v2.0`` (DEPRECATED) first, then
 ``v2.1``; ``GET /v2.1/`` describes the compute API, with the microversion range the
 client negotiates within. ``GET /v2/`` describes ``v2.0`` so that its link can be
-followed, but keel serves no v2.0 API under it: clients speak v2.1. ``GET /image/`` is the image API's
-discovery document, for clients configured with a separate image endpoint.
+followed, but keel serves no v2.0 API under it: clients speak v2.1. ``GET /image/`` is
+the image API's discovery document, for clients configured with a separate image endpoint.
 """
 
 from __future__ import annotations

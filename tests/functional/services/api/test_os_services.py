@@ -112,3 +112,22 @@ async def test_only_compute_services_are_updated(
     response = await client.put(path, headers=at("2.53"), json={"status": "disabled"})
     assert response.status_code == 400
     assert "keel-compute" in response.json()["badRequest"]["message"]
+
+
+async def test_nova_binary_names_find_keel_services(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool
+) -> None:
+    await _conductor_service(db_pool)
+    await add_compute(db_pool, "compute-1")
+    await add_compute(db_pool, "compute-2")
+    for version in ("2.1", "2.53"):
+        computes = await client.get(
+            "/v2.1/os-services", headers=at(version), params={"binary": "nova-compute"}
+        )
+        found = computes.json()["services"]
+        assert sorted(s["host"] for s in found) == ["compute-1", "compute-2"]
+        assert {s["binary"] for s in found} == {"keel-compute"}
+        conductors = await client.get(
+            "/v2.1/os-services", headers=at(version), params={"binary": "nova-conductor"}
+        )
+        assert [s["host"] for s in conductors.json()["services"]] == ["control"]

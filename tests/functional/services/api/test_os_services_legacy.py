@@ -70,3 +70,14 @@ async def test_legacy_update_rules(client: httpx.AsyncClient, db_pool: asyncpg.P
     )
     assert unknown.status_code == 404
     assert (await put("/v2.1/os-services/enable", headers=MEMBER, json=COMPUTE)).status_code == 403
+
+
+async def test_nova_compute_names_the_keel_compute_service(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool
+) -> None:
+    await add_compute(db_pool, "compute-1")
+    nova = {"host": "compute-1", "binary": "nova-compute"}
+    disabled = await client.put("/v2.1/os-services/disable", headers=ADMIN, json=nova)
+    assert disabled.status_code == 200, disabled.text
+    assert disabled.json() == {"service": {**COMPUTE, "status": "disabled"}}
+    assert (await state(client))["status"] == "disabled"
