@@ -52,10 +52,12 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
-async def test_root_lists_the_compute_version(client: httpx.AsyncClient) -> None:
+async def test_root_lists_the_compute_versions(client: httpx.AsyncClient) -> None:
     response = await client.get("/")
     assert response.status_code == 200
-    [version] = response.json()["versions"]
+    [legacy, version] = response.json()["versions"]
+    assert (legacy["id"], legacy["status"]) == ("v2.0", "DEPRECATED")
+    assert legacy["links"][0] == {"rel": "self", "href": "http://keel.test/v2/"}
     assert version["id"] == "v2.1"
     assert version["status"] == "CURRENT"
     assert version["version"] == "2.74"
