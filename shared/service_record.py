@@ -23,7 +23,7 @@ from shared.objects.service import Binary, Service
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
 from shared.runtime import Lifecycle, repeat
-from shared.version_checks import check_computes_supported, refuse_if_older_than_the_rest
+from shared.version_checks import check_against_the_rest, check_computes_supported
 from shared.version_pins import MinimumVersions
 
 LOG = logging.getLogger(__name__)
@@ -54,10 +54,13 @@ class ServiceRecord:
         services are registered (unless the fast-forward workaround is set).
         """
         await check_computes_supported(self.pool, self.settings, self.binary.value)
-        async with self.pool.acquire() as conn:
-            own = await services.recorded_version(conn, self.settings.host, self.binary.value)
-        counts = await self.minimums.counts(self.binary.value, empty_is_fresh=True)
-        refuse_if_older_than_the_rest(counts, own, self.version)
+        await check_against_the_rest(
+            self.pool,
+            self.minimums,
+            binary=self.binary.value,
+            host=self.settings.host,
+            version=self.version,
+        )
 
     async def register(self) -> Service:
         """Create or refresh the row for (host, binary), with this release's version."""

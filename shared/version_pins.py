@@ -61,12 +61,10 @@ class VersionCounts:
         """The oldest version running; 0 when there are no services."""
         return min(self.counts, default=0)
 
-    def minimum_without(self, version: int | None) -> int:
-        """The oldest version once one service at ``version`` is left out; 0 if none left."""
-        remaining = dict(self.counts)
-        if version is not None and remaining.get(version):
-            remaining[version] -= 1
-        return min((v for v, n in remaining.items() if n > 0), default=0)
+    @property
+    def maximum(self) -> int:
+        """The newest version running; 0 when there are no services."""
+        return max(self.counts, default=0)
 
 
 #: Reads the version counts of one binary from the database.

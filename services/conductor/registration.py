@@ -32,7 +32,7 @@ from shared.exceptions import ComputeNodeNotFound, HostRenameDetected, ServiceTo
 from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.service import Binary
 from shared.rpc import agent_users
-from shared.version_checks import refuse_if_older_than_the_rest, refuse_if_unsupported
+from shared.version_checks import check_against_the_rest, refuse_if_unsupported
 from shared.version_pins import MinimumVersions
 
 LOG = logging.getLogger(__name__)
@@ -85,15 +85,19 @@ class ComputeRegistry:
         self.minimums = minimums
 
     async def _check_version(self, req: RegisterCompute) -> int | None:
-        """Refuse an agent older than every other compute service (its own row aside).
+        """Refuse an agent older than every other compute service (its own row aside;
+        forced-down and deleted rows on neither side).
 
-        Returns the version its row had before, if it had one.
+        Returns the version its row had before, as the minimum-version counts have it.
         """
-        async with self.pool.acquire() as conn:
-            own = await services.recorded_version(conn, req.host, Binary.COMPUTE.value)
-        counts = await self.minimums.counts(Binary.COMPUTE.value, empty_is_fresh=True)
         try:
-            refuse_if_older_than_the_rest(counts, own, req.version)
+            return await check_against_the_rest(
+                self.pool,
+                self.minimums,
+                binary=Binary.COMPUTE.value,
+                host=req.host,
+                version=req.version,
+            )
         except ServiceTooOld as exc:
             LOG.warning(
                 "refused compute host %s at version %d: %s",
@@ -103,7 +107,6 @@ class ComputeRegistry:
                 extra={"decision": "service_too_old"},
             )
             raise
-        return own
 
     async def resolve(self, req: ResolveCompute) -> ComputeResolution:
         """What the database knows about the agent's host and node; writes nothing."""
@@ -161,7 +164,8 @@ class ComputeRegistry:
                 resources=req.resources,
                 before=before,
             )
-        self.minimums.note(Binary.COMPUTE.value, previous, req.version)
+        if not service.forced_down:
+            self.minimums.note(Binary.COMPUTE.value, previous, req.version)
         LOG.info(
             "registered compute host %s: service %s (version %d), node %s (%s)",
             req.host,

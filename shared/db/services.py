@@ -191,15 +191,32 @@ async def version_counts(conn: Connection, binary: str) -> dict[int, int]:
     return {row["version"]: row["n"] for row in rows}
 
 
-async def recorded_version(conn: Connection, host: str, binary: str) -> int | None:
-    """The version the live row of (host, binary) was last stamped with, if there is one."""
+async def counted_version(conn: Connection, host: str, binary: str) -> int | None:
+    """The version of the row of (host, binary) as :func:`version_counts` counts it.
+
+    ``None`` when the row is absent, deleted or forced down: a row the counts leave out
+    is left out here too, so subtracting it from the counts compares like with like.
+    """
     version: int | None = await conn.fetchval(
         """SELECT version FROM services
-            WHERE host = $1 AND "binary" = $2 AND deleted_at IS NULL""",
+            WHERE host = $1 AND "binary" = $2 AND deleted_at IS NULL AND NOT forced_down""",
         host,
         binary,
     )
     return version
+
+
+async def minimum_of_the_rest(conn: Connection, binary: str, host: str) -> int:
+    """The oldest version among the live, not forced-down services of ``binary`` other
+    than the one of ``host``; 0 when there are none. Read from the database, not a cache.
+    """
+    version: int | None = await conn.fetchval(
+        """SELECT min(version) FROM services
+            WHERE "binary" = $1 AND deleted_at IS NULL AND NOT forced_down AND host <> $2""",
+        binary,
+        host,
+    )
+    return version or 0
 
 
 async def older_than(

@@ -57,11 +57,14 @@ async def set_version(pool: asyncpg.Pool, host: str, version: int) -> None:
         )
 
 
-async def dump(pool: asyncpg.Pool) -> list[list[asyncpg.Record]]:
+async def dump(pool: asyncpg.Pool, *, compute_only: bool = False) -> list[list[asyncpg.Record]]:
+    """Every row that matters; with ``compute_only``, services other than compute agents'
+    (which heartbeat on their own) are left out."""
+    services_of = "WHERE \"binary\" = 'keel-compute'" if compute_only else ""
     async with pool.acquire() as conn:
-        return [
+        return [await conn.fetch(f"SELECT * FROM services {services_of} ORDER BY id")] + [
             await conn.fetch(f"SELECT * FROM {table} ORDER BY id")
-            for table in ("services", "compute_nodes", "instances", "allocations")
+            for table in ("compute_nodes", "instances", "allocations")
         ]
 
 
@@ -280,3 +283,113 @@ async def set_conductor_version(pool: asyncpg.Pool, host: str, version: int) -> 
             host,
             version,
         )
+
+
+async def force_down(pool: asyncpg.Pool, host: str, down: bool = True) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE services SET forced_down = $2 WHERE host = $1 AND \"binary\" = 'keel-compute'",
+            host,
+            down,
+        )
+
+
+async def test_an_older_agent_whose_own_row_is_forced_down_is_still_refused(
+    conductor_settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> None:
+    """The spec's ancient host returning: its own row (forced down while it was away)
+    counts on neither side, so the only other compute, one release newer, is the rest."""
+    await add_service(db_pool, "other", SERVICE_VERSION)
+    await add_service(db_pool, "returning", SERVICE_VERSION)
+    await force_down(db_pool, "returning")
+    lifecycle, task, api = await _serving(conductor_settings, db_pool, transport, Metrics())
+    try:
+        before = await dump(db_pool, compute_only=True)
+        with pytest.raises(ServiceTooOld) as refused:
+            await api.register_compute(
+                CTX,
+                host="returning",
+                node_uuid=uuid.uuid4(),
+                version=SERVICE_VERSION - 1,
+                resources=resources("returning"),
+            )
+    finally:
+        lifecycle.stopping.set()
+        await task
+    assert refused.value.message == (
+        f"This service is older (v{SERVICE_VERSION - 1}) than the minimum "
+        f"(v{SERVICE_VERSION}) version of the rest of the deployment. Unable to continue."
+    )
+    assert await dump(db_pool, compute_only=True) == before
+
+
+async def test_a_stale_cache_never_lets_an_older_agent_in(
+    conductor_settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> None:
+    """The conductor cached the counts while the agent's row was forced down; the row was
+    then brought back up. The cache (one service) and the row (counted again) disagree:
+    the database decides."""
+    await add_service(db_pool, "other", SERVICE_VERSION)
+    await add_service(db_pool, "returning", SERVICE_VERSION)
+    await force_down(db_pool, "returning")
+    conductor_settings = conductor_settings.model_copy(update={"service_version_cache_ttl": 3600})
+    lifecycle, task, api = await _serving(conductor_settings, db_pool, transport, Metrics())
+    try:
+        # The other agent restarts: the cache now holds {latest: 1}, without "returning".
+        await api.register_compute(
+            CTX,
+            host="other",
+            node_uuid=uuid.uuid4(),
+            version=SERVICE_VERSION,
+            resources=resources("other"),
+        )
+        await force_down(db_pool, "returning", False)
+        with pytest.raises(ServiceTooOld, match=f"minimum \\(v{SERVICE_VERSION}\\)"):
+            await api.register_compute(
+                CTX,
+                host="returning",
+                node_uuid=uuid.uuid4(),
+                version=SERVICE_VERSION - 1,
+                resources=resources("returning"),
+            )
+        # Forced-down rows of other hosts never hold the rest down either.
+        await add_service(db_pool, "ancient-but-fenced", SERVICE_VERSION - 2)
+        await force_down(db_pool, "ancient-but-fenced")
+        with pytest.raises(ServiceTooOld, match=f"minimum \\(v{SERVICE_VERSION}\\)"):
+            await api.register_compute(
+                CTX,
+                host="returning",
+                node_uuid=uuid.uuid4(),
+                version=SERVICE_VERSION - 1,
+                resources=resources("returning"),
+            )
+    finally:
+        lifecycle.stopping.set()
+        await task
+    async with db_pool.acquire() as conn:
+        assert await services.counted_version(conn, "returning", COMPUTE) == SERVICE_VERSION
+
+
+async def test_an_agent_of_the_oldest_release_running_is_accepted_again(
+    conductor_settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> None:
+    """A peer of its release is up; a newer service is forced down and does not count."""
+    await add_service(db_pool, "peer", SERVICE_VERSION - 1)
+    await add_service(db_pool, "newer-but-fenced", SERVICE_VERSION)
+    await force_down(db_pool, "newer-but-fenced")
+    node_uuid = uuid.uuid4()
+    lifecycle, task, api = await _serving(conductor_settings, db_pool, transport, Metrics())
+    try:
+        for _ in range(2):
+            await api.register_compute(
+                CTX,
+                host="returning",
+                node_uuid=node_uuid,
+                version=SERVICE_VERSION - 1,
+                resources=resources("returning"),
+            )
+    finally:
+        lifecycle.stopping.set()
+        await task
+    async with db_pool.acquire() as conn:
+        assert await services.version_counts(conn, COMPUTE) == {SERVICE_VERSION - 1: 2}

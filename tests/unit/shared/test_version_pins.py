@@ -115,13 +115,10 @@ async def test_reset_forgets_what_was_cached(deployment: Deployment, clock: Cloc
     assert await cache.minimum(COMPUTE) == 3
 
 
-def test_minimum_without_leaves_one_service_out() -> None:
+def test_minimum_and_maximum_of_the_counts() -> None:
     counts = VersionCounts({1: 1, 3: 2})
-    assert counts.minimum == 1
-    assert counts.minimum_without(1) == 3
-    assert counts.minimum_without(3) == 1
-    assert counts.minimum_without(None) == 1
-    assert VersionCounts({1: 1}).minimum_without(1) == 0
+    assert (counts.minimum, counts.maximum) == (1, 3)
+    assert (VersionCounts({}).minimum, VersionCounts({}).maximum) == (0, 0)
 
 
 async def test_auto_pin_follows_the_oldest_compute_and_logs_each_decision(
@@ -175,16 +172,16 @@ async def test_an_emulated_older_release_never_sends_above_its_own_versions(
 
 
 def test_older_than_every_other_service_is_refused() -> None:
-    # Its own old row does not count: an ancient host coming back is caught.
     with pytest.raises(ServiceTooOld) as refused:
-        refuse_if_older_than_the_rest(VersionCounts({1: 1, 3: 2}), own_recorded=1, version=1)
+        refuse_if_older_than_the_rest(3, version=1)
     assert refused.value.message == (
         "This service is older (v1) than the minimum (v3) version of the rest of the "
         "deployment. Unable to continue."
     )
-    refuse_if_older_than_the_rest(VersionCounts({1: 1, 3: 2}), own_recorded=1, version=3)
-    refuse_if_older_than_the_rest(VersionCounts({1: 2, 3: 1}), own_recorded=1, version=1)
-    refuse_if_older_than_the_rest(VersionCounts({}), own_recorded=None, version=1)
+    refuse_if_older_than_the_rest(3, version=3)
+    refuse_if_older_than_the_rest(1, version=1)
+    # No other service at all: nothing to be older than.
+    refuse_if_older_than_the_rest(0, version=1)
 
 
 def test_unsupported_versions_are_refused() -> None:
