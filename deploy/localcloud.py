@@ -34,30 +34,27 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from urllib.parse import urlsplit
 
 from localstate import clean, explain_foreign, foreign_hosts, forget_pid, record_pid, running_pid
 
+from devkit import CIRROS_ID, prerequisites
+from devkit.processes import BIN, Process, ProcessGroup
+from devkit.readiness import api_answers, up_services
 from services.manage.database import connect
 from shared.config import Settings, load_settings
-from shared.db import images, projects, services, users
+from shared.db import images, projects, users
 from shared.exceptions import ConfigError, ImageNotFound, KeelError, NotFound
 from shared.objects.identity import Role
 from shared.passwords import hash_password
 
-CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
 COMPUTE_HOSTS = ("compute1", "compute2")
 READY_TIMEOUT = 90.0
 STOP_TIMEOUT = 20.0
 LOG_TAIL_LINES = 25
-BIN = Path(sys.executable).parent
 
 
 def say(message: str) -> None:
@@ -67,46 +64,12 @@ def say(message: str) -> None:
 # --- prerequisites ------------------------------------------------------------------
 
 
-def _reachable(url: str, default_port: int) -> tuple[str, str | None]:
-    parts = urlsplit(url)
-    where = f"{parts.hostname or 'localhost'}:{parts.port or default_port}"
-    try:
-        with socket.create_connection(
-            (parts.hostname or "localhost", parts.port or default_port), 3
-        ):
-            return where, None
-    except OSError as exc:
-        return where, exc.strerror or str(exc)
-
-
-def _postgres_start_hint() -> str:
-    clusters = sorted(p.name for p in Path("/etc/postgresql").glob("*") if p.is_dir())
-    version = clusters[-1] if clusters else "<version>"
-    return (
-        f"  pg_ctlcluster --skip-systemctl-redirect {version} main start   (as root)\n"
-        "  docker compose up -d postgres\n"
-        "or point KEEL_DATABASE_URL at a running server."
-    )
-
-
 def check_prerequisites(settings: Settings) -> bool:
-    """True if both servers answer; otherwise explain how to start the missing ones."""
-    ok = True
-    where, error = _reachable(settings.database_url, 5432)
-    if error:
-        say(f"PostgreSQL is not reachable at {where} ({error}). Start it with one of:")
-        print(_postgres_start_hint())
-        ok = False
-    where, error = _reachable(settings.transport_url, 5672)
-    if error:
-        say(f"RabbitMQ is not reachable at {where} ({error}). Start it with one of:")
-        print(
-            "  rabbitmq-server -detached   (as root)\n"
-            "  docker compose up -d rabbitmq\n"
-            "or point KEEL_TRANSPORT_URL at a running broker."
-        )
-        ok = False
-    return ok
+    """True if both servers answer; otherwise one line for each missing one, with the fix."""
+    missing = prerequisites.for_cloud(settings)
+    for found in missing:
+        say(found.line())
+    return not missing
 
 
 def check_port_free(host: str, port: int) -> bool:
@@ -252,52 +215,10 @@ def token_config(accounts: list[Account]) -> str:
 
 
 @dataclass
-class Child:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def exit_code(self) -> int | None:
-        return None if self.process is None else self.process.poll()
-
-    def tail(self) -> str:
-        try:
-            lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join("    " + line for line in lines[-LOG_TAIL_LINES:])
-
-    def stop(self) -> None:
-        """SIGTERM, wait up to STOP_TIMEOUT, then SIGKILL."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            say(f"{self.name} did not stop within {STOP_TIMEOUT:.0f}s: killing it")
-            self.process.kill()
-            self.process.wait()
-
-
-@dataclass
 class Cloud:
     """The running processes, started in order and stopped in reverse."""
 
-    children: list[Child] = field(default_factory=list)
+    group: ProcessGroup
     stop_requested: bool = False
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
@@ -305,53 +226,35 @@ class Cloud:
             say(f"{signal.Signals(signum).name} received: stopping")
         self.stop_requested = True
 
-    def start(self, child: Child) -> None:
-        self.children.append(child)
-        child.start()
-
-    def dead(self) -> Child | None:
-        return next((c for c in self.children if c.exit_code() is not None), None)
+    def dead(self) -> Process | None:
+        return next(iter(self.group.dead()), None)
 
     def stop_all(self) -> None:
-        for child in reversed(self.children):
-            child.stop()
+        self.group.stop_all(
+            on_kill=lambda p: say(f"{p.name} did not stop within {STOP_TIMEOUT:.0f}s: killed it")
+        )
 
 
-def plan(settings: Settings, workdir: Path, env: Mapping[str, str]) -> list[Child]:
-    """The processes of the cloud, in start order: agents need the conductor first."""
-    logs = workdir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+def start_all(cloud: Cloud, workdir: Path, env: Mapping[str, str]) -> None:
+    """Start the cloud's processes in order: agents need the conductor first."""
 
-    def child(name: str, binary: str, **extra: str) -> Child:
-        return Child(name, [str(BIN / binary)], {**env, **extra}, logs / f"{name}.log")
+    def start(name: str, binary: str, **extra: str) -> None:
+        say(f"starting {name} (log: {cloud.group.logs / f'{name}.log'})")
+        cloud.group.start(name, [binary], {**env, **extra})
 
-    children = [child("conductor", "keel-conductor"), child("scheduler", "keel-scheduler")]
+    start("conductor", "keel-conductor")
+    start("scheduler", "keel-scheduler")
     for host in COMPUTE_HOSTS:
         state_dir = workdir / host
         state_dir.mkdir(parents=True, exist_ok=True)
-        children.append(
-            child(host, "keel-compute", KEEL_HOST=host, KEEL_STATE_DIR=str(state_dir.resolve()))
-        )
-    children.append(child("api", "keel-api"))
-    return children
+        start(host, "keel-compute", KEEL_HOST=host, KEEL_STATE_DIR=str(state_dir.resolve()))
+    start("api", "keel-api")
 
 
 async def _computes_up(settings: Settings) -> set[str]:
     async with connect(settings.database_url) as conn:
-        found = await services.list_services(
-            conn, settings.service_down_time, binary="keel-compute"
-        )
-    return {s.host for s in found if s.is_up}
-
-
-def _api_answers(api_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(api_url + "/", timeout=2) as response:
-            return bool(response.status < 500)
-    except urllib.error.HTTPError as exc:
-        return exc.code < 500
-    except OSError:
-        return False
+        up = await up_services(conn, settings.service_down_time)
+    return {host for binary, host in up if binary == "keel-compute"}
 
 
 def wait_until_ready(cloud: Cloud, settings: Settings, api_url: str) -> bool:
@@ -361,20 +264,27 @@ def wait_until_ready(cloud: Cloud, settings: Settings, api_url: str) -> bool:
         if (died := cloud.dead()) is not None:
             report_death(died, "during start-up")
             return False
-        if _api_answers(api_url) and set(COMPUTE_HOSTS) <= asyncio.run(_computes_up(settings)):
+        if api_answers(api_url) and set(COMPUTE_HOSTS) <= asyncio.run(_computes_up(settings)):
             return True
         if time.monotonic() > deadline:
             say(f"the cloud was not ready within {READY_TIMEOUT:.0f}s; see the logs")
-            for child in cloud.children:
-                print(f"  {child.name}: {child.log}\n{child.tail()}")
+            for process in cloud.group.processes.values():
+                print(f"  {process.name}: {process.log}\n{indented_tail(process)}")
             return False
         time.sleep(0.5)
     return False
 
 
-def report_death(child: Child, when: str) -> None:
-    say(f"{child.name} exited with code {child.exit_code()} {when}; last lines of {child.log}:")
-    print(child.tail(), flush=True)
+def indented_tail(process: Process) -> str:
+    return "\n".join("    " + line for line in process.tail(LOG_TAIL_LINES).splitlines())
+
+
+def report_death(process: Process, when: str) -> None:
+    say(
+        f"{process.name} exited with code {process.exit_code()} {when}; "
+        f"last lines of {process.log}:"
+    )
+    print(indented_tail(process), flush=True)
 
 
 def print_banner(api_url: str, clouds: Path) -> None:
@@ -432,13 +342,11 @@ def _run_cloud(settings: Settings, workdir: Path, api_url: str) -> int:
     write_clouds_yaml(clouds, api_url, admin, member)
     env = {**os.environ, "KEEL_AUTH__TOKENS": token_config(accounts)}
     env.setdefault("KEEL_LOG_FORMAT", "text")
-    cloud = Cloud()
+    cloud = Cloud(ProcessGroup(workdir / "logs", stop_timeout=STOP_TIMEOUT))
     signal.signal(signal.SIGINT, cloud.request_stop)
     signal.signal(signal.SIGTERM, cloud.request_stop)
     try:
-        for child in plan(settings, workdir, env):
-            say(f"starting {child.name} (log: {child.log})")
-            cloud.start(child)
+        start_all(cloud, workdir, env)
         if not wait_until_ready(cloud, settings, api_url):
             return 0 if cloud.stop_requested else 1
         print_banner(api_url, clouds)

@@ -32,7 +32,8 @@ LOG = logging.getLogger(__name__)
 #: The first key of the advisory lock a run holds (the second is the run's id).
 RUN_LOCK_CLASS = 0x6B64  # "kd"
 #: ``keel_<kind>_<run id>_<random>``.
-_SCRATCH_NAME = re.compile(r"^keel_[a-z]+_(\d+)_[0-9a-f]{8}$")
+_KIND = r"[a-z][a-z0-9]*"
+_SCRATCH_NAME = re.compile(rf"^keel_{_KIND}_(\d+)_[0-9a-f]{{8}}$")
 
 
 def quoted(name: str) -> str:
@@ -71,8 +72,8 @@ class Scratch:
         return scratch
 
     def _new_name(self, kind: str) -> str:
-        if not re.fullmatch(r"[a-z]+", kind):
-            raise ValueError(f"a scratch database kind is lower-case letters, not {kind!r}")
+        if not re.fullmatch(_KIND, kind):
+            raise ValueError(f"a scratch database kind is a lower-case word, not {kind!r}")
         return f"keel_{kind}_{self.run_id}_{uuid.uuid4().hex[:8]}"
 
     async def empty(self, kind: str) -> str:
@@ -80,6 +81,13 @@ class Scratch:
         name = self._new_name(kind)
         async with self._lock:
             await self._admin.execute(f"CREATE DATABASE {quoted(name)}")
+        self._created.add(name)
+        return with_database(self.server, name)
+
+    def unborn(self, kind: str) -> str:
+        """The URL of a database of this run that does not exist yet (something else is to
+        create it); dropped with the run's others if it was."""
+        name = self._new_name(kind)
         self._created.add(name)
         return with_database(self.server, name)
 
@@ -122,7 +130,8 @@ class Scratch:
         async with self._lock:
             rows = await self._admin.fetch(
                 """SELECT datname FROM pg_database
-                    WHERE datname ~ '^keel_[a-z]+_[0-9]+_[0-9a-f]{8}$'"""
+                    WHERE datname ~ $1""",
+                _SCRATCH_NAME.pattern,
             )
             held = {
                 row["objid"]
@@ -166,7 +175,7 @@ async def scratch(server: str) -> AsyncIterator[Scratch]:
 
 
 @asynccontextmanager
-async def scratch_database(server: str, kind: str) -> AsyncIterator[str]:
+async def scratch_database(server: str, kind: str = "scratch") -> AsyncIterator[str]:
     """One migrated database for the ``async with`` block: its URL; dropped afterwards."""
     async with scratch(server) as run:
         yield await run.migrated(kind)

@@ -12,33 +12,33 @@ broker's exchanges and queues are deleted and the database is dropped.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import aio_pika
 import asyncpg
 import httpx
 
 from benchkit.db import DEFAULT_PG_SERVER, scratch_database
+from devkit import CIRROS_ID
+from devkit.broker import BrokerNotAnswering, remove_exchange, wait_for_broker
+from devkit.environment import keel_env
+from devkit.processes import Process, ProcessGroup
+from devkit.readiness import api_answers, free_port
+from devkit.servers import amqp_url
 from shared.config import DatabaseSettings
 from shared.db import images
 from shared.db.pool import create_pool
-from shared.rpc.amqp_topology import Topology
 
-BIN = Path(sys.executable).parent
-AMQP_URL = os.environ.get("KEEL_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
-CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
+__all__ = ["AMQP_URL", "CIRROS_ID", "Cloud", "CloudError", "CloudShape", "bench_cloud"]
+
+AMQP_URL = amqp_url("KEEL_BENCH_AMQP")
 ADMIN = {"user_id": "bench-admin", "project_id": "bench-project", "roles": ["admin", "member"]}
 STOP_TIMEOUT = 30.0
 DELETE_CHANNELS = 32
@@ -73,50 +73,6 @@ class CloudShape:
 
 
 @dataclass
-class Process:
-    name: str
-    log: Path
-    popen: subprocess.Popen[bytes]
-
-    def rss_mb(self) -> float:
-        """Resident memory now, from ``/proc`` (MiB)."""
-        try:
-            status = Path(f"/proc/{self.popen.pid}/status").read_text()
-        except OSError:
-            return float("nan")
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def cpu_seconds(self) -> float:
-        """CPU time used so far (user + system), from ``/proc``."""
-        try:
-            fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            return float("nan")
-        # utime and stime are fields 14 and 15 of stat(5); after the ")" they are 12, 13.
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.returncode
-
-
-@dataclass
 class Cloud:
     shape: CloudShape
     workdir: Path
@@ -125,52 +81,37 @@ class Cloud:
     api_url: str
     token: str
     pool: asyncpg.Pool
-    processes: dict[str, Process] = field(default_factory=dict)
+    group: ProcessGroup
     #: Where keel-conductor serves its Prometheus metrics.
     conductor_metrics: str = ""
 
+    @property
+    def processes(self) -> dict[str, Process]:
+        return self.group.processes
+
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
         shape = self.shape
-        env.update(
-            KEEL_DATABASE_URL=self.database_url,
-            KEEL_TRANSPORT_URL=AMQP_URL,
-            KEEL_EXCHANGE=self.exchange,
-            KEEL_RPC__QUEUE_EXPIRES=str(QUEUE_EXPIRES),
-            KEEL_RPC__CONNECT_TIMEOUT="30",
-            KEEL_DATABASE__CONNECT_TIMEOUT="30",
-            KEEL_REPORT_INTERVAL=str(shape.report_interval),
-            KEEL_SERVICE_DOWN_TIME=str(shape.service_down_time),
-            KEEL_API_BIND=self.api_url.removeprefix("http://"),
-            KEEL_AUTH__TOKENS=json.dumps({self.token: ADMIN}),
-            KEEL_LOG_FORMAT="text",
-            KEEL_LOG_LEVEL=shape.log_level,
-            KEEL_HOST="bench-controller",
-            KEEL_STATE_DIR=str(self.workdir / "state"),
-            KEEL_COMPUTE__CPU_ALLOCATION_RATIO="1",
-            KEEL_COMPUTE__RAM_ALLOCATION_RATIO="1",
-            KEEL_COMPUTE__DISK_ALLOCATION_RATIO="1",
-            KEEL_COMPUTE__DRAIN_TIMEOUT="10",
-            KEEL_NETWORK__CIDR="10.128.0.0/12",
+        return keel_env(
+            database_url=self.database_url,
+            transport_url=AMQP_URL,
+            exchange=self.exchange,
+            api_bind=self.api_url.removeprefix("http://"),
+            tokens={self.token: ADMIN},
+            host="bench-controller",
+            report_interval=shape.report_interval,
+            service_down_time=shape.service_down_time,
+            queue_expires=QUEUE_EXPIRES,
+            connect_timeout=30,
+            log_level=shape.log_level,
+            extra={
+                "KEEL_STATE_DIR": str(self.workdir / "state"),
+                "KEEL_NETWORK__CIDR": "10.128.0.0/12",
+                **dict(shape.extra_env),
+            },
         )
-        env.update(dict(shape.extra_env))
-        return env
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
-        log = self.workdir / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [str(BIN / argv[0]), *argv[1:]],
-                env=env or self.env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        process = Process(name, log, popen)
-        self.processes[name] = process
-        return process
+        return self.group.start(name, argv, env or self.env())
 
     def start_fleet(
         self,
@@ -206,7 +147,7 @@ class Cloud:
         return self.start(host, ["keel-compute"], env)
 
     def check_alive(self) -> None:
-        dead = [p for p in self.processes.values() if p.popen.poll() is not None]
+        dead = self.group.dead()
         if dead:
             raise CloudError(
                 "\n".join(f"{p.name} exited ({p.popen.returncode}):\n{p.tail()}" for p in dead)
@@ -239,29 +180,17 @@ class Cloud:
         while True:
             self.check_alive()
             ready = await self.up_count("keel-conductor") and await self.up_count("keel-scheduler")
-            if ready and (not self.shape.api or await self._api_answers()):
+            if ready and (not self.shape.api or await asyncio.to_thread(api_answers, self.api_url)):
                 return
             if time.monotonic() > deadline:
                 raise CloudError("control services not ready\n" + self.tails())
             await asyncio.sleep(0.2)
 
-    async def _api_answers(self) -> bool:
-        try:
-            async with httpx.AsyncClient(timeout=2) as client:
-                response = await client.get(self.api_url + "/")
-        except httpx.HTTPError:
-            return False
-        return response.status_code < 500
-
     def tails(self) -> str:
-        return "\n".join(f"----- {p.name}\n{p.tail()}" for p in self.processes.values())
+        return self.group.describe(lines=30)
 
     def stop_all(self) -> None:
-        for process in reversed(self.processes.values()):
-            if process.popen.poll() is None:
-                process.popen.send_signal(signal.SIGTERM)
-        for process in reversed(self.processes.values()):
-            process.stop()
+        self.group.stop_all()
 
     async def conductor_counter(self, name: str) -> dict[str, float]:
         """A counter of keel-conductor's metrics: its value per label set, as text."""
@@ -317,56 +246,17 @@ def server_cpu_seconds() -> dict[str, float]:
     return used
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-async def wait_for_broker(timeout: float = BROKER_READY_TIMEOUT) -> None:
-    """Until RabbitMQ opens a connection and a channel promptly (it may still be busy
-    deleting an earlier benchmark's queues)."""
-    began = time.monotonic()
-    while True:
-        try:
-            connection = await aio_pika.connect(AMQP_URL, timeout=5)
-            async with connection:
-                await connection.channel()
-            break
-        except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
-            if time.monotonic() - began > timeout:
-                raise CloudError(f"RabbitMQ did not answer within {timeout:g}s: {exc!r}") from None
-            print(f"waiting for RabbitMQ ({exc!r})", file=sys.stderr)
-            await asyncio.sleep(2)
-    waited = time.monotonic() - began
-    if waited > 5:
-        print(f"RabbitMQ answered after {waited:.0f}s", file=sys.stderr)
-
-
-async def remove_exchange(exchange: str, topics: list[str]) -> None:
-    """Delete the cloud's queues (many channels at once: each deletion waits on the broker)."""
-    topology = Topology(exchange)
-    connection = await aio_pika.connect(AMQP_URL)
-    async with connection:
-        channels = [await connection.channel() for _ in range(DELETE_CHANNELS)]
-
-        async def delete(index: int) -> None:
-            for topic in topics[index::DELETE_CHANNELS]:
-                await channels[index].queue_delete(topology.queue_name(topic))
-
-        began = time.monotonic()
-        await asyncio.gather(*(delete(index) for index in range(DELETE_CHANNELS)))
-        print(f"deleted {len(topics)} queues in {time.monotonic() - began:.1f}s", file=sys.stderr)
-        await topology.delete(channels[0])
-
-
 @asynccontextmanager
 async def bench_cloud(
     shape: CloudShape, pg_server: str = DEFAULT_PG_SERVER
 ) -> AsyncIterator[Cloud]:
     """Database, conductor, scheduler(s) and API running; the fleet is the caller's to start."""
-    await wait_for_broker()
+    try:
+        waited = await wait_for_broker(BROKER_READY_TIMEOUT, url=AMQP_URL)
+    except BrokerNotAnswering as exc:
+        raise CloudError(str(exc)) from None
+    if waited > 5:
+        print(f"RabbitMQ answered after {waited:.0f}s", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="keel-bench-") as workdir:
         async with scratch_database(pg_server) as url:
             pool = await create_pool(url, DatabaseSettings(pool_max_size=4, connect_timeout=5))
@@ -378,6 +268,7 @@ async def bench_cloud(
                 api_url=f"http://127.0.0.1:{free_port()}",
                 token=f"bench-{uuid.uuid4().hex}",
                 pool=pool,
+                group=ProcessGroup(Path(workdir) / "logs", stop_timeout=STOP_TIMEOUT),
             )
             topics: list[str] = ["conductor", "scheduler"]
             try:
@@ -403,7 +294,10 @@ async def bench_cloud(
                     await pool.close()
                     try:
                         async with asyncio.timeout(CLEANUP_TIMEOUT):
-                            await remove_exchange(cloud.exchange, topics)
+                            took = await remove_exchange(
+                                cloud.exchange, topics, url=AMQP_URL, channels=DELETE_CHANNELS
+                            )
+                        print(f"deleted {len(topics)} queues in {took:.1f}s", file=sys.stderr)
                     except TimeoutError:
                         print(f"the broker did not delete the queues within {CLEANUP_TIMEOUT:g}s; "
                               f"unused, they expire by themselves after {QUEUE_EXPIRES}s",

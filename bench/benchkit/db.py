@@ -1,7 +1,8 @@
 """A throw-away keel database for a benchmark, hosts in bulk, and the capacity invariant.
 
-:func:`scratch_database` creates a fresh, migrated database on the server and drops it
-on the way out, even on failure, so benchmarks never touch anyone else's data.
+:func:`scratch_database` (from :mod:`devkit.database`) gives a fresh, migrated database
+on the server and drops it on the way out, even on failure, so benchmarks never touch
+anyone else's data.
 :func:`add_hosts` registers compute hosts in two statements (a service and a node each,
 heartbeating now), so 10,000 hosts take seconds, not minutes. :func:`check_capacity` is
 the scheduler's invariant every benchmark checks after it ran: each node's usage equals
@@ -10,49 +11,26 @@ the sum of its allocations (``allocations.usage_drift``) and no node is over cap
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import asyncpg
-
-from shared.db import allocations, schema
+from devkit.database import scratch_database
+from devkit.servers import pg_server
+from shared.db import allocations
 from shared.db.host_candidates import FREE_DISK_GB, FREE_RAM_MB, FREE_VCPUS
 from shared.db.pool import Connection
 from shared.versions import SERVICE_VERSION
 
-DEFAULT_PG_SERVER = os.environ.get("KEEL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+__all__ = [
+    "DEFAULT_PG_SERVER",
+    "CapacityCheck",
+    "HostSize",
+    "add_hosts",
+    "check_capacity",
+    "reset_claims",
+    "scratch_database",
+]
 
-
-def with_database(server: str, name: str) -> str:
-    return f"{server.rpartition('/')[0]}/{name}"
-
-
-@asynccontextmanager
-async def scratch_database(server: str = DEFAULT_PG_SERVER) -> AsyncIterator[str]:
-    """A new, migrated database on ``server``; dropped on the way out, whatever happened."""
-    name = f"keel_bench_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(server)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        url = with_database(server, name)
-        conn = await asyncpg.connect(url)
-        try:
-            await schema.sync(conn)
-        finally:
-            await conn.close()
-        yield url
-    finally:
-        admin = await asyncpg.connect(server)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+DEFAULT_PG_SERVER = pg_server("KEEL_BENCH_PG")
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,18 @@
 """A whole keel cloud for end-to-end tests: real processes, real broker, real database.
 
-:func:`running_cloud` creates a fresh, migrated database with the ``cirros`` image, picks
-an exchange no one else uses, starts keel-conductor, the schedulers, the compute agents
-and keel-api from their console scripts, writes a ``clouds.yaml`` for the stock
-``openstack`` client, and waits until every service reports up. On the way out every
-process gets SIGTERM, a bounded wait, then SIGKILL, and the database is dropped.
+:func:`running_cloud` takes a migrated copy of the run's template database (see
+:mod:`devkit.database`) and registers the ``cirros`` image, picks an exchange no one else
+uses, starts keel-conductor, the schedulers, the compute agents and keel-api from their
+console scripts (a :class:`devkit.processes.ProcessGroup`), writes a ``clouds.yaml`` for
+the stock ``openstack`` client, and waits until every service reports up. On the way out
+every process gets SIGTERM, a bounded wait, then SIGKILL, and the database is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -28,22 +25,35 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import httpx
 
+from devkit import CIRROS_ID
+from devkit.broker import remove_exchange
+from devkit.database import Scratch, scratch
+from devkit.environment import clean_environ, keel_env
+from devkit.processes import BIN, Process, ProcessGroup
+from devkit.readiness import api_answers, free_port, up_services, wait_until
+from devkit.servers import AMQP_URL, PG_SERVER
 from shared.config import DatabaseSettings
-from shared.db import images, schema, services
+from shared.db import images
 from shared.db.pool import create_pool
-from tests.broker import AMQP_URL, remove_exchange
 from tests.faults.proxy import url_through
-from tests.polling import wait_until
 
-PG_SERVER = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+__all__ = [
+    "ADMIN",
+    "BIN",
+    "CIRROS_ID",
+    "MEMBER",
+    "PG_SERVER",
+    "Cloud",
+    "CloudConfig",
+    "CloudError",
+    "Process",
+    "free_port",
+    "running_cloud",
+]
 
-BIN = Path(sys.executable).parent
-CIRROS_ID = uuid.UUID("c1770500-0000-4000-8000-00000000c105")
 CONTROLLER = "controller"
 READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0
 CLI_TIMEOUT = 120.0
-LOG_TAIL_LINES = 80
 
 ADMIN = {"user_id": "admin", "project_id": "admin-project", "roles": ["admin", "member"]}
 MEMBER = {"user_id": "demo", "project_id": "demo-project", "roles": ["member"]}
@@ -75,33 +85,6 @@ class CloudConfig:
 
 
 @dataclass
-class Process:
-    name: str
-    binary: str
-    host: str
-    log: Path
-    popen: subprocess.Popen[bytes]
-
-    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM, wait up to ``timeout``, then SIGKILL; return the exit code."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.returncode
-
-
-@dataclass
 class Cloud:
     config: CloudConfig
     workdir: Path
@@ -111,9 +94,14 @@ class Cloud:
     admin_token: str
     member_token: str
     pool: asyncpg.Pool
-    processes: dict[str, Process] = field(default_factory=dict)
+    group: ProcessGroup
     #: The environment every keel process of this cloud starts with.
     env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def processes(self) -> dict[str, Process]:
+        """The cloud's processes by name, in start order."""
+        return self.group.processes
 
     @property
     def clouds_yaml(self) -> Path:
@@ -134,7 +122,7 @@ class Cloud:
     def openstack_raw(
         self, *args: str, cloud: str = "keel", as_json: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OS_", "KEEL_"))}
+        env = clean_environ()
         env["OS_CLIENT_CONFIG_FILE"] = str(self.clouds_yaml)
         argv = [str(BIN / "openstack"), "--os-cloud", cloud, *args]
         if as_json:
@@ -200,26 +188,19 @@ class Cloud:
 
     def logs(self) -> dict[str, str]:
         """Every process's whole log so far."""
-        return {
-            name: p.log.read_text(encoding="utf-8", errors="replace")
-            for name, p in self.processes.items()
-        }
+        return {name: p.read_log() for name, p in self.processes.items()}
 
     def log_tails(self) -> list[tuple[str, str]]:
         return [(name, p.tail()) for name, p in self.processes.items()]
 
     def start(self, name: str, binary: str, host: str = CONTROLLER, **env: str) -> Process:
         """Start one more process (or start a stopped one again under its name)."""
-        old = self.processes.get(name)
-        if old is not None and old.popen.poll() is None:
-            raise AssertionError(f"{name} is still running")
         settings = {**self.env, "KEEL_HOST": host, **env}
         if binary == "keel-compute":
             state = self.state_dir(host)
             state.mkdir(parents=True, exist_ok=True)
             settings.setdefault("KEEL_STATE_DIR", str(state))
-        start_process(self, name, binary, settings)
-        return self.processes[name]
+        return self.group.start(name, [binary], settings)
 
     def agent_env(self, host: str, state_dir: Path, **settings: str) -> dict[str, str]:
         """An agent's environment: the cloud's, with its host, state dir and ``settings``."""
@@ -230,8 +211,9 @@ class Cloud:
     ) -> Process:
         """Start a keel-compute (``args`` after the binary, e.g. ``--config FILE``)."""
         state_dir.mkdir(parents=True, exist_ok=True)
-        start_process(self, name, "keel-compute", self.agent_env(host, state_dir, **settings), args)
-        return self.processes[name]
+        return self.group.start(
+            name, ["keel-compute", *args], self.agent_env(host, state_dir, **settings)
+        )
 
     def run_agent(
         self,
@@ -253,15 +235,15 @@ class Cloud:
             process.stop()
             code = None
         del self.processes[name]
-        return code, process.log.read_text(encoding="utf-8", errors="replace")
+        return code, process.read_log()
 
     async def wait_for_service(self, host: str, *, up: bool, binary: str = "keel-compute") -> None:
         """Until the service of ``binary`` on ``host`` is up (or down)."""
         deadline = time.monotonic() + READY_TIMEOUT
-        while ((binary, host) in await up_services(self)) != up:
+        while ((binary, host) in await self.up_services()) != up:
             if time.monotonic() > deadline:
                 raise CloudError(
-                    f"{binary} on {host} not {'up' if up else 'down'}\n{describe(self)}"
+                    f"{binary} on {host} not {'up' if up else 'down'}\n{self.describe()}"
                 )
             await asyncio.sleep(0.25)
 
@@ -284,24 +266,17 @@ class Cloud:
                 for table in ("services", "compute_nodes", "instances", "allocations")
             }
 
+    async def up_services(self) -> set[tuple[str, str]]:
+        """``(binary, host)`` of every service the database considers up."""
+        async with self.pool.acquire() as conn:
+            return await up_services(conn, self.config.service_down_time)
+
+    def describe(self) -> str:
+        """Every process's exit code and log tail."""
+        return self.group.describe()
+
     def stop_all(self) -> None:
-        for process in reversed(self.processes.values()):
-            if process.popen.poll() is None:
-                process.popen.send_signal(signal.SIGTERM)
-        for process in reversed(self.processes.values()):
-            process.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def with_database(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
+        self.group.stop_all()
 
 
 def clouds_yaml(api_url: str, admin_token: str, member_token: str) -> str:
@@ -318,28 +293,8 @@ def clouds_yaml(api_url: str, admin_token: str, member_token: str) -> str:
     return f"clouds:\n  keel:\n{cloud(admin_token)}  keel-member:\n{cloud(member_token)}"
 
 
-async def create_database() -> str:
-    name = f"keel_e2e_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(PG_SERVER)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return with_database(PG_SERVER, name)
-
-
-async def drop_database(url: str) -> None:
-    name = url.rpartition("/")[2]
-    admin = await asyncpg.connect(PG_SERVER)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
-async def prepare_database(pool: asyncpg.Pool) -> None:
+async def register_image(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
-        await schema.sync(conn)
         await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
 
 
@@ -358,115 +313,67 @@ def process_database_url(cloud: Cloud) -> str:
 
 
 def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
     config = cloud.config
-    env.update(
-        KEEL_DATABASE_URL=process_database_url(cloud),
-        KEEL_TRANSPORT_URL=(
+    return keel_env(
+        database_url=process_database_url(cloud),
+        transport_url=(
             AMQP_URL
             if config.broker_address is None
             else url_through(AMQP_URL, config.broker_address)
         ),
-        KEEL_EXCHANGE=cloud.exchange,
-        KEEL_RPC__QUEUE_EXPIRES="60",
-        KEEL_RPC__CONNECT_TIMEOUT="20",
-        KEEL_DATABASE__CONNECT_TIMEOUT="20",
-        KEEL_REPORT_INTERVAL="1",
-        KEEL_SERVICE_DOWN_TIME=str(config.service_down_time),
-        KEEL_API_BIND=cloud.api_url.removeprefix("http://"),
-        KEEL_AUTH__TOKENS=json.dumps(tokens),
-        KEEL_LOG_FORMAT="text",
-        KEEL_LOG_LEVEL="INFO",
-        KEEL_HOST=CONTROLLER,
-        KEEL_COMPUTE__VCPUS=str(config.vcpus),
-        KEEL_COMPUTE__MEMORY_MB=str(config.memory_mb),
-        KEEL_COMPUTE__LOCAL_GB=str(config.local_gb),
-        KEEL_COMPUTE__CPU_ALLOCATION_RATIO="1",
-        KEEL_COMPUTE__RAM_ALLOCATION_RATIO="1",
-        KEEL_COMPUTE__DISK_ALLOCATION_RATIO="1",
-        KEEL_COMPUTE__DRAIN_TIMEOUT="10",
+        exchange=cloud.exchange,
+        api_bind=cloud.api_url.removeprefix("http://"),
+        tokens=tokens,
+        host=CONTROLLER,
+        service_down_time=config.service_down_time,
+        vcpus=config.vcpus,
+        memory_mb=config.memory_mb,
+        local_gb=config.local_gb,
+        extra=dict(config.env),
     )
-    env.update(config.env)
-    return env
 
 
-def start_process(
-    cloud: Cloud, name: str, binary: str, env: dict[str, str], args: tuple[str, ...] = ()
-) -> None:
-    """Start ``binary`` as ``name``; its output goes to ``logs/<name>.log`` (appended)."""
-    log = cloud.workdir / "logs" / f"{name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        popen = subprocess.Popen(
-            [str(BIN / binary), *args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    cloud.processes[name] = Process(name, binary, env["KEEL_HOST"], log, popen)
-
-
-def start_all(cloud: Cloud, base_env: dict[str, str]) -> None:
+def start_all(cloud: Cloud) -> None:
     """Start in dependency order: conductor, schedulers, agents, API."""
-    start_process(cloud, "conductor", "keel-conductor", base_env)
+    cloud.start("conductor", "keel-conductor")
     for i in range(1, cloud.config.schedulers + 1):
         host = CONTROLLER if i == 1 else f"{CONTROLLER}-{i}"
-        start_process(cloud, f"scheduler{i}", "keel-scheduler", {**base_env, "KEEL_HOST": host})
+        cloud.start(f"scheduler{i}", "keel-scheduler", host)
     for host in cloud.config.computes:
-        state = cloud.state_dir(host)
-        state.mkdir(parents=True)
-        env = {**base_env, "KEEL_HOST": host, "KEEL_STATE_DIR": str(state)}
-        start_process(cloud, host, "keel-compute", env)
-    start_process(cloud, "api", "keel-api", base_env)
-
-
-def describe(cloud: Cloud) -> str:
-    return "\n".join(
-        f"----- {name} (exit code {cloud.processes[name].popen.poll()}) -----\n{text}"
-        for name, text in cloud.log_tails()
-    )
-
-
-async def _api_answers(api_url: str) -> bool:
-    try:
-        async with httpx.AsyncClient(timeout=2) as client:
-            response = await client.get(api_url + "/")
-    except httpx.HTTPError:
-        return False
-    return response.status_code < 500
-
-
-async def up_services(cloud: Cloud) -> set[tuple[str, str]]:
-    """``(binary, host)`` of every service the database considers up."""
-    async with cloud.pool.acquire() as conn:
-        found = await services.list_services(conn, cloud.config.service_down_time)
-    return {(s.binary, s.host) for s in found if s.is_up}
+        cloud.start(host, "keel-compute", host)
+    cloud.start("api", "keel-api")
 
 
 async def wait_until_ready(cloud: Cloud) -> None:
     expected = {(p.binary, p.host) for p in cloud.processes.values() if p.binary != "keel-api"}
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
-        dead = [p.name for p in cloud.processes.values() if p.popen.poll() is not None]
+        dead = [p.name for p in cloud.group.dead()]
         if dead:
-            raise CloudError(f"{', '.join(dead)} exited during start-up\n{describe(cloud)}")
-        missing = expected - await up_services(cloud)
-        if not missing and await _api_answers(cloud.api_url):
+            raise CloudError(f"{', '.join(dead)} exited during start-up\n{cloud.describe()}")
+        missing = expected - await cloud.up_services()
+        if not missing and await asyncio.to_thread(api_answers, cloud.api_url):
             return
         if time.monotonic() > deadline:
             raise CloudError(
                 f"not ready after {READY_TIMEOUT:.0f}s (not up: {sorted(missing)})\n"
-                + describe(cloud)
+                + cloud.describe()
             )
         await asyncio.sleep(0.25)
 
 
 @asynccontextmanager
-async def running_cloud(workdir: Path, config: CloudConfig | None = None) -> AsyncIterator[Cloud]:
+async def running_cloud(
+    workdir: Path, config: CloudConfig | None = None, databases: Scratch | None = None
+) -> AsyncIterator[Cloud]:
+    """A cloud on a migrated copy of ``databases``' template (a scratch run of its own if
+    not given); stopped and removed afterwards."""
+    if databases is None:
+        async with scratch(PG_SERVER) as own, running_cloud(workdir, config, own) as cloud:
+            yield cloud
+        return
     config = config or CloudConfig()
-    database_url = await create_database()
+    database_url = await databases.migrated("e2e")
     pool = await create_pool(database_url, DatabaseSettings(pool_max_size=4, connect_timeout=5))
     admin_token, member_token = f"admin-{uuid.uuid4().hex}", f"member-{uuid.uuid4().hex}"
     cloud = Cloud(
@@ -478,16 +385,17 @@ async def running_cloud(workdir: Path, config: CloudConfig | None = None) -> Asy
         admin_token=admin_token,
         member_token=member_token,
         pool=pool,
+        group=ProcessGroup(workdir / "logs"),
     )
     try:
-        await prepare_database(pool)
+        await register_image(pool)
         cloud.clouds_yaml.write_text(clouds_yaml(cloud.api_url, admin_token, member_token))
         cloud.env = process_env(cloud, {admin_token: ADMIN, member_token: MEMBER})
-        start_all(cloud, cloud.env)
+        start_all(cloud)
         await wait_until_ready(cloud)
         yield cloud
     finally:
         await asyncio.to_thread(cloud.stop_all)
         await pool.close()
-        await drop_database(database_url)
+        await databases.drop(database_url)
         await remove_exchange(cloud.exchange)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Generator
 
 import pytest
 
+from devkit.database import Scratch
 from tests.e2e.cloud import Cloud, CloudConfig, running_cloud
 
 
@@ -20,9 +21,9 @@ def cloud_config() -> CloudConfig:
 
 @pytest.fixture(scope="module")
 async def cloud(
-    cloud_config: CloudConfig, tmp_path_factory: pytest.TempPathFactory
+    cloud_config: CloudConfig, databases: Scratch, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Cloud]:
-    async with running_cloud(tmp_path_factory.mktemp("cloud"), cloud_config) as running:
+    async with running_cloud(tmp_path_factory.mktemp("cloud"), cloud_config, databases) as running:
         yield running
 
 

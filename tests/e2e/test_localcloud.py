@@ -16,31 +16,34 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.broker import remove_exchange
-from tests.e2e.cloud import AMQP_URL, BIN, PG_SERVER, drop_database, free_port, with_database
+from devkit import ROOT
+from devkit.broker import remove_exchange
+from devkit.database import Scratch
+from devkit.environment import clean_environ, keel_env, with_devkit
+from devkit.processes import BIN
+from devkit.readiness import free_port
+from devkit.servers import AMQP_URL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "deploy" / "localcloud.py"
+LAUNCHER = ROOT / "deploy" / "localcloud.py"
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 90.0
 
 
 def launcher_env(database_url: str, exchange: str, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KEEL_", "OS_"))}
-    env.update(
-        KEEL_DATABASE_URL=database_url,
-        KEEL_TRANSPORT_URL=AMQP_URL,
-        KEEL_EXCHANGE=exchange,
-        KEEL_RPC__QUEUE_EXPIRES="60",
-        KEEL_API_BIND=f"127.0.0.1:{port}",
-        KEEL_REPORT_INTERVAL="1",
-        KEEL_SERVICE_DOWN_TIME="10",
-        KEEL_COMPUTE__VCPUS="2",
-        KEEL_COMPUTE__MEMORY_MB="4096",
-        KEEL_COMPUTE__LOCAL_GB="20",
+    """The launcher's environment: the settings of a test cloud, and devkit importable."""
+    return with_devkit(
+        keel_env(
+            database_url=database_url,
+            transport_url=AMQP_URL,
+            exchange=exchange,
+            api_bind=f"127.0.0.1:{port}",
+            vcpus=2,
+            memory_mb=4096,
+            local_gb=20,
+        )
     )
-    return env
 
 
 def processes_in(exchange: str) -> list[int]:
@@ -77,7 +80,7 @@ def read_until_ready(launcher: subprocess.Popen[str]) -> str:
 
 
 def openstack(clouds: Path, cloud: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KEEL_", "OS_"))}
+    env = clean_environ()
     env["OS_CLIENT_CONFIG_FILE"] = str(clouds)
     return subprocess.run(
         [str(BIN / "openstack"), "--os-cloud", cloud, *args, "-f", "json"],
@@ -98,11 +101,11 @@ async def run_exchange() -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def fresh_database_url() -> AsyncIterator[str]:
+async def fresh_database_url(databases: Scratch) -> AsyncIterator[str]:
     """The URL of a database that does not exist yet; dropped afterwards if it was made."""
-    url = with_database(PG_SERVER, f"keel_run_{uuid.uuid4().hex[:12]}")
+    url = databases.unborn("run")
     yield url
-    await drop_database(url)
+    await databases.drop(url)
 
 
 def launch(workdir: Path, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -9,12 +9,15 @@ resources, that usage equals allocations and no node is over capacity.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from devkit.environment import with_devkit
 
 pytestmark = [pytest.mark.functional, pytest.mark.timeout(120)]
 
@@ -24,6 +27,7 @@ BENCH = Path(__file__).resolve().parents[3] / "bench"
 def run(script: str, *args: str) -> list[dict[str, Any]]:
     result = subprocess.run(
         [sys.executable, str(BENCH / script), *args],
+        env=with_devkit(os.environ),
         capture_output=True,
         text=True,
         timeout=110,
