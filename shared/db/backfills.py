@@ -10,7 +10,8 @@ in :data:`MIGRATIONS` while every service keeps running:
   at once, or again, or alongside the services that set the link themselves, changes
   each row once;
 * a row whose link cannot be resolved (say, an instance whose host has no compute node
-  any more) is never guessed: it is reported and left NULL.
+  any more, or none with the row's node name) is never guessed: it is reported, with
+  the nodes its host does have, and left NULL.
 
 :func:`unlinked_rows` counts what is left, for upgrade checks.
 """
@@ -52,8 +53,10 @@ INSTANCE_COMPUTE_ID = Backfill(
     needs="t.compute_id IS NULL AND t.host IS NOT NULL AND t.deleted_at IS NULL",
     target=placement.legacy_node_id_sql("t"),
     describe=(
-        "format('instance %s (host %s, node %s): no single live compute node matches',"
-        " t.uuid, t.host, coalesce(t.node, '-'))"
+        "format('instance %s (host %s, node %s): no live compute node of that host has that"
+        " name (its nodes: %s)', t.uuid, t.host, coalesce(t.node, '-'),"
+        " coalesce((SELECT string_agg(n.hypervisor_hostname, ', ' ORDER BY n.id)"
+        " FROM compute_nodes n WHERE n.host = t.host AND n.deleted_at IS NULL), 'none'))"
     ),
 )
 

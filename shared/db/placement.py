@@ -27,15 +27,12 @@ def legacy_node_id_sql(alias: str) -> str:
     """SQL for the node id an unlinked instance ``alias`` runs on, matched by names.
 
     The live node of the instance's host whose hypervisor host name is the instance's
-    node; failing that, the host's only live node; otherwise NULL (never a guess).
+    node; otherwise NULL. A host's only node is not taken for a row naming another node:
+    that would be a guess (the node may have been replaced, or the row may be stale).
     """
-    return f"""COALESCE(
-        (SELECT n.id FROM compute_nodes n
+    return f"""(SELECT n.id FROM compute_nodes n
           WHERE n.deleted_at IS NULL AND n.host = {alias}.host
-            AND n.hypervisor_hostname = {alias}.node),
-        (SELECT min(n.id) FROM compute_nodes n
-          WHERE n.deleted_at IS NULL AND n.host = {alias}.host
-         HAVING count(*) = 1))"""
+            AND n.hypervisor_hostname = {alias}.node)"""
 
 
 def node_id_sql(alias: str) -> str:

@@ -87,8 +87,9 @@ def report(outcomes: list[Outcome]) -> int:
     for o in outcomes:
         if o.unresolved:
             print(
-                f"{o.name}: {o.unresolved} row(s) cannot be resolved and stay unlinked "
-                "(routing falls back to their host names, which find no node):"
+                f"{o.name}: {o.unresolved} row(s) cannot be resolved and stay unlinked: "
+                "nothing matches their names, and keel never links by guess (keel finds no "
+                'node for them; see the README, "Upgrading: online data migrations"):'
             )
             for example in o.examples:
                 print(f"  {example}")

@@ -20,6 +20,7 @@ from services.manage.commands.backfills import run_all
 from services.manage.main import build_parser, execute
 from shared.config import Settings
 from shared.db import backfills, schema
+from shared.versions import SERVICE_VERSION
 from tests.conftest import PG_SERVER
 from tests.functional.services.manage.test_manage import manage, url_for
 
@@ -104,13 +105,15 @@ async def release_1_rows(url: str) -> dict[str, Any]:
         _, node3 = await _compute(conn, "compute3", "compute3")
         await conn.execute("UPDATE compute_nodes SET service_id = NULL WHERE id = $1", node3)
         rows = {
+            "node2": node2,
             "node3": node3,
             "expected": {
                 await _instance(conn, "compute1", "compute1"): node1,
                 await _instance(conn, "compute1", "compute1"): node1,
-                # The node's name differs, but it is the host's only node.
-                await _instance(conn, "compute2", "compute2"): node2,
+                await _instance(conn, "compute3", "compute3"): node3,
             },
+            # The host's only node has another name: linking it would be a guess.
+            "renamed": await _instance(conn, "compute2", "compute2"),
             "ghost": await _instance(conn, "ghost", "ghost"),
             "unplaced": await _instance(conn, None, None),
             "deleted": await _instance(conn, "compute1", "compute1", deleted=True),
@@ -144,6 +147,11 @@ async def test_upgrade_from_release_1_then_backfill_in_steps_of_one(release_1_ur
         assert step.stdout.startswith("Migration"), step.stdout + step.stderr
         outputs.append(step.stdout)
         assert f"instance {rows['ghost']} (host ghost, node ghost)" in step.stdout
+        assert (
+            f"instance {rows['renamed']} (host compute2, node compute2): no live compute node "
+            "of that host has that name (its nodes: compute2.example.org)"
+        ) in step.stdout
+        assert "2 row(s) cannot be resolved and stay unlinked" in step.stdout
         if step.returncode == 0:
             assert "nothing remains to migrate" in step.stdout
             break
@@ -152,6 +160,7 @@ async def test_upgrade_from_release_1_then_backfill_in_steps_of_one(release_1_ur
 
     linked = await links(release_1_url)
     assert {k: linked[k] for k in rows["expected"]} == rows["expected"]
+    assert linked[rows["renamed"]] is None
     assert linked[rows["ghost"]] is None
     assert linked[rows["unplaced"]] is None
     assert linked[rows["deleted"]] is None
@@ -162,7 +171,7 @@ async def test_upgrade_from_release_1_then_backfill_in_steps_of_one(release_1_ur
         )
         assert await backfills.unlinked_rows(conn) == {
             "compute_nodes.service_id": 0,
-            "instances.compute_id": 1,
+            "instances.compute_id": 2,
         }
     finally:
         await conn.close()
@@ -171,7 +180,7 @@ async def test_upgrade_from_release_1_then_backfill_in_steps_of_one(release_1_ur
     assert again.returncode == 0, again.stderr
     table = again.stdout.splitlines()
     assert table[1].split() == ["compute_nodes.service_id", "0", "0"]
-    assert table[2].split() == ["instances.compute_id", "1", "0"]
+    assert table[2].split() == ["instances.compute_id", "2", "0"]
     assert await links(release_1_url) == linked
 
 
@@ -224,3 +233,61 @@ async def test_concurrent_runs_link_every_row_once(release_1_url: str) -> None:
     assert done == 240
     assert all(o.error is None for run in outcomes for o in run)
     assert set((await links(release_1_url)).values()) == {node}
+
+
+async def test_upgrade_check_warns_while_rows_lack_their_links(release_1_url: str) -> None:
+    rows = await release_1_rows(release_1_url)
+    unsynced = manage(release_1_url, "status", "upgrade-check")
+    assert unsynced.returncode == 1, unsynced.stdout + unsynced.stderr
+    assert "the database schema is older than this release: run `keel-manage db sync`" in (
+        unsynced.stdout
+    )
+    assert manage(release_1_url, "db", "sync").returncode == 0
+    conn = await asyncpg.connect(release_1_url)
+    try:
+        # Every service on this release: only the links are left to warn about.
+        await conn.execute("UPDATE services SET version = $1", SERVICE_VERSION)
+    finally:
+        await conn.close()
+
+    before = manage(release_1_url, "status", "upgrade-check")
+    assert before.returncode == 1, before.stdout + before.stderr
+    assert (
+        "WARNING: 3 row(s) written by an older release lack their link instances.compute_id: "
+        "run `keel-manage db online-data-migrations` (migration instances.compute_id) to link "
+        "them."
+    ) in before.stdout
+    assert "WARNING: 1 row(s) written by an older release lack their link " in before.stdout
+    assert "(migration compute_nodes.service_id)" in before.stdout
+    stuck = (
+        "WARNING: 2 row(s) lack their link instances.compute_id and the online migration "
+        "instances.compute_id cannot link them"
+    )
+    assert stuck in before.stdout
+    assert f"  instance {rows['renamed']} (host compute2, node compute2)" in before.stdout
+    assert f"  instance {rows['ghost']} (host ghost, node ghost)" in before.stdout
+    assert "SUCCESS" not in before.stdout
+
+    assert manage(release_1_url, "db", "online-data-migrations").returncode == 0
+    after = manage(release_1_url, "status", "upgrade-check")
+    assert after.returncode == 1, after.stdout
+    assert "written by an older release" not in after.stdout
+    assert stuck in after.stdout
+
+    # As the README says: the hypervisor gets its old name back for the migration (its
+    # agent started with it would record it), and the server of the gone host is deleted.
+    conn = await asyncpg.connect(release_1_url)
+    try:
+        await conn.execute(
+            "UPDATE compute_nodes SET hypervisor_hostname = 'compute2' WHERE id = $1",
+            rows["node2"],
+        )
+        await conn.execute("UPDATE instances SET deleted_at = now() WHERE uuid = $1", rows["ghost"])
+    finally:
+        await conn.close()
+    assert manage(release_1_url, "db", "online-data-migrations").returncode == 0
+    assert (await links(release_1_url))[rows["renamed"]] == rows["node2"]
+    done = manage(release_1_url, "status", "upgrade-check")
+    assert done.returncode == 0, done.stdout
+    assert "WARNING" not in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("SUCCESS")
