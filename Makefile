@@ -43,21 +43,37 @@ lint: $(BIN)/python ## ruff (lint and format check) and mypy
 typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)
 	$(BIN)/mypy $(TYPED)
 
+# The test tiers, in the order `make test` and .ci/run run them; the first red one stops
+# the run. `make test-<tier>` runs one: pytest over tests/<tier>/. A new tier of pytest
+# tests that need the servers is one word in SERVER_TIERS (a tier run otherwise gets its
+# own `test-<tier>` rule and a word in TIERS).
+SERVER_TIERS := functional e2e bench
+TIERS := unit $(SERVER_TIERS)
+# Extra pytest options for every tier, e.g. PYTEST_ARGS=-x.
+PYTEST_ARGS ?=
+
+.NOTPARALLEL:
+
 .PHONY: test
-test: $(CHECKOUT_PTH) ## the whole suite: unit, functional and end-to-end
-	$(BIN)/pytest
+test: prerequisites $(addprefix test-,$(TIERS)) ## every tier in order (make tiers), stopping at the first red one
+
+.PHONY: tiers
+tiers: ## the test tiers, in the order make test runs them
+	@echo $(TIERS)
+
+.PHONY: prerequisites
+prerequisites: $(CHECKOUT_PTH) ## check that PostgreSQL, RabbitMQ and its management API answer
+	@$(BIN)/python -m devkit.prerequisites
 
 .PHONY: test-unit
-test-unit: $(CHECKOUT_PTH) ## unit tests only (no PostgreSQL or RabbitMQ needed)
-	$(BIN)/pytest tests/unit
+test-unit: $(CHECKOUT_PTH) ## unit tests (no PostgreSQL or RabbitMQ needed)
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-.PHONY: test-functional
-test-functional: $(CHECKOUT_PTH) ## functional tests (real PostgreSQL and RabbitMQ)
-	$(BIN)/pytest tests/functional
-
-.PHONY: test-e2e
-test-e2e: $(CHECKOUT_PTH) ## end-to-end tests (real processes, real openstack CLI)
-	$(BIN)/pytest tests/e2e
+# test-functional: services against real PostgreSQL and RabbitMQ; test-e2e: the real
+# processes driven by the real openstack CLI; test-bench: every benchmark, tiny.
+.PHONY: $(addprefix test-,$(SERVER_TIERS))
+$(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
+	$(BIN)/pytest tests/$* $(PYTEST_ARGS)
 
 .PHONY: run
 run: install ## run a local cloud in the foreground; Ctrl-C stops it
@@ -120,3 +136,4 @@ all: lint test ## lint, then test
 .PHONY: help
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
+	@printf 'test-<tier>\tone tier: %s\n' "$(TIERS)"

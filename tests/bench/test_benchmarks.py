@@ -1,9 +1,11 @@
 """Every benchmark, run tiny, so none can rot; the scheduler's capacity invariant each time.
 
 Each script runs as ``make bench`` runs it (a subprocess of this Python), against the
-real PostgreSQL and RabbitMQ, at a size that takes seconds. Timings are never judged:
-the test checks that each printed its figures as JSON lines and, wherever it claimed
-resources, that usage equals allocations and no node is over capacity.
+real PostgreSQL and RabbitMQ, at a size that takes seconds; most start a whole cloud, so
+they are a tier of their own (``make test-bench``), after the end-to-end tests. Timings
+are never judged: the test checks that each printed its figures as JSON lines and,
+wherever it claimed resources, that usage equals allocations and no node is over
+capacity.
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devkit import ROOT
 from devkit.environment import with_devkit
 
-pytestmark = [pytest.mark.functional, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
+BENCH = ROOT / "bench"
 
 
 def run(script: str, *args: str) -> list[dict[str, Any]]:
