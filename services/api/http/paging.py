@@ -2,7 +2,8 @@
 
 A page holds at most ``limit`` items (never more than ``max_limit``, the
 ``KEEL_API__MAX_LIMIT`` setting, :data:`MAX_LIMIT` by default) following the item whose id
-is ``marker``. An unknown marker is a 400, as in Nova.
+is ``marker``. ``limit=0`` asks for an empty page. An unknown marker is a 400, as in
+Nova.
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ def page_request(
         raise BadRequest("limit param must be an integer") from None
     if number < 0:
         raise BadRequest("limit param must be positive")
-    return PageRequest(
-        limit=min(number or max_limit, max_limit), marker=marker or None, limited=True
-    )
+    # limit=0 is an empty page, as in Nova.
+    return PageRequest(limit=min(number, max_limit), marker=marker or None, limited=True)
 
 
 def marker_not_found(marker: str) -> BadRequest:

@@ -183,6 +183,10 @@ async def test_limit_and_marker_page_through_servers(
     rest = await client.get("/v2.1/servers", headers=MEMBER, params={"limit": 2, "marker": made[1]})
     assert [s["id"] for s in rest.json()["servers"]] == [made[0]]
     assert "servers_links" not in rest.json()
+    for path in ("/v2.1/servers", "/v2.1/servers/detail"):
+        none = await client.get(path, headers=MEMBER, params={"limit": 0})
+        assert none.status_code == 200, none.text
+        assert none.json() == {"servers": []}
 
 
 async def test_projects_see_only_their_servers(

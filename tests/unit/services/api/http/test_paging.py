@@ -35,8 +35,10 @@ def test_last_page_has_no_next_marker() -> None:
     assert next_marker(page, request, _key) is None
 
 
-def test_zero_limit_means_the_maximum_and_huge_limits_are_capped() -> None:
-    assert page_request("0", None).limit == MAX_LIMIT
+def test_zero_limit_is_an_empty_page_and_huge_limits_are_capped() -> None:
+    empty = page_request("0", None)
+    assert take_page(ITEMS, empty, _key) == []
+    assert next_marker([], empty, _key) is None
     assert page_request("100000", None).limit == MAX_LIMIT
 
 
