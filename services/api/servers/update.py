@@ -1,6 +1,7 @@
 """``PUT /servers/{id}``: rename a server, or (from microversion 2.19) describe it.
 
-The answer is the whole server, as ``GET /servers/{id}`` shows it. Anything else in the
+The answer is Nova's update view below 2.75: the server without its extended attributes
+(no ``OS-EXT-*`` keys, key name, security groups or admin fields). Anything else in the
 body is a 400: keel has no access IPs or disk configuration to change.
 """
 
@@ -73,4 +74,4 @@ async def update_server(
         "changed" if describe else "unchanged",
         extra={"instance_uuid": str(updated.uuid)},
     )
-    return {"server": view.detail(updated, show=True)}
+    return {"server": view.updated(updated)}

@@ -104,19 +104,38 @@ def created_body(instance: Instance, links: Links, admin_pass: str) -> dict[str,
     }
 
 
-def addresses_body(held: Sequence[FixedIp]) -> dict[str, list[dict[str, Any]]]:
-    """``{network name: [address, ...]}`` as the ``addresses`` of a server."""
+def addresses_body(
+    held: Sequence[FixedIp], *, extended: bool = True
+) -> dict[str, list[dict[str, Any]]]:
+    """``{network name: [address, ...]}`` as the ``addresses`` of a server.
+
+    ``extended``: with the ``OS-EXT-IPS`` type and MAC address, as every view but the
+    answer to an update below 2.75 shows them.
+    """
     body: dict[str, list[dict[str, Any]]] = {}
     for fixed in held:
-        body.setdefault(fixed.network_name, []).append(
-            {
-                "version": fixed.version,
-                "addr": fixed.address,
-                "OS-EXT-IPS:type": "fixed",
-                "OS-EXT-IPS-MAC:mac_addr": fixed.mac,
-            }
-        )
+        entry: dict[str, Any] = {"version": fixed.version, "addr": fixed.address}
+        if extended:
+            entry["OS-EXT-IPS:type"] = "fixed"
+            entry["OS-EXT-IPS-MAC:mac_addr"] = fixed.mac
+        body.setdefault(fixed.network_name, []).append(entry)
     return body
+
+
+#: What Nova's answer to ``PUT /servers/{id}`` leaves out below 2.75 (it shows all of
+#: the server only from 2.75, a microversion keel does not reach).
+_NOT_IN_UPDATE = (
+    "key_name",
+    "config_drive",
+    "OS-EXT-AZ:availability_zone",
+    "OS-EXT-STS:vm_state",
+    "OS-EXT-STS:task_state",
+    "OS-EXT-STS:power_state",
+    "OS-SRV-USG:launched_at",
+    "OS-SRV-USG:terminated_at",
+    "security_groups",
+    "os-extended-volumes:volumes_attached",
+)
 
 
 @dataclass(frozen=True)
@@ -197,6 +216,21 @@ class ServerView:
         if self.is_admin:
             body.update(self._admin_fields(instance))
         body.update(self._versioned_fields(instance, show=show))
+        return body
+
+    def updated(self, instance: Instance) -> dict[str, Any]:
+        """The answer to ``PUT /servers/{id}`` below 2.75: the base view, without the
+        extended attributes (no ``OS-EXT-*`` keys, no admin fields)."""
+        body = self._base(instance)
+        for name in _NOT_IN_UPDATE:
+            del body[name]
+        body["addresses"] = addresses_body(self.addresses.get(instance.uuid, ()), extended=False)
+        fault = self.fault(instance)
+        if fault is not None:
+            body["fault"] = fault
+        if body["status"] in _PROGRESS:
+            body["progress"] = _PROGRESS[body["status"]]
+        body.update(self._versioned_fields(instance, show=True))
         return body
 
     def _base(self, instance: Instance) -> dict[str, Any]:

@@ -218,3 +218,25 @@ async def test_metadata_beyond_the_quota_is_403_and_changes_nothing(
     assert "Maximum number of metadata items exceeds 2" in over.text
     assert one_more.status_code == 403
     assert (await client.get(base, headers=MEMBER)).json() == two
+
+
+async def test_an_update_answers_with_novas_update_view(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    server_id = await active_server(client, db_pool)
+    url = f"/v2.1/servers/{server_id}"
+    for version, headers in (("2.1", MEMBER), ("2.74", MEMBER), ("2.74", ADMIN)):
+        answer = await client.put(url, headers=at(version, headers), json={"server": {}})
+        assert answer.status_code == 200, answer.text
+        server = answer.json()["server"]
+        assert not [key for key in server if key.startswith(("OS-EXT-", "OS-SRV-USG", "os-"))]
+        for absent in ("key_name", "config_drive", "security_groups", "host_status"):
+            assert absent not in server
+        assert server["OS-DCF:diskConfig"] == "MANUAL"
+        assert {"id", "name", "status", "addresses", "accessIPv4", "flavor"} <= set(server)
+        for addresses in server["addresses"].values():
+            assert all(set(a) == {"version", "addr"} for a in addresses)
+        shown = (await client.get(url, headers=at(version, headers))).json()["server"]
+        assert "OS-EXT-STS:vm_state" in shown
+    assert server["server_groups"] == []
+    assert server["locked_reason"] is None
