@@ -34,6 +34,7 @@ from services.api.resources import (
 )
 from services.api.servers import actions as server_actions
 from services.api.servers import instance_actions
+from services.api.servers import ips as server_ips
 from services.api.servers import metadata as server_metadata
 from services.api.servers import routes as servers
 from services.api.servers import tags as server_tags
@@ -76,6 +77,7 @@ def create_app(
     app.include_router(server_update.router)
     app.include_router(server_metadata.router)
     app.include_router(server_tags.router)
+    app.include_router(server_ips.router)
     app.include_router(flavors.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)

@@ -240,3 +240,24 @@ async def test_an_update_answers_with_novas_update_view(
         assert "OS-EXT-STS:vm_state" in shown
     assert server["server_groups"] == []
     assert server["locked_reason"] is None
+
+
+async def test_ips_list_the_addresses_by_network(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    server_id = await active_server(client, db_pool)
+    shown = (await client.get(f"/v2.1/servers/{server_id}", headers=MEMBER)).json()["server"]
+    [(network, [address])] = shown["addresses"].items()
+    expected = [{"version": 4, "addr": address["addr"]}]
+
+    ips = await client.get(f"/v2.1/servers/{server_id}/ips", headers=MEMBER)
+    assert ips.status_code == 200, ips.text
+    assert ips.json() == {"addresses": {network: expected}}
+    one = await client.get(f"/v2.1/servers/{server_id}/ips/{network}", headers=MEMBER)
+    assert one.json() == {network: expected}
+
+    other = await client.get(f"/v2.1/servers/{server_id}/ips/elsewhere", headers=MEMBER)
+    assert other.status_code == 404
+    assert other.json()["itemNotFound"]["message"] == "There's no network with this label."
+    foreign = await client.get(f"/v2.1/servers/{server_id}/ips", headers=OTHER_MEMBER)
+    assert foreign.status_code == 404
