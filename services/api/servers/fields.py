@@ -140,6 +140,23 @@ class RequestedNetwork(BaseModel):
     tag: Tag | None = None
 
 
+class SecurityGroupRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=255)
+
+
+#: The one security group every project has: keel's guests have no firewall to configure.
+DEFAULT_SECURITY_GROUP = "default"
+
+
+def check_security_groups(groups: list[SecurityGroupRef] | None) -> None:
+    """Only the project's ``default`` group exists: any other name is a 400, as in Nova."""
+    for group in groups or []:
+        if group.name != DEFAULT_SECURITY_GROUP:
+            raise BadRequest(f"Security group {group.name} not found.")
+
+
 class BlockDevice(BaseModel):
     """One ``block_device_mapping_v2`` entry; keel reads only what says where it boots from."""
 
@@ -164,6 +181,8 @@ class ServerFields(BaseModel):
     block_device_mapping_v2: list[BlockDevice] | None = None
     block_device_mapping: list[dict[str, Any]] | None = None
     admin_pass: str | None = Field(default=None, alias="adminPass")
+    #: Each project's ``default`` group is the only one (see :func:`check_security_groups`).
+    security_groups: list[SecurityGroupRef] | None = None
     #: Files to inject (before 2.57): keel injects none, so only an empty list is taken.
     personality: list[Any] | None = None
     #: Certificates to verify the image with (2.63): keel verifies no signatures, so
@@ -321,6 +340,7 @@ def prepare(
                 "empty or null."
             )
     check_block_devices(fields, image_id)
+    check_security_groups(fields.security_groups)
     return PreparedFields(
         network=network,
         metadata=dict(fields.metadata),

@@ -162,3 +162,24 @@ async def test_a_create_withdrawn_for_want_of_a_conductor_returns_the_address(
     async with db_pool.acquire() as conn:
         usage = await fixed_ips.usage(conn, NETWORK.network_id)
     assert usage.free == usage.total
+
+
+async def test_the_default_security_group_is_the_only_one(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    taken = await post(client, security_groups=[{"name": "default"}, {"name": "default"}])
+    assert taken.status_code == 202, taken.text
+    shown = await show(client, taken.json()["server"]["id"])
+    assert shown["security_groups"] == [{"name": "default"}]
+    before = await count_instances(db_pool)
+    for groups, message in (
+        ([{"name": "web"}], "Security group web not found."),
+        ([{"name": "default"}, {"name": "db"}], "Security group db not found."),
+    ):
+        refused = await post(client, security_groups=groups)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["badRequest"]["message"] == message
+    for malformed in ("default", [{"id": "x"}], [{"name": ""}], [{}]):
+        assert (await post(client, security_groups=malformed)).status_code == 400
+    assert await count_instances(db_pool) == before
