@@ -1,4 +1,5 @@
-"""Queries on ``quotas`` (limits an admin set for a project) and on what a project uses.
+"""Queries on ``quotas`` (limits an admin set for a project), ``user_quotas`` (limits set
+for one user within a project) and on what a project, or one user in it, uses.
 
 Usage is counted from the rows themselves (live instances and their flavors), never
 kept in a counter that could drift. To check and consume quota without a race, a
@@ -44,6 +45,55 @@ async def usage(conn: Connection, project_id: str) -> ProjectUsage:
     return ProjectUsage(instances=row["instances"], cores=row["cores"], ram=row["ram"])
 
 
+async def user_usage(conn: Connection, project_id: str, user_id: str) -> ProjectUsage:
+    """What one user's live servers in the project take."""
+    row = await conn.fetchrow(
+        """SELECT count(*) AS instances,
+                  coalesce(sum((flavor->>'vcpus')::int), 0) AS cores,
+                  coalesce(sum((flavor->>'memory_mb')::int), 0) AS ram
+             FROM instances
+            WHERE project_id = $1 AND user_id = $2 AND deleted_at IS NULL""",
+        project_id,
+        user_id,
+    )
+    assert row is not None
+    return ProjectUsage(instances=row["instances"], cores=row["cores"], ram=row["ram"])
+
+
+async def user_limits(conn: Connection, project_id: str, user_id: str) -> dict[str, int]:
+    """The limits set for the user in the project (others follow the project's)."""
+    rows = await conn.fetch(
+        "SELECT resource, hard_limit FROM user_quotas WHERE project_id = $1 AND user_id = $2",
+        project_id,
+        user_id,
+    )
+    return {row["resource"]: row["hard_limit"] for row in rows}
+
+
+async def set_user_limits(
+    conn: Connection, project_id: str, user_id: str, values: Mapping[str, int]
+) -> None:
+    async with conn.transaction():
+        for resource, limit in values.items():
+            await conn.execute(
+                """INSERT INTO user_quotas (project_id, user_id, resource, hard_limit)
+                   VALUES ($1, $2, $3, $4)
+                   ON CONFLICT (project_id, user_id, resource)
+                   DO UPDATE SET hard_limit = EXCLUDED.hard_limit, updated_at = now()""",
+                project_id,
+                user_id,
+                resource,
+                limit,
+            )
+
+
+async def clear_user(conn: Connection, project_id: str, user_id: str) -> None:
+    """Return every limit of the user to the project's."""
+    await conn.execute(
+        "DELETE FROM user_quotas WHERE project_id = $1 AND user_id = $2", project_id, user_id
+    )
+
+
 async def limits(conn: Connection, project_id: str) -> dict[str, int]:
     """The limits set for the project (resources left at their defaults are absent)."""
     rows = await conn.fetch(
@@ -66,5 +116,7 @@ async def set_limits(conn: Connection, project_id: str, values: Mapping[str, int
 
 
 async def clear(conn: Connection, project_id: str) -> None:
-    """Return every limit of the project to its default."""
-    await conn.execute("DELETE FROM quotas WHERE project_id = $1", project_id)
+    """Return every limit of the project to its default, its users' limits included."""
+    async with conn.transaction():
+        await conn.execute("DELETE FROM quotas WHERE project_id = $1", project_id)
+        await conn.execute("DELETE FROM user_quotas WHERE project_id = $1", project_id)

@@ -77,16 +77,21 @@ async def record_created(
     description: str | None,
     tags: Sequence[str],
     user_data: str | None,
+    access_ip_v4: str | None = None,
+    access_ip_v6: str | None = None,
 ) -> None:
     """Store what the create request said, on the row just inserted."""
     await conn.execute(
-        """UPDATE instances SET metadata = $2, description = $3, tags = $4, user_data = $5
+        """UPDATE instances SET metadata = $2, description = $3, tags = $4, user_data = $5,
+                  access_ip_v4 = $6, access_ip_v6 = $7
             WHERE uuid = $1""",
         instance_uuid,
         metadata,
         description,
         list(tags),
         user_data,
+        access_ip_v4,
+        access_ip_v6,
     )
 
 
@@ -97,14 +102,19 @@ async def update(
     name: str | None = None,
     description: str | None = None,
     set_description: bool = False,
+    access_ip_v4: str | None = None,
+    access_ip_v6: str | None = None,
 ) -> Instance:
-    """Rename and/or describe the server (``set_description`` to change the description)."""
+    """Rename, describe (``set_description`` to change the description) and/or set the
+    access addresses (each changed only when given)."""
     instance = await _update(
         conn,
         instance_uuid,
         "display_name = COALESCE($3, display_name), "
-        "description = CASE WHEN $4 THEN $5 ELSE description END",
-        [name, set_description, description],
+        "description = CASE WHEN $4 THEN $5 ELSE description END, "
+        "access_ip_v4 = COALESCE($6, access_ip_v4), "
+        "access_ip_v6 = COALESCE($7, access_ip_v6)",
+        [name, set_description, description, access_ip_v4, access_ip_v6],
         states=None,
         action="update",
     )

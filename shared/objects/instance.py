@@ -51,6 +51,9 @@ class Instance(KeelModel):
     user_data: str | None = None
     #: The key pair named at create time (its public key is kept as ``key_data``).
     key_name: str | None = None
+    #: The addresses its owner says it is reached at (``accessIPv4`` / ``accessIPv6``).
+    access_ip_v4: str | None = None
+    access_ip_v6: str | None = None
 
 
 class RequestedDestination(KeelModel):

@@ -5,8 +5,13 @@ every limit, ``/detail`` each with what is in use, ``/defaults`` the defaults. `
 (admins) sets limits: whole numbers (or strings of them) ≥ -1, where -1 is unlimited; a
 limit below what the project already uses is refused unless ``force`` is true;
 ``DELETE`` (admins) returns the project to the defaults. The resources shown follow the
-microversion as in the compute API: the injected-file limits go at 2.57. Limits are
-per project: a ``user_id`` parameter is refused.
+microversion as in the compute API: the injected-file limits go at 2.57.
+
+With ``?user_id=USER`` each of these concerns one user's limits within the project, as
+in Nova: ``GET`` answers the user's limit where one is set and the project's elsewhere
+(``/detail`` counts that user's servers), ``PUT`` sets the user's limits (none above the
+project's, none below what the user uses unless ``force``), ``DELETE`` returns the user
+to the project's limits. Deleting a project's quotas deletes its users' too.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from services.api.http.auth import AdminContext, Context
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.microversion import APIVersion
-from services.api.resources.quotas import defaults, project_limits
+from services.api.resources.quotas import defaults, project_limits, user_limits
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import projects, quotas
@@ -56,9 +61,28 @@ def resources_at(version: APIVersion) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def refuse_user_id(request: Request) -> None:
-    if "user_id" in request.query_params:
-        raise BadRequest("keel keeps quotas per project only: remove the user_id parameter.")
+def user_of(request: Request) -> str | None:
+    """The ``user_id`` query parameter: whose limits within the project, if anyone's."""
+    user_id = request.query_params.get("user_id")
+    if user_id is None:
+        return None
+    if not 1 <= len(user_id) <= 255:
+        raise BadRequest("Invalid user_id: it must be 1 to 255 characters.")
+    return user_id
+
+
+async def limits_for(
+    conn: Connection, settings: Settings, project_id: str, user_id: str | None
+) -> dict[str, int]:
+    if user_id is None:
+        return await project_limits(conn, project_id, settings.quota)
+    return await user_limits(conn, project_id, user_id, settings.quota)
+
+
+async def usage_of(conn: Connection, project_id: str, user_id: str | None) -> dict[str, int]:
+    if user_id is None:
+        return (await quotas.usage(conn, project_id)).model_dump()
+    return (await quotas.user_usage(conn, project_id, user_id)).model_dump()
 
 
 async def known_project(conn: Connection, settings: Settings, project_id: str) -> None:
@@ -132,14 +156,27 @@ def parse_update(body: object, version: APIVersion) -> tuple[dict[str, int], boo
     return {name: _limit(name, value) for name, value in given.items() if name != "force"}, force
 
 
-async def check_not_below_usage(conn: Connection, project_id: str, values: dict[str, int]) -> None:
-    usage = (await quotas.usage(conn, project_id)).model_dump()
+async def check_not_below_usage(
+    conn: Connection, project_id: str, values: dict[str, int], user_id: str | None = None
+) -> None:
+    usage = await usage_of(conn, project_id, user_id)
     for resource in _COUNTED:
         limit = values.get(resource)
         if limit is not None and limit != -1 and limit < usage[resource]:
             raise BadRequest(
                 f"Quota limit {limit} for {resource} must be greater than or equal to "
                 f"already used and reserved {usage[resource]}."
+            )
+
+
+def check_within_project(values: dict[str, int], project: dict[str, int]) -> None:
+    """A user's limit may not exceed the project's (nor be unlimited in a limited one)."""
+    for resource, limit in sorted(values.items()):
+        maximum = project.get(resource, -1)
+        if maximum != -1 and (limit == -1 or limit > maximum):
+            raise BadRequest(
+                f"Quota limit {limit} for {resource} must be less than or equal to "
+                f"{maximum}, the project's limit."
             )
 
 
@@ -166,12 +203,12 @@ async def show_detail(
     settings: AppSettings,
     version: Version,
 ) -> dict[str, Any]:
-    refuse_user_id(request)
+    user_id = user_of(request)
     may_read(ctx, project_id)
     async with pool.acquire() as conn:
         await known_project(conn, settings, project_id)
-        limits = await project_limits(conn, project_id, settings.quota)
-        usage = (await quotas.usage(conn, project_id)).model_dump()
+        limits = await limits_for(conn, settings, project_id, user_id)
+        usage = await usage_of(conn, project_id, user_id)
     detail = {
         name: {"limit": limit, "in_use": usage.get(name, 0), "reserved": 0}
         for name, limit in quota_set(limits, version).items()
@@ -189,11 +226,11 @@ async def show(
     settings: AppSettings,
     version: Version,
 ) -> dict[str, Any]:
-    refuse_user_id(request)
+    user_id = user_of(request)
     may_read(ctx, project_id)
     async with pool.acquire() as conn:
         await known_project(conn, settings, project_id)
-        limits = await project_limits(conn, project_id, settings.quota)
+        limits = await limits_for(conn, settings, project_id, user_id)
     return {"quota_set": {"id": project_id, **quota_set(limits, version)}}
 
 
@@ -207,17 +244,23 @@ async def update(
     settings: AppSettings,
     version: Version,
 ) -> dict[str, Any]:
-    refuse_user_id(request)
+    user_id = user_of(request)
     values, force = parse_update(await json_body(request), version)
     values = {name: limit for name, limit in values.items() if name not in _NETWORK}
     async with pool.acquire() as conn, conn.transaction():
         await known_project(conn, settings, project_id)
         await quotas.lock_project(conn, project_id)
+        if user_id is not None:
+            check_within_project(values, await project_limits(conn, project_id, settings.quota))
         if not force:
-            await check_not_below_usage(conn, project_id, values)
-        await quotas.set_limits(conn, project_id, values)
-        limits = await project_limits(conn, project_id, settings.quota)
-    LOG.info("quotas of project %s set: %s", project_id, values)
+            await check_not_below_usage(conn, project_id, values, user_id)
+        if user_id is None:
+            await quotas.set_limits(conn, project_id, values)
+        else:
+            await quotas.set_user_limits(conn, project_id, user_id, values)
+        limits = await limits_for(conn, settings, project_id, user_id)
+    whose = f"project {project_id}" + (f", user {user_id}" if user_id else "")
+    LOG.info("quotas of %s set: %s", whose, values)
     return {"quota_set": quota_set(limits, version)}
 
 
@@ -225,9 +268,13 @@ async def update(
 async def revert(
     project_id: str, request: Request, ctx: AdminContext, pool: DbPool, settings: AppSettings
 ) -> Response:
-    refuse_user_id(request)
+    user_id = user_of(request)
     async with pool.acquire() as conn:
         await known_project(conn, settings, project_id)
-        await quotas.clear(conn, project_id)
-    LOG.info("quotas of project %s returned to the defaults", project_id)
+        if user_id is None:
+            await quotas.clear(conn, project_id)
+            LOG.info("quotas of project %s returned to the defaults", project_id)
+        else:
+            await quotas.clear_user(conn, project_id, user_id)
+            LOG.info("quotas of user %s in project %s are the project's again", user_id, project_id)
     return Response(status_code=202)

@@ -1,9 +1,12 @@
 """Quota enforcement: a project's limits, and the checks made before creating things.
 
 A project's limit for a resource is what an admin set (``os-quota-sets``), else the
-default from the settings (``KEEL_QUOTA__*``); -1 means unlimited. keel enforces
-``instances``, ``cores`` and ``ram`` per project, ``key_pairs`` per user (with the
-limit of the caller's project) and ``metadata_items`` per server. The other limits the
+default from the settings (``KEEL_QUOTA__*``); -1 means unlimited. An admin may also set
+a limit for one user in a project (``os-quota-sets/{project}?user_id=``): that user's
+own servers (or key pairs) count against it, on top of the project's limit. keel
+enforces ``instances``, ``cores`` and ``ram`` per project and per user where a user
+limit is set, ``key_pairs`` per user (with the user's limit, else the project's) and
+``metadata_items`` per server. The other limits the
 compute API reports (server groups, injected files) concern features keel does not
 have: they are stored and shown so clients can set and read them, and nothing can
 exceed them.
@@ -44,26 +47,21 @@ async def project_limits(
     return {**defaults(settings), **await quotas.limits(conn, project_id)}
 
 
+async def user_limits(
+    conn: Connection, project_id: str, user_id: str, settings: QuotaSettings
+) -> dict[str, int]:
+    """Every resource's limit for one user of the project: the user's, else the project's."""
+    return {
+        **await project_limits(conn, project_id, settings),
+        **await quotas.user_limits(conn, project_id, user_id),
+    }
+
+
 def _over(limit: int, used: int, requested: int) -> bool:
     return limit != UNLIMITED and used + requested > limit
 
 
-async def check_new_server(
-    conn: Connection,
-    project_id: str,
-    settings: QuotaSettings,
-    flavor: FlavorSnapshot,
-    metadata_items: int = 0,
-) -> None:
-    """Raise :class:`OverQuota` unless the project may have one more server of ``flavor``.
-
-    Call it inside the transaction that inserts the server: it takes the project's lock.
-    """
-    await quotas.lock_project(conn, project_id)
-    limits = await project_limits(conn, project_id, settings)
-    check_metadata_items(limits, metadata_items)
-    usage = await quotas.usage(conn, project_id)
-    wanted = {"cores": flavor.vcpus, "instances": 1, "ram": flavor.memory_mb}
+def _check(limits: dict[str, int], usage: quotas.ProjectUsage, wanted: dict[str, int]) -> None:
     used = {"cores": usage.cores, "instances": usage.instances, "ram": usage.ram}
     overs = sorted(r for r in wanted if _over(limits[r], used[r], wanted[r]))
     if overs:
@@ -73,6 +71,33 @@ async def check_new_server(
             [used[r] for r in overs],
             [limits[r] for r in overs],
         )
+
+
+async def check_new_server(
+    conn: Connection,
+    project_id: str,
+    settings: QuotaSettings,
+    flavor: FlavorSnapshot,
+    metadata_items: int = 0,
+    *,
+    user_id: str | None = None,
+    count: int = 1,
+) -> None:
+    """Raise :class:`OverQuota` unless the project (and ``user_id``, where a limit is set
+    for them) may have ``count`` more servers of ``flavor``, all of them or none.
+
+    Call it inside the transaction that inserts the servers: it takes the project's lock.
+    """
+    await quotas.lock_project(conn, project_id)
+    limits = await project_limits(conn, project_id, settings)
+    check_metadata_items(limits, metadata_items)
+    wanted = {"cores": flavor.vcpus * count, "instances": count, "ram": flavor.memory_mb * count}
+    _check(limits, await quotas.usage(conn, project_id), wanted)
+    if user_id is None:
+        return
+    own = await quotas.user_limits(conn, project_id, user_id)
+    if own.keys() & wanted.keys():
+        _check({**limits, **own}, await quotas.user_usage(conn, project_id, user_id), wanted)
 
 
 def check_metadata_items(limits: dict[str, int], count: int) -> None:
@@ -90,6 +115,6 @@ async def check_new_key_pair(
     Call it inside the transaction that inserts the key pair: it takes the user's lock.
     """
     await key_pairs.lock_user(conn, user_id)
-    limit = (await project_limits(conn, project_id, settings))["key_pairs"]
+    limit = (await user_limits(conn, project_id, user_id, settings))["key_pairs"]
     if _over(limit, await key_pairs.count(conn, user_id), 1):
         raise OverQuota("Maximum number of key pairs exceeded")

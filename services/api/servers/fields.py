@@ -121,6 +121,31 @@ def check_ip_address(value: object) -> object:
     return value
 
 
+def _access_ip(version: int) -> Any:
+    """A validator of an access address: a string holding an IPv``version`` address,
+    kept in its normal form (``2001:DB8::0001`` → ``2001:db8::1``); null is refused, as
+    Nova refuses it (leave the field out instead)."""
+
+    def check(value: object) -> object:
+        if value is None:
+            raise ValueError(f"an IPv{version} address must be a string, not null")
+        if not isinstance(value, str):
+            return value
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            address = None
+        if address is None or address.version != version:
+            raise ValueError(f"{value!r} is not an IPv{version} address")
+        return str(address)
+
+    return BeforeValidator(check)
+
+
+#: ``None`` only when the field is left out (its default is not validated).
+AccessIPv4 = Annotated[str | None, _access_ip(4)]
+AccessIPv6 = Annotated[str | None, _access_ip(6)]
+
 ServerName = Annotated[
     str, StringConstraints(min_length=1, max_length=255), AfterValidator(check_name)
 ]
@@ -181,6 +206,9 @@ class ServerFields(BaseModel):
     block_device_mapping_v2: list[BlockDevice] | None = None
     block_device_mapping: list[dict[str, Any]] | None = None
     admin_pass: str | None = Field(default=None, alias="adminPass")
+    #: Where the server is reached, as its owner says (stored and shown, nothing more).
+    access_ip_v4: AccessIPv4 = Field(default=None, alias="accessIPv4")
+    access_ip_v6: AccessIPv6 = Field(default=None, alias="accessIPv6")
     #: Each project's ``default`` group is the only one (see :func:`check_security_groups`).
     security_groups: list[SecurityGroupRef] | None = None
     #: Files to inject (before 2.57): keel injects none, so only an empty list is taken.
@@ -207,6 +235,8 @@ class PreparedFields:
     user_data: str | None = None
     addresses: list[AddressRequest] = field(default_factory=list)
     admin_pass: str = ""
+    access_ip_v4: str | None = None
+    access_ip_v6: str | None = None
 
     async def record(self, conn: Connection, instance_uuid: UUID) -> list[FixedIp]:
         """Store the fields and allocate the addresses; a 400/409 rolls the create back."""
@@ -217,6 +247,8 @@ class PreparedFields:
             description=self.description,
             tags=self.tags,
             user_data=self.user_data,
+            access_ip_v4=self.access_ip_v4,
+            access_ip_v6=self.access_ip_v6,
         )
         held = []
         for wanted in self.addresses:
@@ -349,4 +381,6 @@ def prepare(
         user_data=fields.user_data,
         addresses=address_requests(fields.networks, network, version),
         admin_pass=fields.admin_pass if fields.admin_pass is not None else new_password(),
+        access_ip_v4=fields.access_ip_v4,
+        access_ip_v6=fields.access_ip_v6,
     )

@@ -35,8 +35,10 @@ async def check_quota(
     flavor: FlavorSnapshot,
     metadata_items: int,
 ) -> None:
-    """403 (:class:`OverQuota`) if the project may not have this server as well."""
-    await check_new_server(conn, ctx.project_id or "", quota, flavor, metadata_items)
+    """403 (:class:`OverQuota`) if the project (or the user) may not have this server too."""
+    await check_new_server(
+        conn, ctx.project_id or "", quota, flavor, metadata_items, user_id=ctx.user_id
+    )
 
 
 async def record_key(conn: Connection, instance: Instance, key: KeyPair | None) -> None:

@@ -1,8 +1,8 @@
 """``PUT /servers/{id}``: rename a server, or (from microversion 2.19) describe it.
 
 The answer is Nova's update view below 2.75: the server without its extended attributes
-(no ``OS-EXT-*`` keys, key name, security groups or admin fields). Anything else in the
-body is a 400: keel has no access IPs or disk configuration to change.
+(no ``OS-EXT-*`` keys, key name, security groups or admin fields). The body may also set
+``accessIPv4`` / ``accessIPv6``; anything else in it is a 400.
 """
 
 from __future__ import annotations
@@ -11,12 +11,18 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest
-from services.api.servers.fields import Description, ServerName, unexpected
+from services.api.servers.fields import (
+    AccessIPv4,
+    AccessIPv6,
+    Description,
+    ServerName,
+    unexpected,
+)
 from services.api.servers.lookup import find_instance, server_view
 from shared.db import server_fields
 
@@ -30,6 +36,8 @@ class ServerUpdate(BaseModel):
 
     name: ServerName | None = None
     description: Description = None
+    access_ip_v4: AccessIPv4 = Field(default=None, alias="accessIPv4")
+    access_ip_v6: AccessIPv6 = Field(default=None, alias="accessIPv6")
 
 
 class ServerUpdateBody(BaseModel):
@@ -63,6 +71,8 @@ async def update_server(
             name=change.name,
             description=change.description,
             set_description=describe,
+            access_ip_v4=change.access_ip_v4,
+            access_ip_v6=change.access_ip_v6,
         )
         view = await server_view(
             conn, ctx, version, links, settings.service_down_time, shown=[updated]

@@ -110,8 +110,8 @@ async def test_bad_requests_for_quota_sets(client: httpx.AsyncClient) -> None:
     unknown = await client.get("/v2.1/os-quota-sets/no-such-project", headers=ADMIN)
     assert unknown.status_code == 400
     assert "is not a valid project" in unknown.json()["badRequest"]["message"]
-    per_user = await client.get("/v2.1/os-quota-sets/team?user_id=alice", headers=ADMIN)
-    assert per_user.status_code == 400
+    empty_user = await client.get("/v2.1/os-quota-sets/team?user_id=", headers=ADMIN)
+    assert empty_user.status_code == 400
     not_json = await client.put("/v2.1/os-quota-sets/team", headers=ADMIN, content=b"{", params={})
     assert not_json.status_code == 400
 
@@ -211,3 +211,49 @@ async def test_key_name_is_stored_and_shown(
         count = await conn.fetchval("SELECT count(*) FROM instances")
     assert key_data == PUBLIC_KEY
     assert count == 1
+
+
+async def test_per_user_quotas_follow_the_project_until_set(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    assert (await set_quota(client, "team", instances=5)).status_code == 200
+    url = "/v2.1/os-quota-sets/team"
+    alice = await client.get(url, headers=at("2.57", MEMBER), params={"user_id": "alice"})
+    assert alice.status_code == 200, alice.text
+    assert alice.json()["quota_set"] == {"id": "team", **DEFAULTS, "instances": 5}
+
+    too_many = await client.put(
+        url, headers=at("2.57", ADMIN), params={"user_id": "alice"},
+        json={"quota_set": {"instances": 6}},
+    )  # fmt: skip
+    assert too_many.status_code == 400
+    assert "must be less than or equal to 5" in too_many.json()["badRequest"]["message"]
+    unlimited = await client.put(
+        url, headers=ADMIN, params={"user_id": "alice"}, json={"quota_set": {"instances": -1}}
+    )
+    assert unlimited.status_code == 400
+    one = await client.put(
+        url, headers=at("2.57", ADMIN), params={"user_id": "alice"},
+        json={"quota_set": {"instances": 1, "key_pairs": 7}},
+    )  # fmt: skip
+    assert one.status_code == 200, one.text
+    assert one.json()["quota_set"]["instances"] == 1
+    assert (await client.get(url, headers=MEMBER)).json()["quota_set"]["instances"] == 5
+
+    assert (await create_server(client, "alices-first")).status_code == 202
+    refused = await create_server(client, "alices-second")
+    assert refused.status_code == 403, refused.text
+    assert "instances" in refused.json()["forbidden"]["message"]
+    detail = await client.get(f"{url}/detail", headers=MEMBER, params={"user_id": "alice"})
+    assert detail.json()["quota_set"]["instances"] == {"limit": 1, "in_use": 1, "reserved": 0}
+    below = await client.put(
+        url, headers=ADMIN, params={"user_id": "alice"}, json={"quota_set": {"instances": 0}}
+    )
+    assert below.status_code == 400
+
+    reset = await client.delete(url, headers=ADMIN, params={"user_id": "alice"})
+    assert reset.status_code == 202
+    assert (await create_server(client, "alices-second")).status_code == 202
+    again = await client.get(url, headers=MEMBER, params={"user_id": "alice"})
+    assert again.json()["quota_set"]["key_pairs"] == DEFAULTS["key_pairs"]

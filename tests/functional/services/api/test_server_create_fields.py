@@ -183,3 +183,42 @@ async def test_the_default_security_group_is_the_only_one(
     for malformed in ("default", [{"id": "x"}], [{"name": ""}], [{}]):
         assert (await post(client, security_groups=malformed)).status_code == 400
     assert await count_instances(db_pool) == before
+
+
+async def test_access_addresses_are_stored_shown_changed_and_validated(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    created = await post(client, accessIPv4="1.1.1.1", accessIPv6="2001:DB8::0001")
+    assert created.status_code == 202, created.text
+    server_id = created.json()["server"]["id"]
+    server = await show(client, server_id)
+    assert (server["accessIPv4"], server["accessIPv6"]) == ("1.1.1.1", "2001:db8::1")
+    listed = await client.get("/v2.1/servers/detail", headers=at("2.73", MEMBER))
+    assert listed.json()["servers"][0]["accessIPv4"] == "1.1.1.1"
+
+    url = f"/v2.1/servers/{server_id}"
+    changed = await client.put(url, headers=MEMBER, json={"server": {"accessIPv4": "4.3.2.1"}})
+    assert changed.status_code == 200, changed.text
+    assert (changed.json()["server"]["accessIPv4"], changed.json()["server"]["accessIPv6"]) == (
+        "4.3.2.1",
+        "2001:db8::1",
+    )
+    assert (await show(client, server_id))["accessIPv4"] == "4.3.2.1"
+
+    plain = await post(client)
+    assert (await show(client, plain.json()["server"]["id"]))["accessIPv4"] == ""
+    before = await count_instances(db_pool)
+    for bad in (
+        {"accessIPv4": "1.1.1"},
+        {"accessIPv4": "2001:db8::1"},
+        {"accessIPv4": ""},
+        {"accessIPv4": None},
+        {"accessIPv6": "1.1.1.1"},
+        {"accessIPv6": "not an address"},
+        {"accessIPv6": 7},
+    ):
+        refused = await post(client, **bad)
+        assert refused.status_code == 400, (bad, refused.text)
+        assert "access" in refused.json()["badRequest"]["message"]
+    assert await count_instances(db_pool) == before

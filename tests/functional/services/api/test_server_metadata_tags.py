@@ -189,7 +189,12 @@ async def test_rename_and_describe(
         {"server": {"name": ""}},
         {"server": {"name": " padded"}},
         {"server": {"name": None}},
-        {"server": {"accessIPv4": "1.2.3.4"}},
+        {"server": {"accessIPv4": "1.2.3.4.5"}},
+        {"server": {"accessIPv4": "::1"}},
+        {"server": {"accessIPv6": "1.2.3.4"}},
+        {"server": {"accessIPv4": None}},
+        {"server": {"accessIPv4": 16909060}},
+        {"server": {"diskConfig": "AUTO"}},
         {"server": {"description": "x" * 256}},
         {"name": "x"},
     ):
