@@ -107,8 +107,12 @@ class SchedulerSettings(_Group):
 
 
 class ComputeSettings(_Group):
-    #: ``local`` keeps each guest as a directory in the state dir; ``fake`` keeps it in memory.
-    driver: Literal["local", "fake"] = "local"
+    #: ``local`` keeps each guest as a directory in the state dir; ``fake`` keeps it in
+    #: memory; ``libvirt`` runs real virtual machines (``KEEL_LIBVIRT__*``).
+    driver: Literal["local", "fake", "libvirt"] = "local"
+    #: Most GiB of base images an agent keeps in its image cache (least recently used
+    #: go first).
+    image_cache_gb: float = Field(default=10.0, gt=0)
     #: Resources the agent reports; unset means measured on this machine.
     vcpus: int | None = Field(default=None, ge=1)
     memory_mb: int | None = Field(default=None, ge=1)
@@ -125,6 +129,36 @@ class ComputeSettings(_Group):
     #: Seconds between an agent's reports of its guests (evacuations to confirm,
     #: deleted instances to remove, orphans to record); it also reports at start-up.
     reconcile_interval: float = Field(default=60.0, gt=0)
+
+
+class LibvirtSettings(_Group):
+    """The libvirt driver's settings (``KEEL_COMPUTE__DRIVER=libvirt``)."""
+
+    #: The libvirt connection URI.
+    uri: str = Field(default="qemu:///system", min_length=1)
+    #: ``kvm`` (hardware virtualisation), ``qemu`` (software emulation), or ``auto``:
+    #: ``kvm`` when ``/dev/kvm`` works and libvirt offers it, else ``qemu``.
+    domain_type: Literal["auto", "kvm", "qemu"] = "auto"
+    #: Seconds a clean shutdown (stop, soft reboot, migration) waits for the guest before
+    #: it is powered off by force.
+    shutdown_timeout: float = Field(default=60.0, gt=0)
+
+
+class ImageSettings(_Group):
+    """Image data: keel-api's file store, and the download URLs agents are given."""
+
+    #: Where keel-api keeps image files (shared by every keel-api of a deployment).
+    store_dir: Path = Path("/var/lib/keel/image-store")
+    #: The largest image file keel-api accepts; a larger upload is refused with 413.
+    max_size_bytes: int = Field(default=1024**4, ge=1)
+    #: The secret keel-api and keel-conductor share to sign image download URLs; unset,
+    #: no URL is signed or accepted (only the local and fake drivers work).
+    url_secret: str | None = Field(default=None, min_length=16, repr=False)
+    #: Seconds a signed download URL stays valid.
+    url_ttl: float = Field(default=600.0, gt=0, le=86400)
+    #: keel-api's base URL as agents reach it (``http://HOST:PORT``); unset, the
+    #: address of ``KEEL_API_BIND``.
+    download_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
 
 #: The guest operations a rehearsal can make fail (``KEEL_VIRT__FAIL_OPERATIONS``).
@@ -306,6 +340,8 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
     virt: VirtSettings = Field(default_factory=VirtSettings)
+    libvirt: LibvirtSettings = Field(default_factory=LibvirtSettings)
+    images: ImageSettings = Field(default_factory=ImageSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)
@@ -380,6 +416,11 @@ class Settings(BaseSettings):
     def hypervisor_hostname(self) -> str:
         """An agent's hypervisor host name: the setting, or else the host name."""
         return self.compute.hypervisor_hostname or self.host
+
+    @property
+    def image_download_url(self) -> str:
+        """keel-api's base URL as agents reach it, for signed image downloads."""
+        return (self.images.download_url or f"http://{self.api_bind}").rstrip("/")
 
     @property
     def api_host(self) -> str:

@@ -30,6 +30,8 @@ History:
   narrows candidates to a requested destination, or, forced, skips the filters).
 * 8 (``halyard``) — console output: compute 1.4 (``get_console_output``: the end of a
   guest's console log, for ``os-getConsoleOutput``).
+* 9 (``inhaul``) — images with data: compute 1.5 (builds and rebuilds carry the image,
+  kernel and ramdisk to boot from, with signed download URLs, for the libvirt driver).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.3", conductor="1.5", scheduler="1.1"),
     ReleaseApis(compute="1.3", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.4", conductor="1.6", scheduler="1.2"),
+    ReleaseApis(compute="1.5", conductor="1.6", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -83,6 +86,7 @@ RELEASE_NAMES: dict[str, int] = {
     "fairlead": 6,
     "gantline": 7,
     "halyard": 8,
+    "inhaul": 9,
 }
 
 #: The first release whose agents never register without an identity file the

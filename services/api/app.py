@@ -23,6 +23,7 @@ from services.api.resources import (
     availability_zones,
     flavors,
     hypervisors,
+    image_data,
     images,
     keypairs,
     limits,
@@ -91,5 +92,7 @@ def create_app(
         images.router, prefix="/v2.1", dependencies=[Depends(images.compute_proxy_gone)]
     )
     app.include_router(images.router, prefix="/image/v2")
+    app.include_router(image_data.router, prefix="/image/v2")
+    app.include_router(image_data.download_router)
     app.include_router(identity.router())
     return app

@@ -342,7 +342,7 @@ async def start_agent(
         else:
             node_uuid = await legacy_identity(settings, found)
         registration = await register(conductor, settings, node_uuid, service_version, resources)
-        await driver.init_host()
+        await driver.init_host(registration.node_uuid)
         manager = ComputeManager(
             driver,
             conductor,

@@ -16,6 +16,9 @@ Compute RPC API history:
   also builds a migrated instance on its destination.
 * 1.4 — get_console_output (call): the end of a guest's console log, optionally only
   its last ``tail_length`` lines.
+* 1.5 — the instance build_and_run_instance and rebuild_instance carry gains ``boot``:
+  the image (and its kernel and ramdisk) to boot from, each with a short-lived signed
+  download URL and its hashes (left out for an older agent, whose drivers need no data).
 """
 
 from __future__ import annotations
@@ -51,11 +54,38 @@ SINCE: dict[str, str] = {
 }
 
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
-BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data"}}
+BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data", "boot"}}
+#: What an agent before 1.5 does not know of a build or rebuild: the image downloads.
+BOOT_EXCLUDE: Exclude = {"instance": {"boot"}}
 
 
 def topic_for(service_uuid: UUID) -> str:
     return f"compute.{service_uuid}"
+
+
+class ImageFile(KeelModel):
+    """One image's data as an agent fetches it: a signed URL valid for minutes, hashes."""
+
+    id: UUID
+    name: str | None = None
+    url: str
+    size: int | None = Field(default=None, ge=0)
+    disk_format: str | None = None
+    #: MD5 of the data, hexadecimal (Glance's ``checksum``).
+    checksum: str | None = None
+    #: ``sha512`` with its hexadecimal digest, when the image was uploaded to keel.
+    os_hash_algo: str | None = None
+    os_hash_value: str | None = None
+
+
+class BootSource(KeelModel):
+    """What a guest boots from: the image, and a kernel and ramdisk for direct boot."""
+
+    image: ImageFile
+    kernel: ImageFile | None = None
+    ramdisk: ImageFile | None = None
+    #: The kernel command line (the image's ``os_command_line``), if it sets one.
+    kernel_args: str | None = None
 
 
 class InstanceSpec(KeelModel):
@@ -71,6 +101,9 @@ class InstanceSpec(KeelModel):
     addresses: list[FixedIp] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
     user_data: str | None = None
+    #: Where the image's data comes from (1.5); ``None`` when the deployment signs no
+    #: download URLs or the image has no data.
+    boot: BootSource | None = None
 
 
 class BuildAndRunInstance(KeelModel):
@@ -162,8 +195,13 @@ class ComputeAPI:
     ) -> None:
         req = BuildAndRunInstance(instance=instance)
         client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version("1.5"):
+            await client.cast(ctx, "build_and_run_instance", req, version="1.5")
+            return
         if await client.can_send_version("1.1"):
-            await client.cast(ctx, "build_and_run_instance", req, version="1.1")
+            await client.cast(
+                ctx, "build_and_run_instance", req, version="1.1", exclude=BOOT_EXCLUDE
+            )
             return
         await client.cast(
             ctx, "build_and_run_instance", req, version="1.0", exclude=BUILD_1_0_EXCLUDE
@@ -177,14 +215,19 @@ class ComputeAPI:
         )
 
     async def _cast_since(
-        self, ctx: RequestContext, service_uuid: UUID, method: str, req: KeelModel
+        self,
+        ctx: RequestContext,
+        service_uuid: UUID,
+        method: str,
+        req: KeelModel,
+        exclude: Exclude | None = None,
     ) -> None:
         client = self.client.for_topic(topic_for(service_uuid))
         if not await client.can_send_version(SINCE[method]):
             raise ServiceTooOld(
                 f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
             )
-        await client.cast(ctx, method, req, version=SINCE[method])
+        await client.cast(ctx, method, req, version=SINCE[method], exclude=exclude)
 
     async def stop_instance(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
@@ -220,7 +263,11 @@ class ComputeAPI:
         req = RebuildInstance(
             instance=instance, migration_uuid=migration_uuid, powered_off=powered_off
         )
-        await self._cast_since(ctx, service_uuid, "rebuild_instance", req)
+        client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version("1.5"):
+            await client.cast(ctx, "rebuild_instance", req, version="1.5")
+            return
+        await self._cast_since(ctx, service_uuid, "rebuild_instance", req, BOOT_EXCLUDE)
 
     async def _call_since(
         self, ctx: RequestContext, service_uuid: UUID, method: str, req: KeelModel

@@ -1,9 +1,16 @@
-"""Queries on ``images`` (metadata only)."""
+"""Queries on ``images``: metadata, and the state of an image's data upload.
+
+An upload is a compare-and-swap from an image without data (``queued``, or ``active``
+registered without data) to ``saving`` under a fresh token; only the holder of the token
+may finish it (``active`` with its size and hashes) or give it back. While it streams it
+touches ``updated_at``; an upload silent for :data:`STALE_UPLOAD_SECONDS` (its keel-api
+died) may be taken over by a new one.
+"""
 
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 
@@ -76,3 +83,77 @@ async def delete(conn: Connection, image_id: UUID) -> None:
     )
     if status == "UPDATE 0":
         raise ImageNotFound(f"Image {image_id} could not be found.")
+
+
+#: Seconds after which a ``saving`` image whose upload stopped touching it may be taken.
+STALE_UPLOAD_SECONDS = 300
+
+
+async def begin_upload(conn: Connection, image_id: UUID) -> tuple[UUID, str] | None:
+    """Swap an image without data to ``saving``; its upload token and former status.
+
+    ``None`` when the image has data, or another live upload holds it.
+    """
+    token = uuid4()
+    row = await conn.fetchrow(
+        """UPDATE images i SET status = 'saving', upload_token = $2, updated_at = now()
+             FROM (SELECT id, status AS before FROM images WHERE id = $1 FOR UPDATE) old
+            WHERE i.id = old.id AND i.deleted_at IS NULL
+              AND (i.status = 'queued'
+                   OR (i.status = 'active' AND i.checksum IS NULL AND i.size IS NULL)
+                   OR (i.status = 'saving'
+                       AND i.updated_at < now() - make_interval(secs => $3)))
+        RETURNING old.before""",
+        image_id,
+        token,
+        float(STALE_UPLOAD_SECONDS),
+    )
+    if row is None:
+        return None
+    before: str = row["before"]
+    return token, "queued" if before == "saving" else before
+
+
+async def touch_upload(conn: Connection, image_id: UUID, token: UUID) -> bool:
+    """Keep an upload fresh; ``False`` if it no longer holds the image."""
+    status = await conn.execute(
+        "UPDATE images SET updated_at = now() WHERE id = $1 AND upload_token = $2",
+        image_id,
+        token,
+    )
+    return status != "UPDATE 0"
+
+
+async def finish_upload(
+    conn: Connection,
+    image_id: UUID,
+    token: UUID,
+    *,
+    size: int,
+    checksum: str,
+    os_hash_value: str,
+) -> Image | None:
+    """The upload is whole: ``saving`` → ``active`` with the data's size and hashes."""
+    row = await conn.fetchrow(
+        """UPDATE images SET status = 'active', size = $3, checksum = $4,
+                             os_hash_algo = 'sha512', os_hash_value = $5,
+                             upload_token = NULL, updated_at = now()
+            WHERE id = $1 AND upload_token = $2 AND deleted_at IS NULL RETURNING *""",
+        image_id,
+        token,
+        size,
+        checksum,
+        os_hash_value,
+    )
+    return None if row is None else Image.from_row(row)
+
+
+async def abandon_upload(conn: Connection, image_id: UUID, token: UUID, status: str) -> None:
+    """Give a failed upload's image back in the status it had before."""
+    await conn.execute(
+        """UPDATE images SET status = $3, upload_token = NULL, updated_at = now()
+            WHERE id = $1 AND upload_token = $2""",
+        image_id,
+        token,
+        status,
+    )

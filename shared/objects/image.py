@@ -1,4 +1,4 @@
-"""A row of ``images``: image metadata only; keel stores no image data."""
+"""A row of ``images``: an image's metadata, and the hashes of its data once uploaded."""
 
 from __future__ import annotations
 
@@ -23,3 +23,11 @@ class Image(KeelModel):
     properties: dict[str, Any]
     created_at: datetime
     updated_at: datetime | None
+    #: MD5 (``checksum``) and SHA-512 (``os_hash_value``) of the data; ``None`` without.
+    checksum: str | None = None
+    os_hash_algo: str | None = None
+    os_hash_value: str | None = None
+
+    @property
+    def has_data(self) -> bool:
+        return self.status == "active" and self.checksum is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
@@ -194,6 +195,10 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return receive_again
 
 
+#: Uploads of image data: streamed by their route, never read whole here.
+IMAGE_DATA = re.compile(r"^/image/v2/images/[^/]+/file$")
+
+
 class InputGuard:
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app = app
@@ -207,6 +212,15 @@ class InputGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") == "PUT" and IMAGE_DATA.match(scope.get("path", "")):
+            # Image data streams to the image store under its own size limit.
+            try:
+                check_url(scope)
+            except HostileInput as exc:
+                await fault_response(400, exc.message)(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         try:

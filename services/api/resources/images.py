@@ -10,6 +10,7 @@ leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=t
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -19,9 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.api.http.auth import AdminContext, Context
 from services.api.http.bounds import Int4
-from services.api.http.deps import DbPool, Version
+from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.paging import next_marker, page_request, take_page
+from services.api.resources.image_store import remove_data
 from services.api.views.images import IMAGES_PATH, image_view, images_body
 from shared.context import RequestContext
 from shared.db import images as images_db
@@ -187,11 +189,14 @@ async def create_image(
 
 
 @router.delete("/images/{image_id}", status_code=204, response_class=Response)
-async def delete_image(image_id: str, pool: DbPool, ctx: AdminContext) -> Response:
+async def delete_image(
+    image_id: str, pool: DbPool, ctx: AdminContext, settings: AppSettings
+) -> Response:
     try:
         wanted = UUID(image_id)
         async with pool.acquire() as conn:
             await images_db.delete(conn, wanted)
     except (ValueError, ImageNotFound):
         raise _not_found(image_id) from None
+    await asyncio.to_thread(remove_data, settings.images.store_dir, wanted)
     return Response(status_code=204)

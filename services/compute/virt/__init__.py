@@ -32,6 +32,8 @@ def load_driver(settings: Settings) -> Driver:
 
 def _base_driver(settings: Settings) -> Driver:
     compute = settings.compute
+    if compute.driver == "libvirt":
+        return _libvirt_driver(settings)
     if compute.driver == "fake":
         return FakeDriver(
             settings.hypervisor_hostname,
@@ -42,6 +44,30 @@ def _base_driver(settings: Settings) -> Driver:
     return LocalDriver(
         settings.state_dir,
         settings.hypervisor_hostname,
+        vcpus=compute.vcpus,
+        memory_mb=compute.memory_mb,
+        local_gb=compute.local_gb,
+    )
+
+
+def _libvirt_driver(settings: Settings) -> Driver:
+    """The libvirt driver; imported only when chosen (its binding is an optional extra)."""
+    from services.compute.image_cache import ImageCache  # noqa: PLC0415
+    from services.compute.virt.libvirt.connection import LibvirtConnection  # noqa: PLC0415
+    from services.compute.virt.libvirt.driver import LibvirtDriver  # noqa: PLC0415
+
+    compute, libvirt = settings.compute, settings.libvirt
+    cache = ImageCache(
+        settings.state_dir / "image-cache", cap_bytes=int(compute.image_cache_gb * 1024**3)
+    )
+    return LibvirtDriver(
+        LibvirtConnection(libvirt.uri),
+        state_dir=settings.state_dir,
+        cache=cache,
+        domain_type=libvirt.domain_type,
+        hypervisor_hostname=compute.hypervisor_hostname,
+        fallback_hostname=settings.host,
+        shutdown_timeout=libvirt.shutdown_timeout,
         vcpus=compute.vcpus,
         memory_mb=compute.memory_mb,
         local_gb=compute.local_gb,

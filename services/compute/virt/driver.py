@@ -38,8 +38,12 @@ class Driver(Protocol):
         """The name of the hypervisor node this driver manages."""
         ...
 
-    async def init_host(self) -> None:
-        """Prepare the host at agent start-up (e.g. clear what a crash left half-done)."""
+    async def init_host(self, node_uuid: UUID) -> None:
+        """Prepare the host at agent start-up (e.g. clear what a crash left half-done).
+
+        ``node_uuid`` is this agent's compute node: a driver whose hypervisor may be
+        shared by several agents marks its guests with it.
+        """
         ...
 
     async def resources(self) -> HypervisorResources:

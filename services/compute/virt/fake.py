@@ -44,7 +44,7 @@ class FakeDriver:
     def hypervisor_hostname(self) -> str:
         return self._hostname
 
-    async def init_host(self) -> None:
+    async def init_host(self, node_uuid: UUID) -> None:
         LOG.info("fake driver: %s starts with no guests", self._hostname)
 
     async def resources(self) -> HypervisorResources:

@@ -71,7 +71,7 @@ class LocalDriver:
     def guest_dir(self, instance_uuid: UUID) -> Path:
         return self.instances_dir / str(instance_uuid)
 
-    async def init_host(self) -> None:
+    async def init_host(self, node_uuid: UUID) -> None:
         swept = await asyncio.to_thread(self._sweep_scratch)
         for name in swept:
             LOG.warning("removed %s: left half-done by an earlier run", self.instances_dir / name)

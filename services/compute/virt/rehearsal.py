@@ -50,8 +50,8 @@ class RehearsalDriver:
     def hypervisor_hostname(self) -> str:
         return self._driver.hypervisor_hostname()
 
-    async def init_host(self) -> None:
-        await self._driver.init_host()
+    async def init_host(self, node_uuid: UUID) -> None:
+        await self._driver.init_host(node_uuid)
 
     async def resources(self) -> HypervisorResources:
         return await self._driver.resources()

@@ -168,7 +168,7 @@ async def test_init_host_sweeps_scratch_and_keeps_guests(driver: LocalDriver) ->
     (driver.instances_dir / f".building-{uuid.uuid4()}-x").mkdir()
     (driver.instances_dir / f".deleting-{uuid.uuid4()}-y").mkdir()
 
-    await driver.init_host()
+    await driver.init_host(uuid.uuid4())
 
     assert _entries(driver) == [str(spec.uuid)]
 

@@ -1,0 +1,221 @@
+"""Image data: ``PUT`` / ``GET /image/v2/images/{id}/file``, and signed downloads.
+
+Uploads and downloads stream: a chunk at a time between the client and a file in
+``KEEL_IMAGES__STORE_DIR`` (never a whole image in memory). An upload computes the
+data's MD5 (``checksum``) and SHA-512 (``os_hash_algo``/``os_hash_value``) as it goes and
+is kept only once whole; as in Glance:
+
+* ``PUT`` (the image's owner, or an admin) takes an image without data — ``queued``, or
+  registered ``active`` without data — to ``saving`` (a compare-and-swap: a second upload
+  at the same time is a 409), then to ``active`` with its size and hashes. An image that
+  has data, or is being uploaded, is a 409; a body larger than
+  ``KEEL_IMAGES__MAX_SIZE_BYTES`` a 413, at once when ``Content-Length`` says so. A failed
+  or cut upload gives the image back as it was and leaves no file;
+* ``GET`` answers 200 with the data, ``Content-Length`` and ``Content-MD5`` (the hex MD5,
+  which clients compare), or 204 for an image without data;
+* ``GET /image/download/{id}?expires=..&signature=..`` is how agents fetch data without
+  API credentials (:mod:`shared.image_urls`): an expired or forged URL is a 403, logged
+  with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+from uuid import UUID
+
+import asyncpg
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from services.api.http.auth import Context
+from services.api.http.deps import AppSettings, DbPool
+from services.api.http.faults import (
+    ConflictingRequest,
+    Fault,
+    Forbidden,
+    ItemNotFound,
+    ServiceUnavailable,
+)
+from services.api.resources.image_store import UPLOAD_PREFIX, data_path
+from services.api.resources.images import can_see
+from shared import image_urls
+from shared.db import images as images_db
+from shared.exceptions import ImageNotFound
+from shared.objects.image import Image
+
+LOG = logging.getLogger(__name__)
+
+router = APIRouter()
+download_router = APIRouter()
+
+CHUNK = 1024 * 1024
+#: Seconds between two touches of an upload in progress.
+TOUCH_EVERY = 30.0
+
+
+class PayloadTooLarge(Fault):
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
+
+
+async def _image(pool: asyncpg.Pool, image_id: str) -> Image:
+    try:
+        wanted = UUID(image_id)
+        async with pool.acquire() as conn:
+            return await images_db.get(conn, wanted)
+    except (ValueError, ImageNotFound):
+        raise ItemNotFound(f"No image found with ID {image_id}") from None
+
+
+@router.put("/images/{image_id}/file", status_code=204, response_class=Response)
+async def upload(
+    image_id: str, request: Request, pool: DbPool, ctx: Context, settings: AppSettings
+) -> Response:
+    image = await _image(pool, image_id)
+    if not can_see(ctx, image):
+        raise ItemNotFound(f"No image found with ID {image_id}")
+    if not (ctx.is_admin or image.owner == ctx.project_id):
+        raise Forbidden(f"You are not permitted to upload data for image {image_id}.")
+    limit = settings.images.max_size_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Image exceeds the storage quota: {declared} > {limit} bytes.")
+    async with pool.acquire() as conn:
+        began = await images_db.begin_upload(conn, image.id)
+    if began is None:
+        raise ConflictingRequest(
+            f"Image {image_id} has data already or is being uploaded (status "
+            f"{image.status}); data can only be uploaded to an image without any."
+        )
+    token, before = began
+    store = settings.images.store_dir
+    await asyncio.to_thread(store.mkdir, parents=True, exist_ok=True)
+    scratch = store / f"{UPLOAD_PREFIX}{image.id}-{secrets.token_hex(4)}"
+    try:
+        size, md5, sha512 = await _receive(
+            request, scratch, limit, pool=pool, image_id=image.id, token=token
+        )
+        await asyncio.to_thread(scratch.replace, data_path(store, image.id))
+        async with pool.acquire() as conn:
+            done = await images_db.finish_upload(
+                conn, image.id, token, size=size, checksum=md5, os_hash_value=sha512
+            )
+    except BaseException as exc:
+        await asyncio.to_thread(scratch.unlink, missing_ok=True)
+        async with pool.acquire() as conn:
+            await images_db.abandon_upload(conn, image.id, token, before)
+        LOG.info("upload of image %s stopped (%s); it is %s again", image.id, exc, before)
+        raise
+    if done is None:
+        raise ConflictingRequest(f"Image {image_id} was deleted while its data was uploaded.")
+    LOG.info("image %s has data: %d bytes, md5 %s", image.id, size, md5)
+    return Response(status_code=204)
+
+
+async def _receive(
+    request: Request,
+    scratch: Path,
+    limit: int,
+    *,
+    pool: asyncpg.Pool,
+    image_id: UUID,
+    token: UUID,
+) -> tuple[int, str, str]:
+    """Stream the body into ``scratch``; its size, MD5 and SHA-512."""
+    md5, sha512 = hashlib.md5(usedforsecurity=False), hashlib.sha512()
+    size, pending, touched = 0, bytearray(), time.monotonic()
+    out = await asyncio.to_thread(scratch.open, "xb")
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"Image exceeds the storage quota of {limit} bytes.")
+            md5.update(chunk)
+            sha512.update(chunk)
+            pending += chunk
+            if len(pending) >= CHUNK:
+                await asyncio.to_thread(out.write, bytes(pending))
+                pending.clear()
+            if time.monotonic() - touched > TOUCH_EVERY:
+                async with pool.acquire() as conn:
+                    if not await images_db.touch_upload(conn, image_id, token):
+                        raise ConflictingRequest(f"Image {image_id} was taken by another upload.")
+                touched = time.monotonic()
+        await asyncio.to_thread(out.write, bytes(pending))
+        await asyncio.to_thread(out.flush)
+        await asyncio.to_thread(os.fsync, out.fileno())
+    finally:
+        await asyncio.to_thread(out.close)
+    return size, md5.hexdigest(), sha512.hexdigest()
+
+
+def _stream(image: Image, store: Path) -> Response:
+    """The image's data as a streamed answer; 204 when it has none."""
+    if not image.has_data:
+        return Response(status_code=204)
+    path = data_path(store, image.id)
+    try:
+        stream = path.open("rb")
+    except OSError as exc:
+        LOG.error("image %s is active but its data cannot be read: %s", image.id, exc)
+        raise ServiceUnavailable(
+            f"The data of image {image.id} cannot be read from the image store."
+        ) from None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            while chunk := await asyncio.to_thread(stream.read, CHUNK):
+                yield chunk
+        finally:
+            stream.close()
+
+    headers = {"Content-Length": str(image.size), "Content-MD5": image.checksum or ""}
+    return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
+
+
+@router.get("/images/{image_id}/file", response_class=Response)
+async def download(image_id: str, pool: DbPool, ctx: Context, settings: AppSettings) -> Response:
+    image = await _image(pool, image_id)
+    if not can_see(ctx, image):
+        raise ItemNotFound(f"No image found with ID {image_id}")
+    return _stream(image, settings.images.store_dir)
+
+
+Q = Annotated[str | None, Query()]
+
+
+@download_router.get(f"{image_urls.DOWNLOAD_PATH}/{{image_id}}", response_class=Response)
+async def signed_download(
+    image_id: str,
+    request: Request,
+    pool: DbPool,
+    settings: AppSettings,
+    *,
+    expires: Q = None,
+    signature: Q = None,
+) -> Response:
+    """An agent's download: no token, a signed URL (see :mod:`shared.image_urls`)."""
+    try:
+        wanted = UUID(image_id)
+    except ValueError:
+        raise Forbidden("This download URL is not valid.") from None
+    why = image_urls.refusal(settings.images.url_secret, wanted, expires, signature)
+    if why is not None:
+        client = request.client.host if request.client else "unknown"
+        LOG.warning(
+            "refused a download of image %s from %s: %s",
+            image_id,
+            client,
+            why,
+            extra={"decision": "image_download_refused"},
+        )
+        raise Forbidden(f"This download URL is not valid: {why}.")
+    return _stream(await _image(pool, image_id), settings.images.store_dir)

@@ -1,0 +1,394 @@
+"""The libvirt driver: each guest a QEMU/KVM virtual machine managed through libvirtd.
+
+A guest is a persistent libvirt domain (see :mod:`.domain` for its name, UUID and keel's
+metadata) and a directory ``<state_dir>/instances/<uuid>/`` holding its files:
+
+* ``base`` — the image's data, hard-linked from the agent's image cache (checksum
+  verified there), so evicting the cached copy never touches a guest;
+* ``disk`` — a qcow2 overlay of ``base`` (``qemu-img``), the flavor's root disk size;
+* ``kernel``, ``ramdisk`` — for images that name a ``kernel_id`` (and ``ramdisk_id``):
+  the guest boots that kernel directly, with the image's ``os_command_line`` or
+  ``console=ttyS0``;
+* ``console.log`` — the guest's first serial port, written by libvirt's log daemon,
+  appended to across reboots.
+
+The directory is assembled under a scratch name and renamed into place, as the local
+driver does, then the domain is defined and started. Guests keep running when the agent
+stops or crashes: they are libvirt's, and the agent finds them again by their metadata
+(:meth:`LibvirtDriver.list_instances` lists only the domains carrying this node's UUID,
+so several agents may share one libvirtd). Shutting down is clean first — the ACPI
+power button, pressed again every few seconds — and forced after
+``KEEL_LIBVIRT__SHUTDOWN_TIMEOUT`` seconds; a soft reboot is such a shutdown followed by
+a start, as Nova does it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from services.compute.image_cache import ImageCache
+from services.compute.rpcapi import BootSource, InstanceSpec
+from services.compute.virt.console import read_tail
+from services.compute.virt.driver import HypervisorResources
+from services.compute.virt.libvirt import disks
+from services.compute.virt.libvirt.connection import LibvirtConnection
+from services.compute.virt.libvirt.domain import (
+    NAMESPACE,
+    GuestFiles,
+    domain_name,
+    domain_uuid,
+    domain_xml,
+    name_prefix,
+    parse_metadata,
+)
+from services.compute.virt.local import _nearest_existing
+from shared.exceptions import BuildFailed, GuestNotFound
+
+LOG = logging.getLogger(__name__)
+
+GIB = 1024**3
+INSTANCES_DIR = "instances"
+#: Seconds between two presses of the power button while a shutdown is awaited.
+SHUTDOWN_NUDGE = 3.0
+_BUILDING = ".building-"
+_DELETING = ".deleting-"
+
+
+def choose_domain_type(setting: str) -> tuple[str, str]:
+    """The domain type for ``KEEL_LIBVIRT__DOMAIN_TYPE`` and why it was chosen."""
+    if setting != "auto":
+        return setting, "set by KEEL_LIBVIRT__DOMAIN_TYPE"
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            flags = cpuinfo.read()
+    except OSError:
+        flags = ""
+    has_extensions = " vmx" in flags or " svm" in flags
+    try:
+        os.close(os.open("/dev/kvm", os.O_RDWR))
+        kvm_opens = True
+    except OSError:
+        kvm_opens = False
+    if kvm_opens and has_extensions:
+        return "kvm", "/dev/kvm opens and the CPU has virtualisation extensions"
+    if kvm_opens:
+        return "qemu", "/dev/kvm opens but the CPU shows no vmx/svm (no nested virtualisation)"
+    return "qemu", "/dev/kvm cannot be opened"
+
+
+class LibvirtDriver:
+    def __init__(
+        self,
+        connection: LibvirtConnection,
+        *,
+        state_dir: Path,
+        cache: ImageCache,
+        domain_type: str = "auto",
+        hypervisor_hostname: str | None = None,
+        fallback_hostname: str = "localhost",
+        shutdown_timeout: float = 60.0,
+        vcpus: int | None = None,
+        memory_mb: int | None = None,
+        local_gb: int | None = None,
+    ) -> None:
+        self._conn = connection
+        self.state_dir = state_dir
+        self.instances_dir = state_dir / INSTANCES_DIR
+        self.cache = cache
+        self.domain_type, why = choose_domain_type(domain_type)
+        LOG.info("libvirt driver: domain type %s (%s)", self.domain_type, why)
+        self._configured_hostname = hypervisor_hostname
+        self._hostname = hypervisor_hostname or fallback_hostname
+        self.shutdown_timeout = shutdown_timeout
+        self._sizes = (vcpus, memory_mb, local_gb)
+        self._node_uuid: UUID | None = None
+
+    # -- identity and host ---------------------------------------------------------
+
+    def hypervisor_hostname(self) -> str:
+        return self._hostname
+
+    @property
+    def node_uuid(self) -> UUID:
+        if self._node_uuid is None:
+            raise BuildFailed("the libvirt driver was used before the agent knew its node")
+        return self._node_uuid
+
+    async def init_host(self, node_uuid: UUID) -> None:
+        self._node_uuid = node_uuid
+        await asyncio.to_thread(self._sweep_scratch)
+        await asyncio.to_thread(self.cache.sweep)
+        guests = await self.list_instances()
+        LOG.info(
+            "libvirt driver on %s (node %s): %d guest(s) found, guests in %s",
+            self._conn.uri,
+            node_uuid,
+            len(guests),
+            self.instances_dir,
+        )
+
+    async def resources(self) -> HypervisorResources:
+        info, hostname = await self._conn.run(lambda conn: (conn.getInfo(), conn.getHostname()))
+        if self._configured_hostname is None:
+            self._hostname = str(hostname)
+        vcpus, memory_mb, local_gb = self._sizes
+        if local_gb is None:
+            local_gb = shutil.disk_usage(_nearest_existing(self.state_dir)).total // GIB
+        running = len(await self.list_instances()) if self._node_uuid is not None else 0
+        return HypervisorResources(
+            vcpus=vcpus or int(info[2]),
+            memory_mb=memory_mb or int(info[1]),
+            local_gb=local_gb,
+            running_vms=running,
+        )
+
+    # -- finding guests ------------------------------------------------------------
+
+    def guest_dir(self, instance_uuid: UUID) -> Path:
+        return self.instances_dir / str(instance_uuid)
+
+    async def list_instances(self) -> list[UUID]:
+        node = self.node_uuid
+        prefix = name_prefix(node)
+        libvirt = self._conn.libvirt
+
+        def mine(conn: Any) -> list[UUID]:
+            found = []
+            for dom in conn.listAllDomains(0):
+                if not dom.name().startswith(prefix):
+                    continue
+                try:
+                    text = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, 0)
+                except libvirt.libvirtError:
+                    continue
+                meta = parse_metadata(text)
+                if meta is not None and meta.node_uuid == node:
+                    found.append(meta.instance_uuid)
+            return found
+
+        return await self._conn.run(mine)
+
+    def _lookup(self, conn: Any, instance_uuid: UUID) -> Any:
+        """The guest's domain, or ``None`` when libvirt has none."""
+        libvirt = self._conn.libvirt
+        try:
+            return conn.lookupByUUIDString(str(domain_uuid(self.node_uuid, instance_uuid)))
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            raise
+
+    async def _domain(self, instance_uuid: UUID) -> Any:
+        dom = await self._conn.run(lambda conn: self._lookup(conn, instance_uuid))
+        if dom is None:
+            raise GuestNotFound(
+                f"guest {instance_uuid} has no libvirt domain "
+                f"{domain_name(self.node_uuid, instance_uuid)} on {self._conn.uri}"
+            )
+        return dom
+
+    # -- building and removing -----------------------------------------------------
+
+    async def spawn(self, spec: InstanceSpec) -> None:
+        await self._build(spec, made_by="build")
+
+    async def rebuild(self, spec: InstanceSpec) -> None:
+        await self._build(spec, made_by="move")
+
+    async def _build(self, spec: InstanceSpec, *, made_by: str) -> None:
+        if spec.boot is None:
+            raise BuildFailed(
+                f"the build of {spec.uuid} carries no image to boot from: the image has no "
+                "data, or keel-conductor signs no download URLs (KEEL_IMAGES__URL_SECRET) "
+                "or runs a release before 9"
+            )
+        files = await self._guest_files(spec, spec.boot)
+        xml = domain_xml(
+            spec,
+            node_uuid=self.node_uuid,
+            domain_type=self.domain_type,
+            files=files,
+            made_by=made_by,
+            kernel_args=spec.boot.kernel_args,
+        )
+        libvirt = self._conn.libvirt
+
+        def define_and_start(conn: Any) -> bool:
+            dom = self._lookup(conn, spec.uuid) or conn.defineXML(xml)
+            if dom.isActive():
+                return False
+            try:
+                dom.create()
+            except libvirt.libvirtError as exc:
+                if not dom.isActive():
+                    raise BuildFailed(
+                        f"libvirt could not start guest {spec.uuid}: {exc.get_error_message()}"
+                    ) from None
+            return True
+
+        started = await self._conn.run(define_and_start)
+        LOG.info(
+            "guest %s %s as libvirt domain %s (%s, %d MiB, %d vCPU)",
+            spec.uuid,
+            "started" if started else "was already running",
+            domain_name(self.node_uuid, spec.uuid),
+            self.domain_type,
+            spec.flavor.memory_mb,
+            spec.flavor.vcpus,
+            extra={"instance_uuid": str(spec.uuid)},
+        )
+
+    async def _guest_files(self, spec: InstanceSpec, boot: BootSource) -> GuestFiles:
+        """The guest's directory, assembled from the image cache if not there yet."""
+        final = self.guest_dir(spec.uuid)
+        fetched = await asyncio.gather(
+            self.cache.fetch(boot.image),
+            *(self.cache.fetch(part) for part in (boot.kernel, boot.ramdisk) if part),
+        )
+        if not final.is_dir():
+            await asyncio.to_thread(self._assemble, spec, boot, fetched, final)
+        return GuestFiles(
+            disk=final / disks.DISK,
+            console_log=final / disks.CONSOLE_LOG,
+            kernel=final / disks.KERNEL if boot.kernel else None,
+            ramdisk=final / disks.RAMDISK if boot.kernel and boot.ramdisk else None,
+        )
+
+    def _assemble(
+        self, spec: InstanceSpec, boot: BootSource, fetched: list[Path], final: Path
+    ) -> None:
+        self.instances_dir.mkdir(parents=True, exist_ok=True)
+        scratch = self.instances_dir / f"{_BUILDING}{spec.uuid}-{secrets.token_hex(4)}"
+        scratch.mkdir(mode=0o755)
+        try:
+            disks.assemble(scratch, spec, boot, fetched)
+            try:
+                scratch.rename(final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    async def destroy(self, instance_uuid: UUID) -> None:
+        libvirt = self._conn.libvirt
+
+        def undefine(conn: Any) -> bool:
+            dom = self._lookup(conn, instance_uuid)
+            if dom is None:
+                return False
+            try:
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                    raise
+            return True
+
+        removed = await self._conn.run(undefine)
+        await asyncio.to_thread(self._remove_files, instance_uuid)
+        if removed:
+            LOG.info(
+                "destroyed libvirt domain %s and removed its disks",
+                domain_name(self.node_uuid, instance_uuid),
+                extra={"instance_uuid": str(instance_uuid)},
+            )
+
+    def _remove_files(self, instance_uuid: UUID) -> None:
+        final = self.guest_dir(instance_uuid)
+        trash = self.instances_dir / f"{_DELETING}{instance_uuid}-{secrets.token_hex(4)}"
+        with contextlib.suppress(FileNotFoundError):
+            final.rename(trash)
+        for prefix in (_DELETING, _BUILDING):
+            for leftover in self.instances_dir.glob(f"{prefix}{instance_uuid}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+    def _sweep_scratch(self) -> None:
+        self.instances_dir.mkdir(parents=True, exist_ok=True)
+        for entry in self.instances_dir.iterdir():
+            if entry.name.startswith((_BUILDING, _DELETING)):
+                shutil.rmtree(entry, ignore_errors=True)
+                LOG.warning("removed %s: left half-done by an earlier run", entry)
+
+    # -- power ---------------------------------------------------------------------
+
+    async def power_off(self, instance_uuid: UUID) -> None:
+        dom = await self._domain(instance_uuid)
+        await self._conn.run(lambda _conn: self._shut_down(dom, instance_uuid))
+
+    def _shut_down(self, dom: Any, instance_uuid: UUID) -> None:
+        """Press the power button until the guest is off; force it after the timeout."""
+        libvirt = self._conn.libvirt
+        deadline = time.monotonic() + self.shutdown_timeout
+        nudged = 0.0
+        while dom.isActive():
+            now = time.monotonic()
+            if now >= deadline:
+                LOG.warning(
+                    "guest %s did not shut down within %gs; powering it off",
+                    instance_uuid,
+                    self.shutdown_timeout,
+                    extra={"instance_uuid": str(instance_uuid)},
+                )
+                try:
+                    dom.destroy()
+                except libvirt.libvirtError:
+                    if dom.isActive():
+                        raise
+                return
+            if now - nudged >= SHUTDOWN_NUDGE:
+                try:
+                    dom.shutdown()
+                except libvirt.libvirtError:
+                    if dom.isActive():
+                        raise
+                nudged = now
+            time.sleep(0.2)
+
+    async def power_on(self, instance_uuid: UUID) -> None:
+        dom = await self._domain(instance_uuid)
+        await self._conn.run(lambda _conn: self._start(dom))
+
+    def _start(self, dom: Any) -> None:
+        libvirt = self._conn.libvirt
+        if dom.isActive():
+            return
+        try:
+            dom.create()
+        except libvirt.libvirtError:
+            if not dom.isActive():
+                raise
+
+    async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
+        dom = await self._domain(instance_uuid)
+
+        def reboot(_conn: Any) -> None:
+            if hard:
+                if dom.isActive():
+                    dom.destroy()
+            elif not dom.isActive():
+                LOG.info("guest %s is off: a soft reboot leaves it off", instance_uuid)
+                return
+            else:
+                self._shut_down(dom, instance_uuid)
+            self._start(dom)
+
+        await self._conn.run(reboot)
+
+    async def console_output(self, instance_uuid: UUID) -> bytes:
+        await self._domain(instance_uuid)
+        return await asyncio.to_thread(read_tail, self.guest_dir(instance_uuid) / disks.CONSOLE_LOG)
+
+    async def is_running(self, instance_uuid: UUID) -> bool:
+        dom = await self._domain(instance_uuid)
+        return bool(await self._conn.run(lambda _conn: dom.isActive()))
