@@ -79,6 +79,18 @@ $(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
 run: install ## run a local cloud in the foreground; Ctrl-C stops it
 	$(BIN)/python deploy/localcloud.py
 
+.PHONY: image
+image: $(BIN)/python ## build the tiny test guest (kernel, initramfs, disk) into .keel/images/
+	$(BIN)/python deploy/guestimage.py --output .keel/images
+
+.PHONY: install-libvirt
+install-libvirt: install ## add the libvirt binding (needs libvirt-dev and pkg-config)
+	$(BIN)/pip install --quiet -e '.[dev,libvirt]'
+
+.PHONY: test-libvirt
+test-libvirt: $(CHECKOUT_PTH) ## real virtual machines (libvirtd running; skipped without it)
+	$(BIN)/pytest tests/libvirt
+
 .PHONY: clean
 clean: $(CHECKOUT_PTH) ## drop the local cloud's database and .keel/ (refused while it runs)
 	$(BIN)/python deploy/localcloud.py clean
