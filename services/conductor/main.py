@@ -20,6 +20,7 @@ import asyncpg
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.agent_guard import AgentGuard
 from services.conductor.auto_confirm import MigrationSweep
+from services.conductor.boot_images import BootImages
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.manager import ConductorManager
 from services.conductor.rpcapi import TOPIC
@@ -52,6 +53,7 @@ async def run_conductor(
         compute,
         service_down_time=settings.service_down_time,
         faults=FaultPoints(settings.fault_inject),
+        boot_images=BootImages.from_settings(settings),
         minimums=pins.minimums,
     )
     server = RPCServer(

@@ -12,6 +12,7 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor import evacuations, guests, instance_events, migrations
+from services.conductor.boot_images import BootImages
 from services.conductor.registration import ComputeRegistry
 from services.conductor.rpcapi import (
     BuildCheck,
@@ -57,8 +58,10 @@ class ConductorManager:
         service_down_time: float,
         faults: FaultPoints | None = None,
         minimums: MinimumVersions | None = None,
+        boot_images: BootImages | None = None,
     ) -> None:
         self._pool = pool
+        self._boot_images = boot_images
         self._scheduler = scheduler
         self._compute = compute
         self._service_down_time = service_down_time
@@ -79,6 +82,7 @@ class ConductorManager:
             service_down_time=self._service_down_time,
             requested_destination=req.requested_destination,
             faults=self._faults,
+            boot_images=self._boot_images,
         )
         await task.run()
 
@@ -118,6 +122,7 @@ class ConductorManager:
             compute=self._compute,
             service_down_time=self._service_down_time,
             faults=self._faults,
+            boot_images=self._boot_images,
         )
         await task.run()
 

@@ -29,6 +29,7 @@ from uuid import UUID
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI, InstanceSpec
+from services.conductor.boot_images import BootImages
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
@@ -62,8 +63,11 @@ class BuildInstanceTask(TaskBase):
         service_down_time: float,
         requested_destination: RequestedDestination | None = None,
         faults: FaultPoints | None = None,
+        boot_images: BootImages | None = None,
     ) -> None:
         self.ctx = ctx
+        #: Signs the image downloads a build carries (None: it carries none).
+        self.boot_images = boot_images
         self.instance_uuid = instance_uuid
         #: Where an admin asked the server to go; given to the scheduler, never stored.
         self.requested_destination = requested_destination
@@ -185,6 +189,9 @@ class BuildInstanceTask(TaskBase):
     async def _send_build(self, instance: Instance, selection: Selection) -> None:
         async with self.pool.acquire() as conn:
             addresses = await fixed_ips.for_instance(conn, self.instance_uuid)
+            boot = None
+            if self.boot_images is not None:
+                boot = await self.boot_images.source(conn, instance.image_ref)
         spec = InstanceSpec(
             uuid=instance.uuid,
             display_name=instance.display_name,
@@ -194,6 +201,7 @@ class BuildInstanceTask(TaskBase):
             addresses=addresses,
             metadata=instance.metadata,
             user_data=instance.user_data,
+            boot=boot,
         )
         try:
             await self.compute.build_and_run_instance(self.ctx, selection.service_uuid, spec)

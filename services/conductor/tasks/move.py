@@ -32,7 +32,8 @@ from uuid import UUID
 
 import asyncpg
 
-from services.compute.rpcapi import ComputeAPI, InstanceSpec
+from services.compute.rpcapi import BootSource, ComputeAPI, InstanceSpec
+from services.conductor.boot_images import BootImages
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
@@ -81,9 +82,15 @@ MIGRATION = MoveKind(
 KINDS = {kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION)}
 
 
-def instance_spec(instance: Instance, nodename: str, addresses: list[object]) -> InstanceSpec:
+def instance_spec(
+    instance: Instance,
+    nodename: str,
+    addresses: list[object],
+    boot: BootSource | None = None,
+) -> InstanceSpec:
     return InstanceSpec.model_validate(
         {
+            "boot": boot,
             "uuid": instance.uuid,
             "display_name": instance.display_name,
             "flavor": instance.flavor,
@@ -109,9 +116,11 @@ class MoveTask(TaskBase):
         compute: ComputeAPI,
         service_down_time: float,
         faults: FaultPoints | None = None,
+        boot_images: BootImages | None = None,
     ) -> None:
         self.ctx = ctx
         self.faults = faults or FaultPoints()
+        self.boot_images = boot_images
         self.migration_uuid = migration_uuid
         self.pool = pool
         self.scheduler = scheduler
@@ -269,7 +278,10 @@ class MoveTask(TaskBase):
     async def _send_build(self, instance: Instance, destination: HostState) -> None:
         async with self.pool.acquire() as conn:
             addresses = await fixed_ips.for_instance(conn, instance.uuid)
-        spec = instance_spec(instance, destination.node.hypervisor_hostname, list(addresses))
+            boot = None
+            if self.boot_images is not None:
+                boot = await self.boot_images.source(conn, instance.image_ref)
+        spec = instance_spec(instance, destination.node.hypervisor_hostname, list(addresses), boot)
         try:
             await self.compute.rebuild_instance(
                 self.ctx,
