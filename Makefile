@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SOURCES := shared services deploy bench devkit tests
-TYPED := shared services deploy bench devkit
+TYPED := $(SOURCES)
 # devkit/ (the harness of the tests, the benchmarks and `make run`) is not shipped: a .pth
 # file puts this checkout on the virtualenv's path instead.
 CHECKOUT_PTH := $(VENV)/.checkout-on-path

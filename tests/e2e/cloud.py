@@ -221,14 +221,14 @@ class Cloud:
         state_dir: Path,
         *args: str,
         timeout: float = READY_TIMEOUT,
-        **settings: str,
+        env: Mapping[str, str] | None = None,
     ) -> tuple[int | None, str]:
         """Start a keel-compute expected to exit by itself: its exit code and its log.
 
         ``None`` if it was still running after ``timeout`` seconds (it is then stopped).
         """
         name = f"run-{uuid.uuid4().hex[:8]}"
-        process = self.start_agent(name, host, state_dir, *args, **settings)
+        process = self.start_agent(name, host, state_dir, *args, **(env or {}))
         try:
             code: int | None = process.popen.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -46,7 +46,10 @@ def nova_fault_body(ctx: Any, response: Any, case: Any) -> bool | None:
     return None
 
 
-@schemathesis.hook("map_body").apply_to(method="POST", path="/v2.1/servers")
+# schemathesis types hook() as returning a bare Callable, without its apply_to.
+@schemathesis.hook("map_body").apply_to(  # type: ignore[attr-defined, untyped-decorator]
+    method="POST", path="/v2.1/servers"
+)
 def existing_image_and_flavor(ctx: Any, body: Any) -> Any:
     server = body.get("server") if isinstance(body, dict) else None
     if isinstance(server, dict):

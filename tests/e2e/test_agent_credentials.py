@@ -154,8 +154,8 @@ async def test_credentials_survive_a_rename_and_name_one_host(cloud: Cloud, own_
         cloud.run_agent,
         "ac-impostor",
         cloud.state_dir(OWN),
-        KEEL_TRANSPORT_URL=own_url,
         timeout=SETTLE,
+        env={"KEEL_TRANSPORT_URL": own_url},
     )
     assert code == 1, log
     assert "not to host 'ac-impostor'" in log
@@ -175,6 +175,8 @@ def test_the_env_file_is_private(cloud: Cloud, tmp_path: Path) -> None:
     try:
         assert made.returncode == 0, made.stderr
         assert env_file.stat().st_mode & 0o077 == 0
-        assert URL(env_file.read_text().strip().partition("=")[2]).password not in made.stdout
+        password = URL(env_file.read_text().strip().partition("=")[2]).password
+        assert password is not None
+        assert password not in made.stdout
     finally:
         cloud.manage("agent", "revoke", "ac-later")

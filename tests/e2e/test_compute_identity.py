@@ -92,7 +92,7 @@ async def quiet(cloud: Cloud) -> Quiet:
 async def refused(quiet: Quiet, host: str, state_dir: Path, *args: str, **settings: str) -> str:
     """Start an agent that must be refused; its log. The database must not change."""
     before = await quiet.cloud.dump()
-    code, log = quiet.cloud.run_agent(host, state_dir, *args, **settings)
+    code, log = quiet.cloud.run_agent(host, state_dir, *args, env=settings)
     assert code == 1, log
     assert await quiet.cloud.dump() == before
     assert "keel-compute cannot run" in log

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 
 def guest_dir(state_dir: Path, server: dict[str, Any]) -> Path:
-    return state_dir / "instances" / server["id"]
+    return state_dir / "instances" / str(server["id"])
 
 
 async def compute_services(cloud: Cloud) -> dict[str, dict[str, Any]]:

@@ -41,7 +41,7 @@ async def _classic_queue(amqp_url: str, name: str, messages: int) -> None:
             )
 
 
-async def _queue_type(amqp_url: str, name: str) -> tuple[int, str]:
+async def _queue_type(amqp_url: str, name: str) -> tuple[int | None, str]:
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         channel = await connection.channel()

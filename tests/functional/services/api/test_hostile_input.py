@@ -8,6 +8,7 @@ microversion of 10,000 digits; and a 20 MB body was read whole.
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import asyncpg
 import httpx
@@ -173,7 +174,10 @@ async def test_paging_limits_of_any_size_are_bounded(client: httpx.AsyncClient) 
 
 
 def client_with(
-    settings: Settings, pool: asyncpg.Pool, transport: AmqpTransport, openapi: str
+    settings: Settings,
+    pool: asyncpg.Pool,
+    transport: AmqpTransport,
+    openapi: Literal["admin", "public", "off"],
 ) -> httpx.AsyncClient:
     configured = settings.model_copy(update={"api": ApiSettings(openapi=openapi)})
     app = create_app(configured, pool, ConductorAPI(transport), ComputeAPI(transport))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -105,7 +106,7 @@ async def test_generated_ssh_and_x509_keys_come_with_their_private_key(
     ],
 )
 async def test_bad_key_pairs_are_400(
-    client: httpx.AsyncClient, fields: dict[str, object], why: str
+    client: httpx.AsyncClient, fields: dict[str, Any], why: str
 ) -> None:
     response = await create(client, "k", **fields)
     assert response.status_code == 400, why

@@ -59,11 +59,12 @@ async def cloud(db_pool: asyncpg.Pool) -> dict[str, int]:
 async def test_host_node_and_both_reach_the_conductor_as_node_ids(
     client: httpx.AsyncClient, conductor: Recorder, cloud: dict[str, int], db_pool: asyncpg.Pool
 ) -> None:
-    for fields in (
+    destinations: list[dict[str, Any]] = [
         {"host": "b"},
         {"hypervisor_hostname": "b"},
         {"host": "b", "hypervisor_hostname": "b"},
-    ):
+    ]
+    for fields in destinations:
         response = await post(client, **fields)
         assert response.status_code == 202, response.text
         _, instance_uuid = await conductor.next_build()
@@ -119,7 +120,7 @@ async def test_bad_destinations_are_400_and_write_nothing(
     conductor: Recorder,
     cloud: dict[str, int],
     db_pool: asyncpg.Pool,
-    fields: dict[str, str],
+    fields: dict[str, Any],
     message: str,
 ) -> None:
     response = await post(client, **fields)

@@ -191,6 +191,7 @@ async def test_calls_about_what_is_not_its_own_are_refused(
     report = await own.report_guests(
         ctx, compute_node_uuid=own_agent.registration.node_uuid, guests=[]
     )
+    assert report is not None
     assert report.verdicts == []
 
 

@@ -273,4 +273,5 @@ async def test_twin_resolves_and_registrations_agree(
             """SELECT (SELECT count(*) FROM services WHERE host = 'twin') AS services,
                       (SELECT count(*) FROM compute_nodes WHERE host = 'twin') AS nodes"""
         )
+    assert counts is not None
     assert (counts["services"], counts["nodes"]) == (1, 1)

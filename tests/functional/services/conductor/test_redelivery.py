@@ -32,6 +32,7 @@ from shared.db import allocations, instances
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.envelope import Envelope
 from shared.rpc.server import RPCServer
+from shared.rpc.transport import DeadLetter
 from shared.runtime import Lifecycle
 from tests.faults.proxy import TcpProxy, url_through
 from tests.functional.services.conductor.conftest import SOON, wait_for_conductor
@@ -248,7 +249,7 @@ async def test_cast_that_keeps_failing_is_dead_lettered_and_the_deadline_ends_th
 
     await lone_conductor.build_instances(RequestContext(), instance_uuid)
 
-    async def dead() -> list[object] | None:
+    async def dead() -> list[DeadLetter] | None:
         found = await agent_transport.dead_letters()
         return list(found) or None
 

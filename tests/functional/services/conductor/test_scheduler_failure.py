@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 
 import asyncpg
 import pytest
@@ -112,5 +113,5 @@ async def test_scheduler_timeout_is_retried_and_reuses_the_claim(
     assert drift == []
 
 
-async def _some(items: list[object]) -> bool | None:
+async def _some(items: Sequence[object]) -> bool | None:
     return True if items else None

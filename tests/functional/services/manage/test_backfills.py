@@ -16,12 +16,12 @@ from typing import Any
 import asyncpg
 import pytest
 
+from devkit.servers import PG_SERVER
 from services.manage.commands.backfills import run_all
 from services.manage.main import build_parser, execute
 from shared.config import Settings
 from shared.db import backfills, schema
 from shared.versions import SERVICE_VERSION
-from tests.conftest import PG_SERVER
 from tests.functional.services.manage.test_manage import manage, url_for
 
 pytestmark = pytest.mark.functional

@@ -12,9 +12,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from devkit.servers import PG_SERVER
 from shared.db import services
 from shared.versions import SERVICE_VERSION, release_name
-from tests.conftest import PG_SERVER
 
 pytestmark = pytest.mark.functional
 

@@ -8,6 +8,7 @@ import asyncpg
 import pytest
 
 from shared.db import compute_nodes, instances, services
+from shared.db.pool import Connection
 from shared.objects.compute_node import NodeResources
 from shared.objects.flavor import FlavorSnapshot
 from tests.functional.services.manage.test_manage import manage
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.functional
 FLAVOR = FlavorSnapshot(flavorid="1", name="m1.tiny", vcpus=1, memory_mb=512, root_gb=1)
 
 
-async def add_host(conn: asyncpg.Connection, host: str, *, up: bool) -> tuple[uuid.UUID, int]:
+async def add_host(conn: Connection, host: str, *, up: bool) -> tuple[uuid.UUID, int]:
     service = await services.get_or_create(
         conn, host=host, binary="keel-compute", topic="compute", version=3, down_time=60
     )
@@ -41,7 +42,7 @@ async def add_host(conn: asyncpg.Connection, host: str, *, up: bool) -> tuple[uu
     return service.uuid, node.id
 
 
-async def add_server(conn: asyncpg.Connection, host: str, node_id: int | None) -> uuid.UUID:
+async def add_server(conn: Connection, host: str, node_id: int | None) -> uuid.UUID:
     instance_uuid = uuid.uuid4()
     await instances.create(
         conn,

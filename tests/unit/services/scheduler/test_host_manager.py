@@ -17,6 +17,8 @@ class _DiskWeigher:
     """A second weigher in other units, to show scores are normalised before summing."""
 
     name = "DiskWeigher"
+    #: Weighed in Python only, as a weigher without an SQL form.
+    sql_score: str | None = None
 
     def __init__(self, multiplier: float = 1.0) -> None:
         self.multiplier = multiplier

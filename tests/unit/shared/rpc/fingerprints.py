@@ -23,10 +23,10 @@ from pydantic import BaseModel
 from services.compute.manager import ComputeManager
 from services.conductor.manager import ConductorManager
 from services.scheduler.manager import SchedulerManager
-from shared.versions import SERVICE_VERSION, apis_for
+from shared.versions import SERVICE_VERSION, RpcApi, apis_for
 
 STORED = Path(__file__).with_name("fingerprints.json")
-ENDPOINTS: dict[str, type] = {
+ENDPOINTS: dict[RpcApi, type] = {
     "compute": ComputeManager,
     "conductor": ConductorManager,
     "scheduler": SchedulerManager,

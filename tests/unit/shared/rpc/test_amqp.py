@@ -9,6 +9,7 @@ import pytest
 
 from shared.exceptions import MessagingError
 from shared.rpc.amqp import AmqpTransport
+from shared.rpc.transport import IncomingMessage, Settlement
 
 URL = "amqp://keel:s3cret@broker.example:5672/keel"
 
@@ -32,8 +33,8 @@ async def test_unconnected_transport_refuses_to_publish() -> None:
 async def test_unconnected_transport_refuses_to_serve() -> None:
     transport = AmqpTransport(URL, "keel-a")
 
-    async def handler(message: object) -> bytes | None:
-        return None
+    async def handler(message: IncomingMessage) -> Settlement:
+        raise AssertionError("an unconnected transport delivered a message")
 
     with pytest.raises(MessagingError, match="not connected"):
         await transport.serve("conductor", handler, prefetch=1)

@@ -228,7 +228,11 @@ async def test_delivery_limit_dead_letters_a_message_that_never_gets_settled(
     client = RPCClient(transports[1], TOPIC, version_cap="1.0")
     await client.cast(RequestContext(), "work", Job(name="g"), version="1.0")
     for delivery in range(1, LIMIT + 2):
-        await until(endpoint, lambda n=delivery: len(endpoint.runs) == n)
+
+        def delivered(count: int = delivery) -> bool:
+            return len(endpoint.runs) == count
+
+        await until(endpoint, delivered)
         transports[0].lose_connection()
 
     await _dead(broker)

@@ -100,7 +100,7 @@ def test_long_values_are_shortened() -> None:
 
 def test_messages_are_always_encodable() -> None:
     response = fault_response(400, "bad name '\ud800'")
-    body = json.loads(response.body)
+    body = json.loads(bytes(response.body))
     assert body["badRequest"]["message"] == "bad name '\\ud800'"
 
 

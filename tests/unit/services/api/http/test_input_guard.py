@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -145,7 +146,7 @@ async def test_hostile_bodies_are_400_before_the_app() -> None:
 
 async def test_a_client_that_goes_away_mid_body_gets_no_answer() -> None:
     sent: list[Message] = []
-    messages = iter(
+    messages: Iterator[Message] = iter(
         [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
     )
 

@@ -10,8 +10,8 @@ from services.api.http.microversion import APIVersion
 from services.api.servers.filters import server_search, sort_order
 from shared.context import RequestContext
 
-ADMIN = RequestContext(user_id="root", project_id="ops", roles=["admin"])
-MEMBER = RequestContext(user_id="alice", project_id="team", roles=["member"])
+ADMIN = RequestContext(user_id="root", project_id="ops", roles=("admin",))
+MEMBER = RequestContext(user_id="alice", project_id="team", roles=("member",))
 LATEST = APIVersion(2, 74)
 
 

@@ -21,6 +21,7 @@ def test_from_2_56_a_host_is_named_and_the_body_checked() -> None:
     assert _target({"host": "compute2"}, APIVersion(2, 56)) == "compute2"
     assert _target({}, APIVersion(2, 56)) is None
     assert _target(None, APIVersion(2, 56)) is None
+    bad: object
     for bad in ("junk", [], {"other": 1}, {"host": ""}):
         with pytest.raises(BadRequest):
             _target(bad, APIVersion(2, 56))
