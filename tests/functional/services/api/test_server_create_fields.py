@@ -180,6 +180,7 @@ async def test_the_default_security_group_is_the_only_one(
         refused = await post(client, security_groups=groups)
         assert refused.status_code == 400, refused.text
         assert refused.json()["badRequest"]["message"] == message
+    malformed: object
     for malformed in ("default", [{"id": "x"}], [{"name": ""}], [{}]):
         assert (await post(client, security_groups=malformed)).status_code == 400
     assert await count_instances(db_pool) == before
