@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from localimages import build_guest, register_guest
 from localstate import clean, explain_foreign, foreign_hosts, forget_pid, record_pid, running_pid
 
 from devkit import CIRROS_ID, prerequisites
@@ -247,7 +248,15 @@ def start_all(cloud: Cloud, workdir: Path, env: Mapping[str, str]) -> None:
     for host in COMPUTE_HOSTS:
         state_dir = workdir / host
         state_dir.mkdir(parents=True, exist_ok=True)
-        start(host, "keel-compute", KEEL_HOST=host, KEEL_STATE_DIR=str(state_dir.resolve()))
+        # Both agents share this machine's libvirtd: each names its hypervisor after its
+        # host unless KEEL_COMPUTE__HYPERVISOR_HOSTNAME says otherwise.
+        start(
+            host,
+            "keel-compute",
+            KEEL_HOST=host,
+            KEEL_STATE_DIR=str(state_dir.resolve()),
+            KEEL_COMPUTE__HYPERVISOR_HOSTNAME=env.get("KEEL_COMPUTE__HYPERVISOR_HOSTNAME", host),
+        )
     start("api", "keel-api")
 
 
@@ -329,11 +338,34 @@ def run(settings: Settings, workdir: Path) -> int:
     if asyncio.run(seed_image(settings.database_url)):
         say(f"registered image cirros ({CIRROS_ID})")
     workdir.mkdir(parents=True, exist_ok=True)
+    if settings.compute.driver == "libvirt" and not prepare_libvirt(settings, workdir):
+        return 1
     record_pid(workdir)
     try:
         return _run_cloud(settings, workdir, api_url)
     finally:
         forget_pid(workdir)
+
+
+def libvirt_env(settings: Settings, workdir: Path) -> dict[str, str]:
+    """What the libvirt driver needs that ``make run`` provides unless it is set: an
+    image store, a URL secret shared by keel-api and keel-conductor (new every run)."""
+    env = {"KEEL_IMAGES__URL_SECRET": secrets.token_urlsafe(32)}
+    if "KEEL_IMAGES__STORE_DIR" not in os.environ:
+        env["KEEL_IMAGES__STORE_DIR"] = str((workdir / "image-store").resolve())
+    return {key: value for key, value in env.items() if key not in os.environ}
+
+
+def prepare_libvirt(settings: Settings, workdir: Path) -> bool:
+    """Build the test guest if missing and register it with its data (libvirt driver)."""
+    if not build_guest(workdir / "images"):
+        return False
+    store = Path(
+        libvirt_env(settings, workdir).get("KEEL_IMAGES__STORE_DIR", str(settings.images.store_dir))
+    )
+    for name in asyncio.run(register_guest(settings.database_url, store, workdir / "images")):
+        say(f"registered image {name}")
+    return True
 
 
 def _run_cloud(settings: Settings, workdir: Path, api_url: str) -> int:
@@ -342,6 +374,8 @@ def _run_cloud(settings: Settings, workdir: Path, api_url: str) -> int:
     write_clouds_yaml(clouds, api_url, admin, member)
     env = {**os.environ, "KEEL_AUTH__TOKENS": token_config(accounts)}
     env.setdefault("KEEL_LOG_FORMAT", "text")
+    if settings.compute.driver == "libvirt":
+        env.update(libvirt_env(settings, workdir))
     cloud = Cloud(ProcessGroup(workdir / "logs", stop_timeout=STOP_TIMEOUT))
     signal.signal(signal.SIGINT, cloud.request_stop)
     signal.signal(signal.SIGTERM, cloud.request_stop)
