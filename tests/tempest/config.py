@@ -33,7 +33,7 @@ FEATURES: dict[str, bool] = {
     "suspend": False,
     "shelve": False,
     "shelve_migrate": False,
-    "console_output": False,
+    "console_output": True,
     "change_password": False,
     "disk_config": False,
     "live_migration": False,

@@ -26,6 +26,8 @@ from services.api.http.paging import next_marker, page_request, take_page
 from services.api.views.flavors import flavor_detail, flavor_summary
 from shared.context import RequestContext
 from shared.db import flavors as flavors_db
+from shared.db.pool import Connection
+from shared.exceptions import FlavorNotFound
 from shared.objects.flavor import Flavor
 
 router = APIRouter(prefix="/v2.1/flavors")
@@ -56,6 +58,15 @@ def _minimum(name: str, value: str | None) -> int:
         return int(value)
     except ValueError:
         raise BadRequest(f"Invalid {name} filter [{value}]") from None
+
+
+async def visible_flavor(conn: Connection, ctx: RequestContext, flavor_id: str) -> Flavor:
+    """The flavor, if the caller may see it: private flavors are for admins only (keel has
+    no flavor access lists), and to anyone else they do not exist."""
+    flavor = await flavors_db.get(conn, flavor_id)
+    if not flavor.is_public and not ctx.is_admin:
+        raise FlavorNotFound(f"Flavor {flavor_id} could not be found.")
+    return flavor
 
 
 Q = Annotated[str | None, Query()]
@@ -124,14 +135,14 @@ async def show_flavor(
     flavor_id: str, pool: DbPool, ctx: Context, version: Version, links: RequestLinks
 ) -> dict[str, Any]:
     async with pool.acquire() as conn:
-        flavor = await flavors_db.get(conn, flavor_id)
+        flavor = await visible_flavor(conn, ctx, flavor_id)
     return {"flavor": flavor_detail(flavor, version, links)}
 
 
 @router.get("/{flavor_id}/os-extra_specs")
 async def list_extra_specs(flavor_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
     async with pool.acquire() as conn:
-        flavor = await flavors_db.get(conn, flavor_id)
+        flavor = await visible_flavor(conn, ctx, flavor_id)
     return {"extra_specs": {str(k): str(v) for k, v in flavor.extra_specs.items()}}
 
 

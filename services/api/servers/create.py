@@ -130,12 +130,15 @@ def check_counts(server: NewServer) -> None:
         )
 
 
-async def _flavor(conn: Connection, ref: str) -> Flavor:
+async def _flavor(conn: Connection, ref: str, ctx: RequestContext) -> Flavor:
+    """The flavor asked for; a private one only for admins (keel has no access lists)."""
     flavor_id = last_segment(ref)
     try:
         flavor = await flavors.get(conn, flavor_id)
     except FlavorNotFound:
         raise BadRequest(f"Flavor {flavor_id} could not be found.") from None
+    if not flavor.is_public and not ctx.is_admin:
+        raise BadRequest(f"Flavor {flavor_id} could not be found.")
     if flavor.disabled:
         raise BadRequest(f"Flavor {flavor_id} is disabled.")
     return flavor
@@ -196,7 +199,7 @@ async def _validate(
         node=server.hypervisor_hostname,
         zone=zone,
     )
-    flavor = await _flavor(conn, server.flavor_ref)
+    flavor = await _flavor(conn, server.flavor_ref, ctx)
     image = await _image(conn, server.image_ref, ctx)
     check_fits(flavor, image)
     await _check_zone(conn, zone)

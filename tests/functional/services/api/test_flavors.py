@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncpg
 import httpx
 import pytest
 
-from tests.functional.services.api.conftest import ADMIN, MEMBER, at
+from tests.functional.services.api.conftest import ADMIN, MEMBER, Recorder, add_image, at
+from tests.functional.services.api.test_servers import server_body
 
 pytestmark = pytest.mark.functional
 
@@ -115,3 +117,30 @@ async def test_a_malformed_flavor_id_is_400(client: httpx.AsyncClient, given: ob
     created = await client.post("/v2.1/flavors", headers=ADMIN, json=body)
     assert created.status_code == 400, created.text
     assert "flavor.id" in created.json()["badRequest"]["message"]
+
+
+async def test_a_private_flavor_is_the_admins_only(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    body = {
+        "flavor": {
+            "name": "hidden",
+            "id": "hidden",
+            "ram": 64,
+            "vcpus": 1,
+            "disk": 0,
+            "os-flavor-access:is_public": False,
+        }
+    }
+    assert (await client.post("/v2.1/flavors", headers=ADMIN, json=body)).status_code == 200
+    assert (await client.get("/v2.1/flavors/hidden", headers=ADMIN)).status_code == 200
+    for path in ("/v2.1/flavors/hidden", "/v2.1/flavors/hidden/os-extra_specs"):
+        assert (await client.get(path, headers=MEMBER)).status_code == 404, path
+    refused = await client.post(
+        "/v2.1/servers", headers=MEMBER, json=server_body(flavorRef="hidden")
+    )
+    assert refused.status_code == 400
+    assert refused.json()["badRequest"]["message"] == "Flavor hidden could not be found."
+    taken = await client.post("/v2.1/servers", headers=ADMIN, json=server_body(flavorRef="hidden"))
+    assert taken.status_code == 202, taken.text
