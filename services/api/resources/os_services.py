@@ -2,7 +2,8 @@
 
 ``GET /os-services`` filters on ``host`` and ``binary`` server-side (the client's
 ``compute service set`` needs exactly one match). Nova's binary names (``nova-compute``,
-``nova-conductor``, ``nova-scheduler``) stand for keel's wherever a binary is named.
+``nova-conductor``, ``nova-scheduler``) stand for keel's wherever a binary is named, and
+a list filtered by one shows that name.
 From microversion 2.53 a compute service is changed with ``PUT /os-services/{uuid}``:
 enable, disable with a reason, or force down. Below 2.53 the same path takes an action
 instead of a uuid (:mod:`services.api.resources.os_services_legacy`).
@@ -31,7 +32,7 @@ from services.api.views.os_services import service_view, service_zone
 from shared.db import service_maintenance, services
 from shared.db.pool import Connection
 from shared.exceptions import ServiceNotFound
-from shared.objects.service import Binary, Service, canonical_binary
+from shared.objects.service import NOVA_BINARIES, Binary, Service, canonical_binary
 
 LOG = logging.getLogger(__name__)
 
@@ -61,7 +62,12 @@ async def list_services(
         found, zones = await _with_zones(
             conn, down_time, host=host, binary=None if binary is None else canonical_binary(binary)
         )
-    return {"services": [service_view(s, version, service_zone(s, zones)) for s in found]}
+    views = [service_view(s, version, service_zone(s, zones)) for s in found]
+    if binary in NOVA_BINARIES:
+        # Asked by Nova's name, answered by it: tools match the binary they asked for.
+        for view in views:
+            view["binary"] = binary
+    return {"services": views}
 
 
 class ServiceUpdate(BaseModel):

@@ -126,7 +126,7 @@ async def test_nova_binary_names_find_keel_services(
         )
         found = computes.json()["services"]
         assert sorted(s["host"] for s in found) == ["compute-1", "compute-2"]
-        assert {s["binary"] for s in found} == {"keel-compute"}
+        assert {s["binary"] for s in found} == {"nova-compute"}
         conductors = await client.get(
             "/v2.1/os-services", headers=at(version), params={"binary": "nova-conductor"}
         )
