@@ -21,6 +21,7 @@ from services.api.http.policy import Policy
 from services.api.resources import (
     aggregates,
     availability_zones,
+    flavor_extra_specs,
     flavors,
     hypervisors,
     image_data,
@@ -80,6 +81,7 @@ def create_app(
     app.include_router(server_tags.router)
     app.include_router(server_ips.router)
     app.include_router(flavors.router)
+    app.include_router(flavor_extra_specs.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)

@@ -72,3 +72,42 @@ async def delete(conn: Connection, flavorid: str) -> None:
     )
     if status == "UPDATE 0":
         raise FlavorNotFound(f"Flavor {flavorid} could not be found.")
+
+
+async def _returning(conn: Connection, flavorid: str, sql: str, *args: object) -> Flavor:
+    row = await conn.fetchrow(sql, flavorid, *args)
+    if row is None:
+        raise FlavorNotFound(f"Flavor {flavorid} could not be found.")
+    return Flavor.from_row(row)
+
+
+async def set_description(conn: Connection, flavorid: str, description: str | None) -> Flavor:
+    return await _returning(
+        conn,
+        flavorid,
+        """UPDATE flavors SET description = $2, updated_at = now()
+            WHERE flavorid = $1 AND deleted_at IS NULL RETURNING *""",
+        description,
+    )
+
+
+async def merge_extra_specs(conn: Connection, flavorid: str, specs: dict[str, str]) -> Flavor:
+    """Add or change the given extra specs, keeping the others (one atomic update)."""
+    return await _returning(
+        conn,
+        flavorid,
+        """UPDATE flavors SET extra_specs = extra_specs || $2::jsonb, updated_at = now()
+            WHERE flavorid = $1 AND deleted_at IS NULL RETURNING *""",
+        specs,
+    )
+
+
+async def delete_extra_spec(conn: Connection, flavorid: str, key: str) -> bool:
+    """Remove one extra spec; False if the flavor has none by that key."""
+    status = await conn.execute(
+        """UPDATE flavors SET extra_specs = extra_specs - $2, updated_at = now()
+            WHERE flavorid = $1 AND deleted_at IS NULL AND extra_specs ? $2""",
+        flavorid,
+        key,
+    )
+    return status != "UPDATE 0"

@@ -1,4 +1,6 @@
-"""Flavors: list, detail, show, extra specs; admins create and delete.
+"""Flavors: list, detail, show; admins create, describe (2.55) and delete.
+
+Extra specs: :mod:`services.api.resources.flavor_extra_specs`.
 
 Members see public flavors. Admins see public ones too unless they pass ``is_public``
 (``true``, ``false`` or ``none`` for all). ``minRam``/``minDisk`` and ``limit``/``marker``
@@ -7,6 +9,7 @@ narrow the list.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from services.api.http.auth import AdminContext, Context
 from services.api.http.bounds import Int4, PositiveInt4
 from services.api.http.deps import DbPool, RequestLinks, Version
-from services.api.http.faults import BadRequest
+from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.links import Links
 from services.api.http.paging import next_marker, page_request, take_page
 from services.api.views.flavors import flavor_detail, flavor_summary
@@ -29,6 +32,8 @@ from shared.db import flavors as flavors_db
 from shared.db.pool import Connection
 from shared.exceptions import FlavorNotFound
 from shared.objects.flavor import Flavor
+
+LOG = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v2.1/flavors")
 
@@ -139,13 +144,6 @@ async def show_flavor(
     return {"flavor": flavor_detail(flavor, version, links)}
 
 
-@router.get("/{flavor_id}/os-extra_specs")
-async def list_extra_specs(flavor_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
-    async with pool.acquire() as conn:
-        flavor = await visible_flavor(conn, ctx, flavor_id)
-    return {"extra_specs": {str(k): str(v) for k, v in flavor.extra_specs.items()}}
-
-
 class NewFlavor(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -209,6 +207,37 @@ async def create_flavor(
             is_public=new.is_public,
             description=new.description,
         )
+    return {"flavor": flavor_detail(flavor, version, links)}
+
+
+class FlavorChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    description: str | None = Field(max_length=65535)
+
+
+class FlavorChangeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    flavor: FlavorChange
+
+
+@router.put("/{flavor_id}")
+async def update_flavor(
+    flavor_id: str,
+    body: FlavorChangeBody,
+    *,
+    pool: DbPool,
+    ctx: AdminContext,
+    version: Version,
+    links: RequestLinks,
+) -> dict[str, Any]:
+    """Change a flavor's description (2.55): the only thing about a flavor that changes."""
+    if not version.at_least("2.55"):
+        raise ItemNotFound("Updating a flavor needs microversion 2.55 or later.")
+    async with pool.acquire() as conn:
+        flavor = await flavors_db.set_description(conn, flavor_id, body.flavor.description)
+    LOG.info("flavor %s: description changed", flavor_id)
     return {"flavor": flavor_detail(flavor, version, links)}
 
 

@@ -144,3 +144,65 @@ async def test_a_private_flavor_is_the_admins_only(
     assert refused.json()["badRequest"]["message"] == "Flavor hidden could not be found."
     taken = await client.post("/v2.1/servers", headers=ADMIN, json=server_body(flavorRef="hidden"))
     assert taken.status_code == 202, taken.text
+
+
+async def test_admins_set_change_and_delete_extra_specs(client: httpx.AsyncClient) -> None:
+    base = "/v2.1/flavors/3/os-extra_specs"
+    added = await client.post(base, headers=ADMIN, json={"extra_specs": {"hw:cpu": "2", "n": 4}})
+    assert added.status_code == 200, added.text
+    assert added.json() == {"extra_specs": {"hw:cpu": "2", "n": "4"}}
+    listed = await client.get(base, headers=MEMBER)
+    assert listed.json() == {"extra_specs": {"hw:cpu": "2", "n": "4"}}
+    changed = await client.put(f"{base}/n", headers=ADMIN, json={"n": "5"})
+    assert changed.json() == {"n": "5"}
+    assert (await client.get(f"{base}/n", headers=MEMBER)).json() == {"n": "5"}
+    shown = await client.get("/v2.1/flavors/3", headers=at("2.61", MEMBER))
+    assert shown.json()["flavor"]["extra_specs"] == {"hw:cpu": "2", "n": "5"}
+
+    deleted = await client.delete(f"{base}/n", headers=ADMIN)
+    assert deleted.status_code == 200
+    missing = await client.get(f"{base}/n", headers=MEMBER)
+    assert missing.status_code == 404
+    assert missing.json()["itemNotFound"]["message"] == "Flavor 3 has no extra specs with key n."
+    assert (await client.delete(f"{base}/n", headers=ADMIN)).status_code == 404
+
+    for method, path, body in (
+        ("PUT", f"{base}/a", {"b": "1"}),
+        ("PUT", f"{base}/a", {"a": "1", "b": "2"}),
+        ("PUT", f"{base}/a", {"a": True}),
+        ("POST", base, {"extra_specs": {"bad/key": "1"}}),
+        ("POST", base, {"extra_specs": {"k": "v" * 256}}),
+        ("POST", base, {"specs": {}}),
+    ):
+        answer = await client.request(method, path, headers=ADMIN, json=body)
+        assert answer.status_code == 400, (method, path, body)
+    for method, path in (("POST", base), ("PUT", f"{base}/a"), ("DELETE", f"{base}/hw:cpu")):
+        body = {"extra_specs": {"a": "1"}} if method == "POST" else {"a": "1"}
+        refused = await client.request(method, path, headers=MEMBER, json=body)
+        assert refused.status_code == 403, (method, path)
+    assert (await client.post("/v2.1/flavors/nope/os-extra_specs", headers=ADMIN,
+                              json={"extra_specs": {"a": "1"}})).status_code == 404  # fmt: skip
+
+
+async def test_admins_change_a_flavors_description_from_2_55(client: httpx.AsyncClient) -> None:
+    body = {"flavor": {"description": "small and cheap"}}
+    changed = await client.put("/v2.1/flavors/1", headers=at("2.55"), json=body)
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["flavor"]["description"] == "small and cheap"
+    shown = await client.get("/v2.1/flavors/1", headers=at("2.55", MEMBER))
+    assert shown.json()["flavor"]["description"] == "small and cheap"
+    cleared = await client.put(
+        "/v2.1/flavors/1", headers=at("2.55"), json={"flavor": {"description": None}}
+    )
+    assert cleared.json()["flavor"]["description"] is None
+    assert (await client.put("/v2.1/flavors/1", headers=at("2.54"), json=body)).status_code == 404
+    assert (
+        await client.put("/v2.1/flavors/1", headers=at("2.55", MEMBER), json=body)
+    ).status_code == 403
+    for bad in ({"flavor": {}}, {"flavor": {"name": "x"}}, {"description": "x"}):
+        assert (
+            await client.put("/v2.1/flavors/1", headers=at("2.55"), json=bad)
+        ).status_code == 400
+    assert (
+        await client.put("/v2.1/flavors/nope", headers=at("2.55"), json=body)
+    ).status_code == 404
