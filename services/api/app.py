@@ -11,7 +11,7 @@ numbers PostgreSQL cannot store) before a route sees it.
 from __future__ import annotations
 
 import asyncpg
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from services.api import identity
 from services.api.http import faults, openapi
@@ -25,6 +25,7 @@ from services.api.resources import (
     flavors,
     hypervisors,
     image_data,
+    image_proxy,
     images,
     keypairs,
     limits,
@@ -90,9 +91,7 @@ def create_app(
     app.include_router(quota_sets.router)
     app.include_router(limits.router)
     app.include_router(usage.router)
-    app.include_router(
-        images.router, prefix="/v2.1", dependencies=[Depends(images.compute_proxy_gone)]
-    )
+    app.include_router(image_proxy.router)
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(image_data.router, prefix="/image/v2")
     app.include_router(image_data.download_router)

@@ -1,8 +1,7 @@
 """The image registry: image metadata in the Image API v2 shapes (keel stores no data).
 
-Served twice, under ``/image/v2/images`` (clients given a separate image endpoint) and
-under ``/v2.1/images`` for clients that use the compute endpoint for images; that one is
-gone from compute microversion 2.36 (404), as Nova's image proxy is. Members see public
+Served under ``/image/v2/images``; the compute API's own image routes below 2.36 are
+:mod:`services.api.resources.image_proxy`. Members see public
 and community images and their own project's; admins see every image and register
 (``POST``, created ``active``, public unless asked otherwise) or delete them. Lists
 leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=true``.

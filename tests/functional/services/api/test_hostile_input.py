@@ -55,7 +55,7 @@ async def test_flavor_integers_beyond_int4_are_400(client: httpx.AsyncClient) ->
 async def test_image_integers_beyond_int4_are_400(client: httpx.AsyncClient) -> None:
     for field in ("min_disk", "min_ram"):
         response = await client.post(
-            "/v2.1/images", headers=ADMIN, json={"name": "big", field: 2**40}
+            "/image/v2/images", headers=ADMIN, json={"name": "big", field: 2**40}
         )
         assert field in fault(response, 400)
 
@@ -111,7 +111,7 @@ async def test_nul_in_names_and_image_properties_is_400(client: httpx.AsyncClien
     )
     assert "flavor.description" in fault(described, 400)
     image = await client.post(
-        "/v2.1/images", headers=ADMIN, json={"name": "i", "os_distro": "x\x00"}
+        "/image/v2/images", headers=ADMIN, json={"name": "i", "os_distro": "x\x00"}
     )
     assert "os_distro" in fault(image, 400)
     server = {"server": {"name": "s\x00", "imageRef": "x", "flavorRef": "1"}}
@@ -131,7 +131,9 @@ async def test_nul_deep_in_a_body_and_in_field_names_is_400(client: httpx.AsyncC
         await client.post("/v2.1/servers", headers=MEMBER, json=deep), 400
     )
     keyed = {"name": "i", "bad\x00key": "v"}
-    assert "field name" in fault(await client.post("/v2.1/images", headers=ADMIN, json=keyed), 400)
+    assert "field name" in fault(
+        await client.post("/image/v2/images", headers=ADMIN, json=keyed), 400
+    )
 
 
 async def test_a_lone_surrogate_is_400_with_an_encodable_message(client: httpx.AsyncClient) -> None:
