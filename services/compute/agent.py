@@ -8,7 +8,8 @@ Start-up (:func:`start_agent`):
 3. ask the conductor (read-only, ``resolve_compute``) what the database knows about this
    host and the identity presented; a refusal (a possible rename, a lost or replaced
    identity, a deleted node...) stops the agent with the conductor's message, and a
-   conductor too old to answer stops it too. Only then, if the host had no identity
+   conductor too old to answer stops it too; so does a node new to the database whose
+   state directory already holds guests. Only then, if the host had no identity
    file, is one written: a fresh UUID for a new host, or the host's node UUID when
    upgrading from a release that kept none;
 4. register with the conductor (the agent's only path to the database). Calls to the
@@ -266,6 +267,9 @@ async def resolve_identity(
         resolution.reason,
         extra={"decision": f"identity_{resolution.decision}"},
     )
+    if resolution.decision == "new":
+        guests = await asyncio.to_thread(identity.guests_in, settings.state_dir)
+        identity.refuse_new_node_holding(settings.host, settings.state_dir, guests)
     if found.node_uuid is not None:
         LOG.info("node identity %s read from %s", found.node_uuid, found.describe())
         return found.node_uuid

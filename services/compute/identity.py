@@ -24,11 +24,15 @@ from pathlib import Path
 from uuid import UUID
 
 from services.compute.durable import create_once
-from shared.exceptions import ConfigError
+from shared.exceptions import ConfigError, HypervisorInUse
 
 LOG = logging.getLogger(__name__)
 
 COMPUTE_ID_FILE = "compute_id"
+#: Where every driver keeps its guests' files: ``<state dir>/instances/<uuid>/``.
+GUESTS_DIR = "instances"
+#: Guests named in a refusal; all are counted.
+GUESTS_SHOWN = 5
 _FILE_MODE = 0o644
 _MAX_SIZE = 4096
 
@@ -151,3 +155,47 @@ def create_identity(state_dir: Path, node_uuid: UUID) -> UUID:
         )
     LOG.info("wrote node identity %s to %s", node_uuid, path, extra={"decision": "create"})
     return node_uuid
+
+
+def guests_in(state_dir: Path) -> list[UUID]:
+    """The guests whose files are in the state directory (``instances/<uuid>/``), sorted.
+
+    Read before the agent knows its node, so it does not ask the driver: every driver
+    keeps a guest's files there, whichever node made it.
+    """
+    try:
+        entries = list((state_dir / GUESTS_DIR).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in entries:
+        try:
+            guest = UUID(entry.name)
+        except ValueError:
+            continue  # scratch directories of a build or a removal cut short
+        if entry.is_dir():
+            found.append(guest)
+    return sorted(found)
+
+
+def refuse_new_node_holding(host: str, state_dir: Path, guests: list[UUID]) -> None:
+    """Refuse to start as a node new to the database while guests are already here.
+
+    Registering would keep them as orphans beside the records of the node they belong
+    to: the machine is more likely a known host under a new name that lost its identity
+    file, or has a state directory copied from another host.
+    """
+    if not guests:
+        return
+    shown = ", ".join(str(guest) for guest in guests[:GUESTS_SHOWN])
+    more = f" and {len(guests) - GUESTS_SHOWN} more" if len(guests) > GUESTS_SHOWN else ""
+    raise HypervisorInUse(
+        f"a new service whose hypervisor already holds instances: host {host!r} is new to "
+        f"the database, but {state_dir / GUESTS_DIR} holds {len(guests)} guest(s): "
+        f"{shown}{more}. Nothing was changed: a new compute node here would keep them as "
+        "orphans. If this machine was another compute host and lost its node identity file "
+        "(or its state directory was copied here), restore that host's identity file and "
+        "KEEL_HOST, or rename that host (`keel-manage service rename OLD NEW` while its "
+        "agent is stopped); `openstack server show UUID` names a server's host. If no server "
+        "needs these guests, remove them. Then start the agent again."
+    )

@@ -9,6 +9,7 @@ through its queue, ``compute.<service uuid>``.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,13 @@ async def test_service_delete_refused_with_servers_then_done(cloud: Cloud, tmp_p
     assert f"compute node {node_uuid} (host 'doomed') was deleted" in log
 
     (tmp_path / "compute_id").unlink()
+    # The server was deleted while its agent was down: its guest is still on the host,
+    # and a new node does not start beside guests it cannot account for.
+    code, log = cloud.run_agent("doomed", tmp_path)
+    assert code == 1, log
+    assert "a new service whose hypervisor already holds instances" in log
+    assert server["id"] in log
+    shutil.rmtree(tmp_path / "instances" / server["id"])
     cloud.start_agent("doomed-again", "doomed", tmp_path)
     await cloud.wait_for_service("doomed", up=True)
     fresh = (tmp_path / "compute_id").read_text().strip()
