@@ -54,6 +54,8 @@ async def resolve(conn: Connection, req: ResolveCompute, down_time: float) -> Co
         )
     nodes = await compute_nodes.of_service(conn, service.id)
     if not nodes:
+        # Also the case of a registration, which writes the host's service row first.
+        await _check_hypervisor_free(conn, req)
         return ComputeResolution(
             decision="new", node_uuid=req.node_uuid, reason=f"host {req.host!r} has no node yet"
         )
@@ -119,9 +121,10 @@ def _duplicate(req: ResolveCompute, service: Service, nodes: list[ComputeNode]) 
     return DuplicateComputeNode(
         f"duplicate compute node: host {req.host!r} already has compute node {known}, but "
         f"this agent presents node UUID {req.node_uuid} from {req.identity_file}. {UNCHANGED} "
-        f"If the identity file was replaced, put {nodes[0].uuid} back in it. If that node is "
-        f"gone for good and hosts no servers, delete its service first (`openstack compute "
-        f"service delete {service.uuid}`), then start the agent again."
+        f"If the identity file was replaced, put {nodes[0].uuid} back in it. If another "
+        f"agent runs with KEEL_HOST={req.host}, give this one a host name of its own. If that "
+        f"node is gone for good and hosts no servers, delete its service first (`openstack "
+        f"compute service delete {service.uuid}`), then start the agent again."
     )
 
 

@@ -123,7 +123,16 @@ class ComputeRegistry:
         return resolution
 
     async def register(self, req: RegisterCompute) -> Registration:
-        """Create or refresh the agent's service and node rows, in one transaction."""
+        """Create or refresh the agent's service and node rows, in one transaction.
+
+        A compare-and-swap against other registrations and renames: the host's service
+        row is written (created, or locked) first, so the identity checks that follow see
+        whatever a racing agent or ``keel-manage service rename`` committed before, and
+        nothing else of that host changes until this transaction ends. Of two agents
+        registering one host with different nodes, the second is refused as a duplicate
+        node; an agent starting under a name a rename just gave up finds its node on the
+        renamed host and is refused as a rename. A refusal rolls everything back.
+        """
         refuse_if_unsupported(req.version)
         previous = await self._check_version(req)
         check = ResolveCompute(
@@ -133,8 +142,6 @@ class ComputeRegistry:
             identity_file="the agent's node identity file",
         )
         async with self.pool.acquire() as conn, conn.transaction():
-            await compute_identity.resolve(conn, check, self.service_down_time)
-            before = await compute_nodes.find_by_uuid(conn, req.node_uuid)
             sender = current_sender.get()
             named = agent_users.service_of(sender)
             service = await services.get_or_create(
@@ -145,7 +152,10 @@ class ComputeRegistry:
                 version=req.version,
                 down_time=self.service_down_time,
                 new_uuid=named,
+                registering=True,
             )
+            await compute_identity.resolve(conn, check, self.service_down_time)
+            before = await compute_nodes.find_by_uuid(conn, req.node_uuid)
             if named is not None and service.uuid != named:
                 # Another agent registered the host between the guard's check and now.
                 assert sender is not None

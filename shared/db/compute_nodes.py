@@ -14,7 +14,7 @@ from asyncpg import Record
 
 from shared.db import services
 from shared.db.pool import Connection
-from shared.exceptions import ComputeNodeDeleted, ComputeNodeNotFound
+from shared.exceptions import ComputeNodeDeleted, ComputeNodeNotFound, HostRenameDetected
 from shared.objects.compute_node import ComputeNode, HostState, NodeResources, NodeTotals
 from shared.objects.service import Service
 
@@ -33,6 +33,11 @@ async def upsert(
     may see its system host name change). Usage columns belong to the claims in
     ``allocations``; an agent report does not touch them. A node that was deleted is
     not revived: :class:`ComputeNodeDeleted`.
+
+    A node never changes service here (a compare-and-swap on ``service_id``): only
+    ``keel-manage service rename`` moves a host, and it keeps the service. A node of
+    another service is refused (:class:`HostRenameDetected`); a node an older release
+    left without its service link is linked.
     """
     row = await conn.fetchrow(
         """INSERT INTO compute_nodes
@@ -41,7 +46,7 @@ async def upsert(
                 cpu_allocation_ratio, ram_allocation_ratio, disk_allocation_ratio)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
            ON CONFLICT (uuid) DO UPDATE SET
-               service_id = EXCLUDED.service_id,
+               service_id = COALESCE(compute_nodes.service_id, EXCLUDED.service_id),
                hypervisor_hostname = EXCLUDED.hypervisor_hostname,
                hypervisor_type = EXCLUDED.hypervisor_type,
                availability_zone = EXCLUDED.availability_zone,
@@ -52,6 +57,8 @@ async def upsert(
                disk_allocation_ratio = EXCLUDED.disk_allocation_ratio,
                updated_at = now()
              WHERE compute_nodes.deleted_at IS NULL
+               AND (compute_nodes.service_id IS NULL
+                    OR compute_nodes.service_id = EXCLUDED.service_id)
            RETURNING *""",
         node_uuid,
         service_id,
@@ -68,11 +75,28 @@ async def upsert(
         resources.disk_allocation_ratio,
     )
     if row is None:
-        raise ComputeNodeDeleted(
+        raise await _not_upserted(conn, node_uuid, service_id)
+    return ComputeNode.from_row(row)
+
+
+async def _not_upserted(conn: Connection, node_uuid: UUID, service_id: int) -> Exception:
+    """Why :func:`upsert` changed nothing: the node was deleted, or is another service's."""
+    row = await conn.fetchrow(
+        """SELECT n.deleted_at, n.service_id, s.uuid AS service_uuid, s.host
+             FROM compute_nodes n LEFT JOIN services s ON s.id = n.service_id
+            WHERE n.uuid = $1""",
+        node_uuid,
+    )
+    if row is None or row["deleted_at"] is not None:
+        return ComputeNodeDeleted(
             f"compute node {node_uuid} was deleted; its UUID cannot be used again. Remove "
             "the agent's node identity file to start this host as a new compute node"
         )
-    return ComputeNode.from_row(row)
+    return HostRenameDetected(
+        f"compute node {node_uuid} belongs to compute service {row['service_uuid']} (host "
+        f"{row['host']!r}), not to service id {service_id}: a node changes service only by "
+        "`keel-manage service rename`. Nothing was changed."
+    )
 
 
 async def find_by_uuid(conn: Connection, node_uuid: UUID) -> ComputeNode | None:

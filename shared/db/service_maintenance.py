@@ -1,9 +1,10 @@
 """Operator changes to a service that is down: renaming a compute host, deleting a service.
 
-Both act only on a service whose process is stopped — its last heartbeat older than the
-service down time, whatever ``forced_down`` says, since a forced-down agent may still be
-running — and each is one transaction holding the service row locked, so a starting
-agent's registration waits for it and then sees the result.
+Both act only on a service whose process is stopped — its last heartbeat and its agent's
+last registration older than the service down time, whatever ``forced_down`` says, since
+a forced-down agent may still be running — and each is one transaction holding the
+service row locked, so a starting agent's registration waits for it and then sees the
+result (and a rename or delete that waited for a registration sees it and is refused).
 
 * :func:`rename_compute` moves a compute service, its nodes and its servers to a new host
   name. Everything keeps its id and UUID; the agent started with the new host name
@@ -39,22 +40,33 @@ class Renamed:
     instances: int
 
 
-async def _heartbeat_age(conn: Connection, service_id: int) -> float | None:
-    age: float | None = await conn.fetchval(
-        "SELECT extract(epoch FROM now() - last_seen_up)::float8 FROM services WHERE id = $1",
+async def _signs_of_life(conn: Connection, service_id: int) -> tuple[float | None, float | None]:
+    """Seconds since the service's last heartbeat, and since its agent last registered."""
+    row = await conn.fetchrow(
+        """SELECT extract(epoch FROM now() - last_seen_up)::float8 AS heartbeat,
+                  extract(epoch FROM now() - registered_at)::float8 AS registered
+             FROM services WHERE id = $1""",
         service_id,
     )
-    return age
+    assert row is not None
+    return row["heartbeat"], row["registered"]
 
 
 async def check_stopped(conn: Connection, service: Service, down_time: float, doing: str) -> None:
-    """Refuse while the service's process still sends heartbeats."""
-    age = await _heartbeat_age(conn, service.id)
-    if age is not None and age < down_time:
+    """Refuse while the service's process still sends heartbeats, or has just registered
+    (an agent is not up until its first guest report is answered, but it runs)."""
+    heartbeat, registered = await _signs_of_life(conn, service.id)
+    if heartbeat is not None and heartbeat < down_time:
         raise Conflict(
             f"cannot {doing}: {service.binary} on host {service.host!r} (service "
-            f"{service.uuid}) is up, its last heartbeat was {age:.0f}s ago. Stop it first and "
-            f"wait until it shows as down (after {down_time:g}s without a heartbeat)."
+            f"{service.uuid}) is up, its last heartbeat was {heartbeat:.0f}s ago. Stop it first "
+            f"and wait until it shows as down (after {down_time:g}s without a heartbeat)."
+        )
+    if registered is not None and registered < down_time:
+        raise Conflict(
+            f"cannot {doing}: {service.binary} on host {service.host!r} (service "
+            f"{service.uuid}) registered {registered:.0f}s ago and may still be starting. Stop "
+            f"it first and wait {down_time:g}s."
         )
 
 

@@ -27,22 +27,29 @@ async def get_or_create(
     version: int,
     down_time: float,
     new_uuid: UUID | None = None,
+    registering: bool = False,
 ) -> Service:
     """The live service row for (host, binary), created if absent; version stamped.
 
     A new row gets ``new_uuid`` (the one an agent's broker user names), else a fresh one.
+    The row stays locked until the caller's transaction ends, so checks made after this
+    call see every registration and rename that committed before it. ``registering``
+    stamps ``registered_at`` (an agent starting: see :mod:`shared.db.service_maintenance`).
     """
     await conn.execute(
-        """INSERT INTO services (uuid, host, "binary", topic, version)
-           VALUES ($1, $2, $3, $4, $5)
+        """INSERT INTO services (uuid, host, "binary", topic, version, registered_at)
+           VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN now() END)
            ON CONFLICT (host, "binary") WHERE deleted_at IS NULL
            DO UPDATE SET version = EXCLUDED.version, topic = EXCLUDED.topic,
+                         registered_at = COALESCE(EXCLUDED.registered_at,
+                                                  services.registered_at),
                          updated_at = now()""",
         new_uuid or uuid.uuid4(),
         host,
         binary,
         topic,
         version,
+        registering,
     )
     row = await conn.fetchrow(
         SELECT + ' WHERE s.host = $2 AND s."binary" = $3 AND s.deleted_at IS NULL',

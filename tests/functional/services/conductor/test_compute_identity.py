@@ -211,6 +211,11 @@ async def test_deleted_node_is_refused_and_never_revived(
 ) -> None:
     first = await register(conductor, "cn1")
     async with db_pool.acquire() as conn:
+        # Its agent registered long ago and stopped: the service may be deleted.
+        await conn.execute(
+            "UPDATE services SET registered_at = now() - interval '1 hour' WHERE uuid = $1",
+            first.service_uuid,
+        )
         service = await services.get(conn, first.service_uuid, 60)
         await service_maintenance.delete_service(conn, service, 60)
     before = await dump(db_pool)
