@@ -199,7 +199,12 @@ async def test_admins_change_a_flavors_description_from_2_55(client: httpx.Async
     assert (
         await client.put("/v2.1/flavors/1", headers=at("2.55", MEMBER), json=body)
     ).status_code == 403
-    for bad in ({"flavor": {}}, {"flavor": {"name": "x"}}, {"description": "x"}):
+    bads: list[dict[str, object]] = [
+        {"flavor": {}},
+        {"flavor": {"name": "x"}},
+        {"description": "x"},
+    ]
+    for bad in bads:
         assert (
             await client.put("/v2.1/flavors/1", headers=at("2.55"), json=bad)
         ).status_code == 400
