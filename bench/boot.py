@@ -22,6 +22,11 @@ Targets (≥ 150 servers/s and p99 ≤ 2 s for 2,000 servers on 100 hosts) are p
 PASS/FAIL. Run it with ``make bench`` or::
 
     .venv/bin/python bench/boot.py --servers 2000 --clients 50 --hosts 100
+
+``--driver libvirt`` boots real guests instead, on agents of this machine's libvirtd,
+and times them to their console marker (:mod:`benchkit.libvirt_boot`)::
+
+    .venv/bin/python bench/boot.py --driver libvirt --servers 4 --clients 2 --hosts 2
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from uuid import UUID
 
 import aio_pika
 import httpx
-from benchkit import LoadResult, figures, report, run_load, target
+from benchkit import LoadResult, figures, libvirt_boot, report, run_load, target
 from benchkit.cloud import (
     AMQP_URL,
     CIRROS_ID,
@@ -60,6 +65,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients (50)")
     parser.add_argument("--hosts", type=int, default=100, help="simulated hosts (100)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-server limit (s)")
+    parser.add_argument(
+        "--driver",
+        choices=("fake", "libvirt"),
+        default="fake",
+        help="fake: a keel-fleet of simulated hosts (default); libvirt: real guests on this "
+        "machine's libvirtd, timed to their console marker (use small sizes, e.g. "
+        "--servers 4 --clients 2 --hosts 2)",
+    )
     args = parser.parse_args(argv)
     if min(args.servers, args.clients, args.hosts) < 1:
         parser.error("every count must be at least 1")
@@ -206,6 +219,8 @@ async def measure(cloud: Cloud, args: argparse.Namespace) -> tuple[LoadResult, d
 
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.driver == "libvirt":
+        return await libvirt_boot.run(args)
     shape = CloudShape(hosts=args.hosts)
     async with bench_cloud(shape) as cloud:
         cloud.start_fleet()
