@@ -31,11 +31,14 @@ async def create(
     flavor: FlavorSnapshot,
     image_ref: str,
     availability_zone: str | None,
+    reservation_id: str | None = None,
+    launch_index: int = 0,
 ) -> Instance:
     row = await conn.fetchrow(
         """INSERT INTO instances (uuid, project_id, user_id, display_name, vm_state,
-                                  task_state, flavor, image_ref, availability_zone)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *""",
+                                  task_state, flavor, image_ref, availability_zone,
+                                  reservation_id, launch_index)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *""",
         instance_uuid,
         project_id,
         user_id,
@@ -45,6 +48,8 @@ async def create(
         flavor.model_dump(mode="json"),
         image_ref,
         availability_zone,
+        reservation_id,
+        launch_index,
     )
     assert row is not None
     return Instance.from_row(row)

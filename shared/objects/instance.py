@@ -54,6 +54,9 @@ class Instance(KeelModel):
     #: The addresses its owner says it is reached at (``accessIPv4`` / ``accessIPv6``).
     access_ip_v4: str | None = None
     access_ip_v6: str | None = None
+    #: The request that created it with others (``r-xxxxxxxx``), and its place among them.
+    reservation_id: str | None = None
+    launch_index: int = 0
 
 
 class RequestedDestination(KeelModel):

@@ -270,8 +270,8 @@ class ServerView:
         if self.version.at_least("2.3"):
             fields.update(
                 {
-                    "OS-EXT-SRV-ATTR:reservation_id": "",
-                    "OS-EXT-SRV-ATTR:launch_index": 0,
+                    "OS-EXT-SRV-ATTR:reservation_id": instance.reservation_id or "",
+                    "OS-EXT-SRV-ATTR:launch_index": instance.launch_index,
                     "OS-EXT-SRV-ATTR:hostname": instance.display_name,
                     "OS-EXT-SRV-ATTR:kernel_id": "",
                     "OS-EXT-SRV-ATTR:ramdisk_id": "",
