@@ -73,6 +73,39 @@ def _check(limits: dict[str, int], usage: quotas.ProjectUsage, wanted: dict[str,
         )
 
 
+def _room(limits: dict[str, int], usage: quotas.ProjectUsage, flavor: FlavorSnapshot) -> float:
+    """How many servers of ``flavor`` fit between ``usage`` and ``limits``."""
+    each = {"instances": 1, "cores": flavor.vcpus, "ram": flavor.memory_mb}
+    used = {"instances": usage.instances, "cores": usage.cores, "ram": usage.ram}
+    room = float("inf")
+    for resource, need in each.items():
+        limit = limits[resource]
+        if limit != UNLIMITED and need > 0:
+            room = min(room, max(0, limit - used[resource]) // need)
+    return room
+
+
+async def servers_that_fit(
+    conn: Connection,
+    project_id: str,
+    settings: QuotaSettings,
+    flavor: FlavorSnapshot,
+    *,
+    user_id: str | None,
+    wanted: int,
+) -> int:
+    """How many of ``wanted`` servers of ``flavor`` the project (and the user, where a
+    limit is set for them) still has room for. Call it after :func:`quotas.lock_project`."""
+    limits = await project_limits(conn, project_id, settings)
+    room = _room(limits, await quotas.usage(conn, project_id), flavor)
+    if user_id is not None:
+        own = await quotas.user_limits(conn, project_id, user_id)
+        if own:
+            usage = await quotas.user_usage(conn, project_id, user_id)
+            room = min(room, _room({**limits, **own}, usage, flavor))
+    return int(min(room, wanted))
+
+
 async def check_new_server(
     conn: Connection,
     project_id: str,

@@ -26,13 +26,14 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
+from services.api.http.bounds import INT4_MAX
 from services.api.http.faults import BadRequest, ConflictingRequest, ServiceUnavailable
 from services.api.http.microversion import APIVersion
 from services.api.http.policy import Policy
@@ -72,6 +73,18 @@ _unconfirmed: set[asyncio.Task[None]] = set()
 HOSTNAME_PATTERN = r"^[a-zA-Z0-9-._]*$"
 
 
+def _whole_count(value: object) -> object:
+    """Nova's positive integer: a JSON integer, or a string of digits."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer")
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value
+
+
+Count = Annotated[StrictInt, BeforeValidator(_whole_count), Field(ge=1, le=INT4_MAX)]
+
+
 @dataclass(frozen=True)
 class CreateRequest:
     """What a create request asks for beyond its body, decided before anything is written."""
@@ -88,8 +101,12 @@ class NewServer(ServerFields):
     name: str = Field(min_length=1, max_length=255)
     image_ref: str = Field(alias="imageRef", max_length=2048)
     flavor_ref: str = Field(alias="flavorRef", min_length=1, max_length=2048)
-    min_count: int = Field(default=1, ge=1)
-    max_count: int = Field(default=1, ge=1)
+    #: How many servers (Nova's multiple create): from ``min_count`` (default 1) up to
+    #: ``max_count`` (default ``min_count``), as many as the quota has room for.
+    min_count: Count | None = None
+    max_count: Count | None = None
+    #: Answer ``{"reservation_id": ...}`` instead of the (first) server.
+    return_reservation_id: bool = False
     availability_zone: str | None = Field(default=None, min_length=1, max_length=255)
     key_name: str | None = Field(default=None, max_length=255)
     #: A requested destination (microversion 2.74, admin): see
@@ -120,14 +137,20 @@ class NewServerBody(BaseModel):
     server: NewServer
 
 
-def check_counts(server: NewServer) -> None:
-    if server.min_count > server.max_count:
+def counts(server: NewServer, fields: PreparedFields) -> tuple[int, int]:
+    """``(min_count, max_count)`` as Nova reads them: the maximum defaults to the minimum."""
+    least = server.min_count or 1
+    most = server.max_count if server.max_count is not None else least
+    if least > most:
         raise BadRequest("min_count must be <= max_count")
-    if server.max_count > 1:
-        raise BadRequest(
-            "keel creates one server per request: min_count and max_count must be 1 "
-            f"(got min_count={server.min_count}, max_count={server.max_count})."
-        )
+    if most > 1 and any(wanted.fixed_ip for wanted in fields.addresses):
+        raise BadRequest("Unable to launch multiple instances with a single configured fixed IP.")
+    return least, most
+
+
+def new_reservation_id() -> str:
+    """Nova's shape: ``r-`` and eight random characters."""
+    return "r-" + uuid.uuid4().hex[:8]
 
 
 async def _flavor(conn: Connection, ref: str, ctx: RequestContext) -> Flavor:
@@ -188,7 +211,6 @@ async def _validate(
     policy: Policy,
     version: APIVersion,
 ) -> tuple[Flavor, Image, CreateRequest]:
-    check_counts(server)
     zone = parse_zone(server.availability_zone)
     destination = await requested_destination.resolve(
         conn,
@@ -206,6 +228,21 @@ async def _validate(
     return flavor, image, CreateRequest(zone=zone.zone, destination=destination)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """The servers one request asks for: how many, and what they share."""
+
+    min_count: int
+    max_count: int
+    reservation_id: str
+    #: The UUIDs chosen before the transaction, one per server it may create.
+    uuids: tuple[UUID, ...]
+
+    def name(self, base: str, count: int, index: int) -> str:
+        """Nova's names: the name as given for one server, ``NAME-1``, ``NAME-2``... else."""
+        return base if count == 1 else f"{base}-{index + 1}"
+
+
 async def _record(
     conn: Connection,
     ctx: RequestContext,
@@ -216,37 +253,51 @@ async def _record(
     zone: str | None,
     fields: PreparedFields,
     quota: QuotaSettings,
-    instance_uuid: UUID,
-) -> Instance:
-    """Write the instance, its request spec and its action (inside one transaction)."""
+    batch: Batch,
+) -> list[Instance]:
+    """Write each instance, its request spec and its action (inside one transaction):
+    all of them or, when anything is refused, none."""
     project_id, user_id = ctx.project_id or "", ctx.user_id or ""
     snapshot = flavor.snapshot()
-    # Key pair and quota: checked in the transaction that inserts the server.
+    # Key pair and quota: checked in the transaction that inserts the servers.
     key = await server_keys.find_key(conn, ctx, server.key_name)
-    await server_keys.check_quota(conn, ctx, quota, snapshot, len(server.metadata or {}))
-    instance = await instances.create(
+    count = await server_keys.check_quota(
         conn,
-        instance_uuid=instance_uuid,
-        project_id=project_id,
-        user_id=user_id,
-        display_name=server.name,
-        flavor=snapshot,
-        image_ref=str(image.id),
-        availability_zone=zone,
+        ctx,
+        quota,
+        snapshot,
+        len(server.metadata or {}),
+        min_count=batch.min_count,
+        max_count=batch.max_count,
     )
-    await fields.record(conn, instance.uuid)
-    spec = RequestSpec(
-        instance_uuid=instance.uuid,
-        project_id=project_id,
-        user_id=user_id,
-        flavor=snapshot,
-        image_ref=str(image.id),
-        availability_zone=zone,
-    )
-    await request_specs.create(conn, spec)
-    await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
-    await server_keys.record_key(conn, instance, key)
-    return instance
+    created = []
+    for index, instance_uuid in enumerate(batch.uuids[:count]):
+        instance = await instances.create(
+            conn,
+            instance_uuid=instance_uuid,
+            project_id=project_id,
+            user_id=user_id,
+            display_name=batch.name(server.name, count, index),
+            flavor=snapshot,
+            image_ref=str(image.id),
+            availability_zone=zone,
+            reservation_id=batch.reservation_id,
+            launch_index=index,
+        )
+        await fields.record(conn, instance.uuid)
+        spec = RequestSpec(
+            instance_uuid=instance.uuid,
+            project_id=project_id,
+            user_id=user_id,
+            flavor=snapshot,
+            image_ref=str(image.id),
+            availability_zone=zone,
+        )
+        await request_specs.create(conn, spec)
+        await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
+        await server_keys.record_key(conn, instance, key)
+        created.append(instance)
+    return created
 
 
 async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
@@ -319,18 +370,19 @@ async def create_server(
     quota: QuotaSettings,
     policy: Policy,
     version: APIVersion,
-) -> Instance:
-    """Record the server and ask the conductor to build it; see the module docstring."""
+) -> list[Instance]:
+    """Record the servers and ask the conductor to build each; see the module docstring."""
+    least, most = counts(server, fields)
     async with pool.acquire() as conn:
         flavor, image, request = await _validate(conn, ctx, server, policy=policy, version=version)
     destination = request.destination
     if destination is not None and not await conductor.can_take_destinations():
         raise _conductor_too_old(await conductor.client.cap())
 
-    instance_uuid = uuid.uuid4()
+    batch = Batch(least, most, new_reservation_id(), tuple(uuid.uuid4() for _ in range(most)))
     committing = False
 
-    async def record(conn: Connection) -> Instance:
+    async def record(conn: Connection) -> list[Instance]:
         nonlocal committing
         recorded = await _record(
             conn,
@@ -341,43 +393,63 @@ async def create_server(
             zone=request.zone,
             fields=fields,
             quota=quota,
-            instance_uuid=instance_uuid,
+            batch=batch,
         )
         committing = True
         return recorded
 
     try:
-        instance = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
+        created = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
     except Exception as exc:
         if committing and is_unavailable(exc):
             # Lost during COMMIT: recorded or not, nobody knows yet.
-            _withdraw_in_background(pool, instance_uuid)
+            for instance_uuid in batch.uuids:
+                _withdraw_in_background(pool, instance_uuid)
         raise
+    for instance in created:
+        await _hand_over(pool, conductor, ctx, instance, destination, batch=created)
+    LOG.info(
+        "%d server(s) of reservation %s (%s) accepted: flavor %s, image %s%s",
+        len(created),
+        batch.reservation_id,
+        ", ".join(str(instance.uuid) for instance in created),
+        flavor.flavorid,
+        image.id,
+        f", requested destination {destination.describe()}" if destination else "",
+        extra={"instance_uuid": str(created[0].uuid)},
+    )
+    return created
+
+
+async def _hand_over(
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    ctx: RequestContext,
+    instance: Instance,
+    destination: RequestedDestination | None,
+    *,
+    batch: list[Instance],
+) -> None:
+    """Cast the build of ``instance``; if it cannot be sent, withdraw every server of the
+    request (``batch``: a conductor given one already finds it deleted and drops it), and
+    refuse the request."""
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
     try:
         await conductor.build_instances(ctx, instance.uuid, destination)
     except ServiceTooOld as exc:
-        # The cap fell between the check above and the cast: nothing was sent.
-        await _withdraw(pool, instance, exc.message)
+        # The cap fell between the check and the cast: nothing was sent.
+        for withdrawn in batch:
+            await _withdraw(pool, withdrawn, exc.message)
         raise ConflictingRequest(exc.message) from None
     except MessagingError as exc:
         reason = f"keel-conductor could not be reached: {exc.message}"
         LOG.error("withdrawing new server %s: %s", instance.uuid, reason, extra=extra)
-        await _withdraw(pool, instance, reason)
+        for withdrawn in batch:
+            await _withdraw(pool, withdrawn, reason)
         raise ServiceUnavailable(
             f"The server was not created: {reason}. Check that keel-conductor and RabbitMQ "
             "are running, then retry."
         ) from None
-    LOG.info(
-        "server %s (%s) accepted: flavor %s, image %s%s",
-        instance.uuid,
-        instance.display_name,
-        flavor.flavorid,
-        image.id,
-        f", requested destination {destination.describe()}" if destination else "",
-        extra=extra,
-    )
-    return instance
 
 
 def _conductor_too_old(cap: str) -> ConflictingRequest:

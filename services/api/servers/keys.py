@@ -7,10 +7,10 @@ nothing behind, and the quota counted cannot change before the server is committ
 from __future__ import annotations
 
 from services.api.http.faults import BadRequest
-from services.api.resources.quotas import check_new_server
+from services.api.resources.quotas import check_new_server, servers_that_fit
 from shared.config import QuotaSettings
 from shared.context import RequestContext
-from shared.db import key_pairs
+from shared.db import key_pairs, quotas
 from shared.db.pool import Connection
 from shared.exceptions import KeyPairNotFound
 from shared.objects.flavor import FlavorSnapshot
@@ -34,11 +34,23 @@ async def check_quota(
     quota: QuotaSettings,
     flavor: FlavorSnapshot,
     metadata_items: int,
-) -> None:
-    """403 (:class:`OverQuota`) if the project (or the user) may not have this server too."""
-    await check_new_server(
-        conn, ctx.project_id or "", quota, flavor, metadata_items, user_id=ctx.user_id
+    *,
+    min_count: int = 1,
+    max_count: int = 1,
+) -> int:
+    """How many servers to create, from ``min_count`` to ``max_count``: as many as the
+    project's (and the user's) quota has room for, as Nova does; 403
+    (:class:`OverQuota`) if not even ``min_count`` fit. Nothing is created otherwise."""
+    project_id = ctx.project_id or ""
+    await quotas.lock_project(conn, project_id)
+    fit = await servers_that_fit(
+        conn, project_id, quota, flavor, user_id=ctx.user_id, wanted=max_count
     )
+    count = max(fit, min_count)
+    await check_new_server(
+        conn, project_id, quota, flavor, metadata_items, user_id=ctx.user_id, count=count
+    )
+    return count
 
 
 async def record_key(conn: Connection, instance: Instance, key: KeyPair | None) -> None:

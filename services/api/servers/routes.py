@@ -190,7 +190,7 @@ async def create(
 ) -> dict[str, Any]:
     server = body.server
     fields = prepare(server, last_segment(server.image_ref), version, settings.network)
-    instance = await create_server(
+    created = await create_server(
         pool,
         conductor,
         ctx,
@@ -200,8 +200,10 @@ async def create(
         policy=policy,
         version=version,
     )
-    response.headers["Location"] = links.compute("servers", str(instance.uuid))
-    return {"server": created_body(instance, links, fields.admin_pass)}
+    if server.return_reservation_id:
+        return {"reservation_id": created[0].reservation_id}
+    response.headers["Location"] = links.compute("servers", str(created[0].uuid))
+    return {"server": created_body(created[0], links, fields.admin_pass)}
 
 
 @router.delete("/{server_id}", status_code=204, response_class=Response)

@@ -111,7 +111,7 @@ async def test_create_refuses_what_it_cannot_do(
     cases = {
         "unknown flavor": {"flavorRef": "99"},
         "unknown image": {"imageRef": "00000000-0000-0000-0000-000000000000"},
-        "two servers": {"min_count": 2, "max_count": 2},
+        "fewer than the minimum": {"min_count": 3, "max_count": 2},
         "unknown zone": {"availability_zone": "nowhere"},
     }
     for what, change in cases.items():

@@ -8,8 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from services.api.http.faults import Fault
-from services.api.servers.create import NewServerBody, check_counts, check_fits
+from services.api.servers.create import NewServerBody, check_fits, counts
+from services.api.servers.fields import AddressRequest, PreparedFields
 from services.api.servers.lookup import last_segment
+from shared.config import NetworkSettings
 from tests.unit.services.api.factories import flavor, image
 
 BASE: dict[str, Any] = {"name": "web-1", "imageRef": "11111111-2222-3333-4444-555555555555"}
@@ -45,6 +47,11 @@ def test_flavor_ref_may_be_a_number_or_a_link() -> None:
         {"networks": 5},
         {"networks": [5]},
         {"min_count": 0},
+        {"min_count": 2.5},
+        {"max_count": 0},
+        {"max_count": "two"},
+        {"max_count": True},
+        {"min_count": "-1"},
         {"flavorRef": True},
         {"flavorRef": ""},
     ],
@@ -54,14 +61,25 @@ def test_bad_fields_are_refused(changes: dict[str, Any]) -> None:
         parse(**changes)
 
 
-def test_only_one_server_per_request() -> None:
-    check_counts(parse(min_count=1, max_count=1).server)
+FIELDS = PreparedFields(network=NetworkSettings())
+
+
+def test_counts_as_nova_reads_them() -> None:
+    assert counts(parse().server, FIELDS) == (1, 1)
+    assert counts(parse(min_count=3).server, FIELDS) == (3, 3)
+    assert counts(parse(max_count=3).server, FIELDS) == (1, 3)
+    assert counts(parse(min_count="2", max_count="4").server, FIELDS) == (2, 4)
     with pytest.raises(Fault) as caught:
-        check_counts(parse(min_count=2, max_count=2).server)
+        counts(parse(min_count=3, max_count=2).server, FIELDS)
     assert caught.value.code == 400
-    assert "one server per request" in caught.value.message
-    with pytest.raises(Fault):
-        check_counts(parse(min_count=3, max_count=2).server)
+    assert caught.value.message == "min_count must be <= max_count"
+
+
+def test_several_servers_cannot_share_one_fixed_address() -> None:
+    fixed = PreparedFields(network=NetworkSettings(), addresses=[AddressRequest("10.0.0.9")])
+    assert counts(parse().server, fixed) == (1, 1)
+    with pytest.raises(Fault, match="multiple instances"):
+        counts(parse(max_count=2).server, fixed)
 
 
 def test_image_minimums_must_fit_the_flavor() -> None:
