@@ -9,7 +9,6 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api.servers import create as create_module
 from shared.config import NetworkSettings
 from shared.db import fixed_ips, instances
 from tests.functional.services.api.conftest import (
@@ -164,7 +163,7 @@ async def test_a_transaction_that_fails_once_creates_the_servers_once(
             raise asyncpg.SerializationError("could not serialize access (injected)")
         return await real(conn, **kwargs)
 
-    monkeypatch.setattr(create_module.instances, "create", fails_once_on_the_second)
+    monkeypatch.setattr(instances, "create", fails_once_on_the_second)
     answer = await post(client, min_count=3, max_count=3)
     assert answer.status_code == 202, answer.text
     assert failed == [1]
