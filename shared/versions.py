@@ -32,6 +32,8 @@ History:
   guest's console log, for ``os-getConsoleOutput``).
 * 9 (``inhaul``) — images with data: compute 1.5 (builds and rebuilds carry the image,
   kernel and ramdisk to boot from, with signed download URLs, for the libvirt driver).
+* 10 (``jackstay``) — cold migration copies the disk: compute 1.6 (``prepare_migration``
+  answers where the source disk is; ``rebuild_instance`` carries it to the destination).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.3", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.4", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.5", conductor="1.6", scheduler="1.2"),
+    ReleaseApis(compute="1.6", conductor="1.6", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -87,6 +90,7 @@ RELEASE_NAMES: dict[str, int] = {
     "gantline": 7,
     "halyard": 8,
     "inhaul": 9,
+    "jackstay": 10,
 }
 
 #: The first release whose agents never register without an identity file the

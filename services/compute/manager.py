@@ -26,6 +26,7 @@ from services.compute.rpcapi import (
     FinishRevert,
     GetConsoleOutput,
     InstanceSpec,
+    PreparedMigration,
     PrepareMigration,
     RebootInstance,
     RebootType,
@@ -243,7 +244,7 @@ class ComputeManager:
                 )
             else:
                 try:
-                    await self._driver.rebuild(spec)
+                    await self._driver.rebuild(spec, source_disk=req.source_disk)
                     if req.powered_off:
                         await self._driver.power_off(spec.uuid)
                     self._faults.reached("compute.rebuild.after_spawn")
@@ -273,14 +274,18 @@ class ComputeManager:
             )
             await self._conductor.move_result(ctx, req.migration_uuid, success=True)
 
-    async def prepare_migration(self, ctx: RequestContext, req: PrepareMigration) -> None:
+    async def prepare_migration(
+        self, ctx: RequestContext, req: PrepareMigration
+    ) -> PreparedMigration:
         """Shut the source guest down before its copy is built elsewhere; keep its data.
 
-        Repeated, it finds the guest already shut down. Until the migration is confirmed
-        this copy is what a revert returns to, so nothing here removes it.
+        Repeated, it finds the guest already shut down and answers the same disk. Until
+        the migration is confirmed this copy is what a revert returns to, so nothing here
+        removes it. The answer says where the disk is, for the destination to copy.
         """
         async with self.operations.hold(req.instance_uuid, "prepare migration"):
             await self._driver.power_off(req.instance_uuid)
+            disk = await self._driver.migration_disk(req.instance_uuid)
         LOG.info(
             "guest %s is shut down for migration %s; its data stays here until the "
             "migration is confirmed",
@@ -288,6 +293,7 @@ class ComputeManager:
             req.migration_uuid,
             extra=_extra(req.instance_uuid),
         )
+        return PreparedMigration(disk=disk)
 
     async def remove_moved_guest(self, ctx: RequestContext, req: RemoveMovedGuest) -> None:
         """Remove the copy a confirmed (source) or reverted (destination) migration left."""

@@ -19,6 +19,10 @@ Compute RPC API history:
 * 1.5 — the instance build_and_run_instance and rebuild_instance carry gains ``boot``:
   the image (and its kernel and ramdisk) to boot from, each with a short-lived signed
   download URL and its hashes (left out for an older agent, whose drivers need no data).
+* 1.6 — cold migration copies the guest's disk: prepare_migration answers where the
+  source guest's disk is (``PreparedMigration``), and rebuild_instance carries it as
+  ``source_disk`` so the destination copies it instead of starting from the image (an
+  older agent answers nothing and is sent none).
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ SINCE: dict[str, str] = {
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
 BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data", "boot"}}
 #: What an agent before 1.5 does not know of a build or rebuild: the image downloads.
-BOOT_EXCLUDE: Exclude = {"instance": {"boot"}}
+BOOT_EXCLUDE: Exclude = {"instance": {"boot"}, "source_disk": True}
+#: What a 1.5 agent does not know of a rebuild: the migrated disk to copy.
+SOURCE_DISK_EXCLUDE: Exclude = {"source_disk"}
 
 
 def topic_for(service_uuid: UUID) -> str:
@@ -86,6 +92,24 @@ class BootSource(KeelModel):
     ramdisk: ImageFile | None = None
     #: The kernel command line (the image's ``os_command_line``), if it sets one.
     kernel_args: str | None = None
+
+
+class GuestDisk(KeelModel):
+    """Where a stopped guest's disk can be copied from (1.6)."""
+
+    #: The machine holding it: its hypervisor's own host name (libvirt's), reached over
+    #: SSH when it is not the copying agent's machine.
+    machine: str = Field(max_length=255)
+    #: The disk file's absolute path on that machine.
+    path: str = Field(max_length=4096)
+    #: The image the disk is an overlay of (its backing file), if any.
+    image_id: UUID | None = None
+
+
+class PreparedMigration(KeelModel):
+    """What prepare_migration answers (1.6): the source guest's disk, if it has one to copy."""
+
+    disk: GuestDisk | None = None
 
 
 class InstanceSpec(KeelModel):
@@ -139,6 +163,8 @@ class RebuildInstance(KeelModel):
     migration_uuid: UUID
     #: Leave the rebuilt guest shut down (the instance was stopped when evacuated).
     powered_off: bool = False
+    #: A cold migration's source disk, to copy instead of starting from the image (1.6).
+    source_disk: GuestDisk | None = None
 
 
 class PrepareMigration(KeelModel):
@@ -259,13 +285,22 @@ class ComputeAPI:
         migration_uuid: UUID,
         *,
         powered_off: bool = False,
+        source_disk: GuestDisk | None = None,
     ) -> None:
         req = RebuildInstance(
-            instance=instance, migration_uuid=migration_uuid, powered_off=powered_off
+            instance=instance,
+            migration_uuid=migration_uuid,
+            powered_off=powered_off,
+            source_disk=source_disk,
         )
         client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version("1.6"):
+            await client.cast(ctx, "rebuild_instance", req, version="1.6")
+            return
         if await client.can_send_version("1.5"):
-            await client.cast(ctx, "rebuild_instance", req, version="1.5")
+            await client.cast(
+                ctx, "rebuild_instance", req, version="1.5", exclude=SOURCE_DISK_EXCLUDE
+            )
             return
         await self._cast_since(ctx, service_uuid, "rebuild_instance", req, BOOT_EXCLUDE)
 
@@ -300,9 +335,16 @@ class ComputeAPI:
 
     async def prepare_migration(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID, migration_uuid: UUID
-    ) -> None:
+    ) -> PreparedMigration:
+        """Shut the source guest down; where its disk is (nothing from an agent before 1.6)."""
         req = PrepareMigration(instance_uuid=instance_uuid, migration_uuid=migration_uuid)
+        client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version("1.6"):
+            return await client.call(
+                ctx, "prepare_migration", req, version="1.6", returns=PreparedMigration
+            )
         await self._call_since(ctx, service_uuid, "prepare_migration", req)
+        return PreparedMigration()
 
     async def remove_moved_guest(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID, migration_uuid: UUID

@@ -8,6 +8,7 @@ operator would; servers boot it with a 128 MiB flavor.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -207,4 +208,43 @@ async def test_evacuation_boots_a_new_domain_and_the_old_one_goes_once_done(
     assert domain_state(cloud, source, sid, libvirt_uri) is None
     assert domain_state(cloud, destination, sid, libvirt_uri) == "running"
     assert not (cloud.state_dir(source) / "instances" / sid).exists()
+    cloud.openstack("server", "delete", "--wait", sid, as_json=False)
+
+
+def qemu_io(disk: Path, command: str, *, read_only: bool = False) -> str:
+    argv = ["qemu-io", *(["-r"] if read_only else []), "-c", command, str(disk)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_cold_migration_copies_the_disk_and_the_guest_boots_there(
+    cloud: Cloud, libvirt_uri: str
+) -> None:
+    source, destination = HOSTS
+    sid = create(cloud, "migrant", source)["id"]
+    cloud.openstack("server", "stop", sid, as_json=False)
+    await until_server(cloud, sid, "SHUTOFF")
+    source_disk = cloud.state_dir(source) / "instances" / sid / "disk"
+    qemu_io(source_disk, "write -P 0xab 1M 64k")  # data only this guest's disk has
+
+    cloud.openstack(
+        "--os-compute-api-version", "2.56", "server", "migrate", "--host", destination, sid,
+        as_json=False,
+    )  # fmt: skip
+    await until_server(cloud, sid, "VERIFY_RESIZE")
+    copied = cloud.state_dir(destination) / "instances" / sid / "disk"
+    verified = qemu_io(copied, "read -P 0xab 1M 64k", read_only=True)
+    cloud.openstack("server", "resize", "confirm", sid, as_json=False)
+    await until_server(cloud, sid, "SHUTOFF")
+    await until_record(cloud, sid, "confirmed")
+    cloud.openstack("server", "start", sid, as_json=False)
+    await until_server(cloud, sid, "ACTIVE")
+    text = await console_shows(cloud, sid, 1)
+
+    assert "Pattern verification failed" not in verified
+    assert f"keel-guest-up {sid}" in text
+    assert domain_state(cloud, source, sid, libvirt_uri) is None
+    assert not source_disk.exists()
+    assert domain_state(cloud, destination, sid, libvirt_uri) == "running"
     cloud.openstack("server", "delete", "--wait", sid, as_json=False)

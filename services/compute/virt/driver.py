@@ -16,7 +16,7 @@ from uuid import UUID
 
 from pydantic import Field
 
-from services.compute.rpcapi import InstanceSpec
+from services.compute.rpcapi import GuestDisk, InstanceSpec
 from shared.objects.base import KeelModel
 
 #: The most of a console log a driver returns: its last 100 KiB, as Nova's libvirt
@@ -58,11 +58,16 @@ class Driver(Protocol):
         """
         ...
 
-    async def rebuild(self, spec: InstanceSpec) -> None:
-        """Build the guest anew on this host from its spec (an evacuation's destination).
+    async def rebuild(self, spec: InstanceSpec, *, source_disk: GuestDisk | None = None) -> None:
+        """Build the guest anew on this host from its spec (a move's destination).
 
-        Like :meth:`spawn`: nothing happens if it already exists here.
+        Like :meth:`spawn`: nothing happens if it already exists here. With
+        ``source_disk`` (a cold migration), the guest's disk is a copy of that one.
         """
+        ...
+
+    async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
+        """Where the (stopped) guest's disk can be copied from; ``None`` if nothing to copy."""
         ...
 
     async def destroy(self, instance_uuid: UUID) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from uuid import UUID
 
-from services.compute.rpcapi import InstanceSpec
+from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.console import boot_banner, stamped, up_line
 from services.compute.virt.driver import MAX_CONSOLE_BYTES, HypervisorResources
 from shared.exceptions import GuestNotFound
@@ -61,8 +61,11 @@ class FakeDriver:
         self._consoles[spec.uuid] = boot_banner(spec, self._hostname)
         self._running.add(spec.uuid)
 
-    async def rebuild(self, spec: InstanceSpec) -> None:
+    async def rebuild(self, spec: InstanceSpec, *, source_disk: GuestDisk | None = None) -> None:
         await self.spawn(spec)
+
+    async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
+        return None
 
     async def destroy(self, instance_uuid: UUID) -> None:
         self._guests.pop(instance_uuid, None)

@@ -29,7 +29,7 @@ from pathlib import Path
 from uuid import UUID
 
 from services.compute.durable import fsync_dir, write_synced
-from services.compute.rpcapi import InstanceSpec
+from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.console import append_line, boot_banner, read_tail, up_line
 from services.compute.virt.driver import HypervisorResources
 from shared.exceptions import BuildFailed, GuestNotFound
@@ -83,8 +83,12 @@ class LocalDriver:
     async def spawn(self, spec: InstanceSpec) -> None:
         await asyncio.to_thread(self._spawn, spec)
 
-    async def rebuild(self, spec: InstanceSpec) -> None:
+    async def rebuild(self, spec: InstanceSpec, *, source_disk: GuestDisk | None = None) -> None:
         await self.spawn(spec)
+
+    async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
+        """A local guest's disk holds no data: the destination makes its own."""
+        return None
 
     async def destroy(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._destroy, instance_uuid)

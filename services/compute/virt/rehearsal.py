@@ -13,7 +13,7 @@ import asyncio
 import logging
 from uuid import UUID
 
-from services.compute.rpcapi import InstanceSpec
+from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.driver import Driver, HypervisorResources
 from shared.config import VIRT_OPERATIONS
 from shared.exceptions import BuildFailed
@@ -63,9 +63,12 @@ class RehearsalDriver:
         await self._rehearse("spawn", spec.uuid)
         await self._driver.spawn(spec)
 
-    async def rebuild(self, spec: InstanceSpec) -> None:
+    async def rebuild(self, spec: InstanceSpec, *, source_disk: GuestDisk | None = None) -> None:
         await self._rehearse("rebuild", spec.uuid)
-        await self._driver.rebuild(spec)
+        await self._driver.rebuild(spec, source_disk=source_disk)
+
+    async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
+        return await self._driver.migration_disk(instance_uuid)
 
     async def destroy(self, instance_uuid: UUID) -> None:
         await self._rehearse("destroy", instance_uuid)

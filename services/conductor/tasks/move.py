@@ -32,7 +32,7 @@ from uuid import UUID
 
 import asyncpg
 
-from services.compute.rpcapi import BootSource, ComputeAPI, InstanceSpec
+from services.compute.rpcapi import BootSource, ComputeAPI, GuestDisk, InstanceSpec
 from services.conductor.boot_images import BootImages
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
@@ -159,24 +159,27 @@ class MoveTask(TaskBase):
             destination = await self._recorded_destination(migration)
         if destination is None:
             return
+        source_disk = None
         if self.kind is MIGRATION:
-            await self._stop_source(migration, instance)
-        await self._send_build(instance, destination)
+            source_disk = await self._stop_source(migration, instance)
+        await self._send_build(instance, destination, source_disk)
 
-    async def _stop_source(self, migration: Migration, instance: Instance) -> None:
+    async def _stop_source(self, migration: Migration, instance: Instance) -> GuestDisk | None:
+        """Shut the source guest down; where its disk is, for the destination to copy."""
         assert migration.source_compute_id is not None
         async with self.pool.acquire() as conn:
             source = await compute_nodes.host_state_by_id(
                 conn, migration.source_compute_id, self.service_down_time
             )
         try:
-            await self.compute.prepare_migration(
+            prepared = await self.compute.prepare_migration(
                 self.ctx, source.service.uuid, instance.uuid, migration.uuid
             )
         except Unroutable as exc:
             raise BuildFailed(
                 f"the source host {source.node.host} has no queue on the broker ({exc.message})"
             ) from None
+        return prepared.disk
 
     async def _schedule(self, migration: Migration, instance: Instance) -> Selection:
         async with self.pool.acquire() as conn:
@@ -275,7 +278,9 @@ class MoveTask(TaskBase):
                     f"the destination node {migration.dest_compute_id} no longer exists"
                 ) from None
 
-    async def _send_build(self, instance: Instance, destination: HostState) -> None:
+    async def _send_build(
+        self, instance: Instance, destination: HostState, source_disk: GuestDisk | None = None
+    ) -> None:
         async with self.pool.acquire() as conn:
             addresses = await fixed_ips.for_instance(conn, instance.uuid)
             boot = None
@@ -289,6 +294,7 @@ class MoveTask(TaskBase):
                 spec,
                 self.migration_uuid,
                 powered_off=instance.vm_state == VmState.STOPPED,
+                source_disk=source_disk,
             )
         except Unroutable as exc:
             raise BuildFailed(

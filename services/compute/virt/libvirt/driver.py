@@ -36,7 +36,7 @@ from typing import Any
 from uuid import UUID
 
 from services.compute.image_cache import ImageCache
-from services.compute.rpcapi import BootSource, InstanceSpec
+from services.compute.rpcapi import BootSource, GuestDisk, InstanceSpec
 from services.compute.virt.console import read_tail
 from services.compute.virt.driver import HypervisorResources
 from services.compute.virt.libvirt import disks
@@ -111,6 +111,8 @@ class LibvirtDriver:
         self.shutdown_timeout = shutdown_timeout
         self._sizes = (vcpus, memory_mb, local_gb)
         self._node_uuid: UUID | None = None
+        #: This machine as libvirt names it (where disks are copied from).
+        self.machine = fallback_hostname
 
     # -- identity and host ---------------------------------------------------------
 
@@ -138,8 +140,9 @@ class LibvirtDriver:
 
     async def resources(self) -> HypervisorResources:
         info, hostname = await self._conn.run(lambda conn: (conn.getInfo(), conn.getHostname()))
+        self.machine = str(hostname)
         if self._configured_hostname is None:
-            self._hostname = str(hostname)
+            self._hostname = self.machine
         vcpus, memory_mb, local_gb = self._sizes
         if local_gb is None:
             local_gb = shutil.disk_usage(_nearest_existing(self.state_dir)).total // GIB
@@ -201,17 +204,26 @@ class LibvirtDriver:
     async def spawn(self, spec: InstanceSpec) -> None:
         await self._build(spec, made_by="build")
 
-    async def rebuild(self, spec: InstanceSpec) -> None:
-        await self._build(spec, made_by="move")
+    async def rebuild(self, spec: InstanceSpec, *, source_disk: GuestDisk | None = None) -> None:
+        await self._build(spec, made_by="move", source_disk=source_disk)
 
-    async def _build(self, spec: InstanceSpec, *, made_by: str) -> None:
+    async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
+        """The stopped guest's overlay, for a cold migration's destination to copy."""
+        disk = self.guest_dir(instance_uuid) / disks.DISK
+        if not await asyncio.to_thread(disk.is_file):
+            raise GuestNotFound(f"guest {instance_uuid} has no disk at {disk}")
+        return GuestDisk(machine=self.machine, path=str(disk.resolve()))
+
+    async def _build(
+        self, spec: InstanceSpec, *, made_by: str, source_disk: GuestDisk | None = None
+    ) -> None:
         if spec.boot is None:
             raise BuildFailed(
                 f"the build of {spec.uuid} carries no image to boot from: the image has no "
                 "data, or keel-conductor signs no download URLs (KEEL_IMAGES__URL_SECRET) "
                 "or runs a release before 9"
             )
-        files = await self._guest_files(spec, spec.boot)
+        files = await self._guest_files(spec, spec.boot, source_disk)
         xml = domain_xml(
             spec,
             node_uuid=self.node_uuid,
@@ -247,7 +259,9 @@ class LibvirtDriver:
             extra={"instance_uuid": str(spec.uuid)},
         )
 
-    async def _guest_files(self, spec: InstanceSpec, boot: BootSource) -> GuestFiles:
+    async def _guest_files(
+        self, spec: InstanceSpec, boot: BootSource, source_disk: GuestDisk | None
+    ) -> GuestFiles:
         """The guest's directory, assembled from the image cache if not there yet."""
         final = self.guest_dir(spec.uuid)
         fetched = await asyncio.gather(
@@ -255,7 +269,10 @@ class LibvirtDriver:
             *(self.cache.fetch(part) for part in (boot.kernel, boot.ramdisk) if part),
         )
         if not final.is_dir():
-            await asyncio.to_thread(self._assemble, spec, boot, fetched, final)
+            copy = None
+            if source_disk is not None:
+                copy = disks.DiskCopy(source_disk, local=source_disk.machine == self.machine)
+            await asyncio.to_thread(self._assemble, spec, boot, fetched, final, copy)
         return GuestFiles(
             disk=final / disks.DISK,
             console_log=final / disks.CONSOLE_LOG,
@@ -264,13 +281,27 @@ class LibvirtDriver:
         )
 
     def _assemble(
-        self, spec: InstanceSpec, boot: BootSource, fetched: list[Path], final: Path
+        self,
+        spec: InstanceSpec,
+        boot: BootSource,
+        fetched: list[Path],
+        final: Path,
+        copy: disks.DiskCopy | None,
     ) -> None:
         self.instances_dir.mkdir(parents=True, exist_ok=True)
         scratch = self.instances_dir / f"{_BUILDING}{spec.uuid}-{secrets.token_hex(4)}"
         scratch.mkdir(mode=0o755)
         try:
             disks.assemble(scratch, spec, boot, fetched)
+            if copy is not None:
+                copy.into(scratch / disks.DISK)
+                LOG.info(
+                    "copied the disk of guest %s from %s:%s",
+                    spec.uuid,
+                    copy.source.machine,
+                    copy.source.path,
+                    extra={"instance_uuid": str(spec.uuid)},
+                )
             try:
                 scratch.rename(final)
             except OSError:

@@ -17,6 +17,8 @@ import pytest
 from services.compute.rpcapi import (
     ComputeAPI,
     FinishRevert,
+    GuestDisk,
+    PreparedMigration,
     PrepareMigration,
     RebuildInstance,
     RemoveMovedGuest,
@@ -50,11 +52,14 @@ class StandInMover(StandInCompute):
         self.prepared: list[UUID] = []
         self.removed: list[UUID] = []
         self.reverted: list[FinishRevert] = []
+        #: The source disk each rebuild carried.
+        self.source_disks: list[GuestDisk | None] = []
         #: When set, rebuilds report this failure.
         self.rebuild_fails: str | None = None
 
     async def rebuild_instance(self, ctx: RequestContext, req: RebuildInstance) -> None:
         self.rebuilt.append(req.instance.uuid)
+        self.source_disks.append(req.source_disk)
         await self.conductor.move_result(
             ctx,
             req.migration_uuid,
@@ -62,14 +67,22 @@ class StandInMover(StandInCompute):
             message=self.rebuild_fails or "",
         )
 
-    async def prepare_migration(self, ctx: RequestContext, req: PrepareMigration) -> None:
+    async def prepare_migration(
+        self, ctx: RequestContext, req: PrepareMigration
+    ) -> PreparedMigration:
         self.prepared.append(req.instance_uuid)
+        return PreparedMigration(disk=disk_of(req.instance_uuid))
 
     async def remove_moved_guest(self, ctx: RequestContext, req: RemoveMovedGuest) -> None:
         self.removed.append(req.instance_uuid)
 
     async def finish_revert(self, ctx: RequestContext, req: FinishRevert) -> None:
         self.reverted.append(req)
+
+
+def disk_of(instance_uuid: UUID) -> GuestDisk:
+    """Where a stand-in source says the guest's disk is."""
+    return GuestDisk(machine="mig-a.example", path=f"/var/lib/keel/instances/{instance_uuid}/disk")
 
 
 async def host(
@@ -162,6 +175,7 @@ async def test_migrate_and_confirm_delivered_twice_at_once(
     assert migration.dest_compute_id == node_b
     assert set(agent_a.prepared) == {instance_uuid}
     assert set(agent_b.rebuilt) == {instance_uuid}
+    assert agent_b.source_disks == [disk_of(instance_uuid)] * len(agent_b.rebuilt)
     async with db_pool.acquire() as conn:
         instance = await instances.get(conn, instance_uuid)
     assert (instance.vm_state, instance.task_state, instance.compute_id) == (

@@ -13,7 +13,7 @@ import pytest
 
 from services.compute.manager import ComputeManager
 from services.compute.reconcile import GuestReconciler
-from services.compute.rpcapi import RPC_VERSION, ComputeAPI, InstanceSpec, topic_for
+from services.compute.rpcapi import RPC_VERSION, ComputeAPI, GuestDisk, InstanceSpec, topic_for
 from services.compute.virt.local import LocalDriver
 from services.conductor.rpcapi import RPC_VERSION as RPC_CAP
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, GuestFate
@@ -273,7 +273,7 @@ async def test_prepare_migration_shuts_the_guest_down_and_keeps_it(rig: Rig) -> 
     await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
     ctx, migration = RequestContext(), uuid.uuid4()
 
-    await asyncio.gather(
+    answers = await asyncio.gather(
         *(
             rig.compute.prepare_migration(ctx, rig.service_uuid, spec.uuid, migration)
             for _ in range(2)
@@ -281,6 +281,32 @@ async def test_prepare_migration_shuts_the_guest_down_and_keeps_it(rig: Rig) -> 
     )
 
     assert (rig.guest_dir(spec) / "power").read_text().strip() == "shutdown"
+    assert [answer.disk for answer in answers] == [None, None]
+
+
+class ExportsItsDisk(LocalDriver):
+    """A driver whose guests have a disk to copy (as the libvirt driver's do)."""
+
+    async def migration_disk(self, instance_uuid: uuid.UUID) -> GuestDisk | None:
+        return GuestDisk(machine="here", path=str(self.guest_dir(instance_uuid) / "disk"))
+
+
+async def test_prepare_migration_answers_where_the_disk_is_twice_alike(tmp_path: Path) -> None:
+    async with _rig(ExportsItsDisk(tmp_path, "host1")) as rig:
+        spec = make_spec()
+        await rig.build(spec)
+        await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+        ctx, migration = RequestContext(), uuid.uuid4()
+
+        first, second = await asyncio.gather(
+            *(
+                rig.compute.prepare_migration(ctx, rig.service_uuid, spec.uuid, migration)
+                for _ in range(2)
+            )
+        )
+
+    assert first == second
+    assert first.disk == GuestDisk(machine="here", path=str(rig.guest_dir(spec) / "disk"))
 
 
 async def test_remove_moved_guest_twice_at_once_removes_it_once(rig: Rig) -> None:
