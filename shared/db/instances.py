@@ -353,3 +353,27 @@ async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
         instance_uuid,
     )
     return True
+
+
+async def reset_state(
+    conn: Connection, instance_uuid: UUID, vm_state: VmState
+) -> tuple[Instance, Instance] | None:
+    """An admin's reset: ``vm_state`` set and the task cleared, whatever they were.
+
+    Returns the row before and after (locked for the rest of the transaction); ``None``
+    if the instance is gone.
+    """
+    before = await conn.fetchrow(
+        "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL FOR UPDATE",
+        instance_uuid,
+    )
+    if before is None:
+        return None
+    after = await conn.fetchrow(
+        """UPDATE instances SET vm_state = $2, task_state = NULL, updated_at = now()
+            WHERE uuid = $1 RETURNING *""",
+        instance_uuid,
+        vm_state.value,
+    )
+    assert after is not None
+    return Instance.from_row(before), Instance.from_row(after)

@@ -17,7 +17,7 @@ from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Version
 from services.api.http.faults import BadRequest
 from services.api.http.microversion import APIVersion
-from services.api.servers import console
+from services.api.servers import console, reset_state
 from services.api.servers.evacuate import evacuate
 from services.api.servers.lookup import find_instance
 from services.api.servers.migrate import CONFIRM, REVERT, finish_resize, migrate
@@ -158,6 +158,11 @@ async def _console_output(call: ActionCall) -> Response | None:
     )
 
 
+async def _reset_state(call: ActionCall) -> Response | None:
+    await reset_state.reset_state(call.pool, ctx=call.ctx, instance=call.instance, value=call.value)
+    return None
+
+
 #: Action name in the body → its handler.
 ACTIONS: dict[str, Handler] = {
     "os-stop": _stop,
@@ -168,6 +173,7 @@ ACTIONS: dict[str, Handler] = {
     CONFIRM: _confirm_resize,
     REVERT: _revert_resize,
     console.ACTION: _console_output,
+    reset_state.ACTION: _reset_state,
 }
 
 

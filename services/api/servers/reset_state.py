@@ -1,0 +1,85 @@
+"""``POST /servers/{id}/action {"os-resetState": {"state": ...}}``: an admin resets a
+server stuck in a state keel's own deadlines did not end (``openstack server set --state``).
+
+As Nova's ``os-resetState``, at every microversion: admins only (403 for anyone else);
+``state`` is ``active`` or ``error`` (400 for anything else, nothing changed). In one
+transaction the server's vm_state becomes ACTIVE or ERROR, its task state is cleared,
+and a ``resetState`` instance action is recorded, started and finished; the answer is 202
+with no body. No agent is told: the guest is not touched, and the power state stays
+what the host last reported. A move in flight is left to its own workflow.
+
+Resetting is a plain write of what the admin asked, so two resets at once both succeed
+and the later one's state stays; each is logged with the states it replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+
+from services.api.http.faults import BadRequest, Forbidden, ItemNotFound
+from shared.context import RequestContext
+from shared.db import instance_actions, instances
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
+from shared.objects.instance import Instance
+from shared.objects.states import VmState
+
+LOG = logging.getLogger(__name__)
+
+#: The action's name in the request body.
+ACTION = "os-resetState"
+#: Its name in the server's instance actions, as Nova records it.
+INSTANCE_ACTION = "resetState"
+#: What an admin may set, by the name the API takes.
+STATES: dict[str, VmState] = {"active": VmState.ACTIVE, "error": VmState.ERROR}
+POLICY = "os_compute_api:os-admin-actions:reset_state"
+
+
+def requested_state(value: Any) -> VmState:
+    """The state the body asks for, checked as Nova's schema checks it."""
+    if not isinstance(value, dict) or set(value) != {"state"}:
+        raise BadRequest(
+            "Invalid input for field/attribute os-resetState: it must be an object with "
+            "exactly one property, 'state'."
+        )
+    state = value["state"]
+    if not isinstance(state, str) or state not in STATES:
+        shown = repr(state)[:60]
+        raise BadRequest(
+            f"Invalid input for field/attribute state. Value: {shown}. {shown} is not one "
+            "of ['active', 'error']"
+        )
+    return STATES[state]
+
+
+async def reset_state(
+    pool: asyncpg.Pool, *, ctx: RequestContext, instance: Instance, value: Any
+) -> None:
+    if not ctx.is_admin:
+        raise Forbidden(f"Policy doesn't allow {POLICY} to be performed.")
+    state = requested_state(value)
+
+    async def reset(conn: Connection) -> tuple[Instance, Instance] | None:
+        changed = await instances.reset_state(conn, instance.uuid, state)
+        if changed is None:
+            return None
+        await instance_actions.start(conn, ctx, instance.uuid, INSTANCE_ACTION)
+        await instance_actions.finish(conn, instance.uuid, INSTANCE_ACTION)
+        return changed
+
+    changed = await in_transaction(pool, reset, what=f"resetting the state of {instance.uuid}")
+    if changed is None:
+        raise ItemNotFound(f"Instance {instance.uuid} could not be found.")
+    before, _ = changed
+    LOG.warning(
+        "state of server %s reset to %s by user %s: it was %s with task %s",
+        instance.uuid,
+        state.value,
+        ctx.user_id,
+        before.vm_state,
+        before.task_state or "none",
+        extra={"instance_uuid": str(instance.uuid), "decision": "state_reset"},
+    )
