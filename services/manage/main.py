@@ -21,6 +21,7 @@ from services.manage.commands import (
     dlq,
     image,
     network,
+    placement,
     project,
     service,
     status,
@@ -41,7 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (db, image, network, service, project, user, dlq, status, compute, agent):
+    for module in (
+        db,
+        image,
+        network,
+        service,
+        project,
+        user,
+        dlq,
+        status,
+        compute,
+        agent,
+        placement,
+    ):
         module.register(commands)
     return parser
 

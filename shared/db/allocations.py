@@ -131,6 +131,12 @@ async def _release_where(conn: Connection, where: str, *args: object) -> list[Al
     return released
 
 
+async def release_where(conn: Connection, where: str, *args: object) -> list[Allocation]:
+    """Give back the claims matching an SQL condition on ``allocations`` (with ``args``);
+    for a check made in the same statement as the delete (a compare-and-swap)."""
+    return await _release_where(conn, where, *args)
+
+
 async def release(conn: Connection, consumer_uuid: UUID, node_id: int) -> Allocation | None:
     """Give back what the consumer holds on one node; ``None`` if nothing (idempotent)."""
     released = await _release_where(
