@@ -162,6 +162,7 @@ def _token_cloud(api_url: str, token: str) -> list[str]:
         "    identity_api_version: 3",
         f"    identity_endpoint_override: {q(api_url + '/identity/v3/')}",
         f"    image_endpoint_override: {q(api_url + '/image/')}",
+        f"    network_endpoint_override: {q(api_url + '/network/')}",
         "    region_name: RegionOne",
     ]
 

@@ -18,6 +18,7 @@ from services.api.http import faults, openapi
 from services.api.http.input_guard import InputGuard
 from services.api.http.middleware import ApiMiddleware
 from services.api.http.policy import Policy
+from services.api.network import routes as network_routes
 from services.api.resources import (
     aggregates,
     availability_zones,
@@ -96,4 +97,5 @@ def create_app(
     app.include_router(image_data.router, prefix="/image/v2")
     app.include_router(image_data.download_router)
     app.include_router(identity.router())
+    app.include_router(network_routes.router)
     return app

@@ -20,11 +20,13 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Iterable
+from datetime import datetime
 from uuid import UUID
 
 from shared.config import NetworkSettings
 from shared.db.pool import Connection
 from shared.exceptions import InvalidFixedIp, NoMoreFixedIps
+from shared.objects.base import KeelModel
 from shared.objects.network import FixedIp, Network, PoolUsage, mac_address
 
 LOG = logging.getLogger(__name__)
@@ -263,3 +265,27 @@ async def for_instances(
 
 async def for_instance(conn: Connection, instance_uuid: UUID) -> list[FixedIp]:
     return (await for_instances(conn, [instance_uuid])).get(instance_uuid, [])
+
+
+class HeldAddress(KeelModel):
+    """An address a live server holds, with what the Networking API shows of its port."""
+
+    network_id: UUID
+    address: str
+    instance_uuid: UUID
+    project_id: str
+    host: str | None
+    allocated_at: datetime | None
+
+
+async def held_addresses(conn: Connection, project_id: str | None) -> list[HeldAddress]:
+    """The addresses live servers hold (of one project, or of all), in address order."""
+    rows = await conn.fetch(
+        """SELECT f.network_id, host(f.address) AS address, f.instance_uuid, i.project_id,
+                  i.host, f.allocated_at
+             FROM fixed_ips f JOIN instances i ON i.uuid = f.instance_uuid
+            WHERE i.deleted_at IS NULL AND ($1::text IS NULL OR i.project_id = $1)
+            ORDER BY f.network_id, f.address""",
+        project_id,
+    )
+    return [HeldAddress.from_row(row) for row in rows]

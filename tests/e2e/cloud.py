@@ -287,6 +287,7 @@ def clouds_yaml(api_url: str, admin_token: str, member_token: str) -> str:
             "    identity_api_version: 3\n"
             f"    identity_endpoint_override: '{api_url}/v2.1/'\n"
             f"    image_endpoint_override: '{api_url}/image/'\n"
+            f"    network_endpoint_override: '{api_url}/network/'\n"
             "    region_name: RegionOne\n"
         )
 

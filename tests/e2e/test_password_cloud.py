@@ -229,3 +229,27 @@ async def test_ten_concurrent_creates_against_a_quota_of_three(
     assert rows == 3
     created = [a.json()["server"]["id"] for a in answers if a.status_code == 202]
     await asyncio.to_thread(delete_servers, cloud, ADMIN_CLOUD, *created)
+
+
+def sdk_cloud_layer_round_trip(sdk: openstack.connection.Connection) -> tuple[Any, Any, bool]:
+    """The cloud layer with every default (auto_ip included): create, list, delete."""
+    server = sdk.create_server("sdk-default", image="cirros", flavor="m1.tiny", wait=True,
+                               timeout=90)  # fmt: skip
+    listed = [s for s in sdk.list_servers() if s.id == server.id]
+    deleted = sdk.delete_server(server.id, wait=True, timeout=90)
+    return server, listed, deleted
+
+
+@pytest.mark.filterwarnings("ignore")  # the SDK's own deprecation notices
+async def test_the_sdk_cloud_layer_creates_and_deletes_with_its_defaults(
+    sdk: openstack.connection.Connection,
+) -> None:
+    server, listed, deleted = await asyncio.to_thread(sdk_cloud_layer_round_trip, sdk)
+    assert server.status == "ACTIVE"
+    [address] = server.addresses["private"]
+    # The pool is an external network: the server's own address is its public one, so
+    # the SDK needs no floating IP.
+    assert server.public_v4 == address["addr"]
+    assert [s.name for s in listed] == ["sdk-default"]
+    assert deleted is True
+    assert sdk.get_server(server.id) is None

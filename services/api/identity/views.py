@@ -19,7 +19,12 @@ VERSION_ID = "v3.14"
 VERSION_UPDATED = "2020-04-07T00:00:00Z"
 MEDIA_TYPE = "application/vnd.openstack.identity-v3+json"
 #: Names the catalog gives the services keel-api serves, by service type.
-SERVICE_NAMES = {"compute": "nova", "image": "glance", "identity": "keystone"}
+SERVICE_NAMES = {
+    "compute": "nova",
+    "image": "glance",
+    "identity": "keystone",
+    "network": "neutron",
+}
 INTERFACES = ("public", "internal", "admin")
 _IDS = uuid.UUID("6b65656c-0000-4000-8000-000000000000")
 
@@ -99,11 +104,13 @@ def collection(key: str, items: list[dict[str, Any]], self_url: str) -> dict[str
 
 
 def catalog(links: Links, region: str) -> list[dict[str, Any]]:
-    """The compute, image and identity services, each at the address the client used."""
+    """The compute, image, identity and network services, each at the address the client
+    used."""
     urls = {
         "compute": links.compute() + "/",
         "image": links.bookmark("image") + "/",
         "identity": links.bookmark("identity"),
+        "network": links.bookmark("network") + "/",
     }
     services = []
     for service_type, url in urls.items():

@@ -50,7 +50,7 @@ async def test_password_token_names_user_project_roles_and_catalog(
         assert sorted(r["name"] for r in token["roles"]) == ["member", "reader"]
         assert token["expires_at"].endswith("Z")
         catalog = {entry["type"]: entry["endpoints"] for entry in token["catalog"]}
-        assert set(catalog) == {"compute", "image", "identity"}
+        assert set(catalog) == {"compute", "image", "identity", "network"}
         compute = {e["interface"]: e["url"] for e in catalog["compute"]}
         assert compute == dict.fromkeys(("public", "internal", "admin"), "http://keel.test/v2.1/")
         assert {e["url"] for e in catalog["image"]} == {"http://keel.test/image/"}

@@ -1,0 +1,106 @@
+"""The read-only Networking API: keel's pool as a shared external network, addresses as ports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from shared.config import NetworkSettings
+from tests.functional.services.api.conftest import (
+    ADMIN,
+    MEMBER,
+    OTHER_MEMBER,
+    Recorder,
+    add_image,
+)
+from tests.functional.services.api.test_servers import create
+
+pytestmark = pytest.mark.functional
+
+NETWORK = NetworkSettings(cidr="10.0.0.0/24")
+BASE = "/network/v2.0"
+
+
+async def get(
+    client: httpx.AsyncClient,
+    path: str,
+    headers: dict[str, str] = MEMBER,
+    params: dict[str, str] | None = None,
+    **more: str,
+) -> Any:
+    response = await client.get(
+        f"{BASE}/{path}", headers=headers, params={**(params or {}), **more}
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_the_pool_is_one_shared_external_network_with_its_subnet(
+    client: httpx.AsyncClient,
+) -> None:
+    versions = await client.get("/network/")
+    assert versions.json()["versions"][0]["links"][0]["href"] == "http://keel.test/network/v2.0/"
+    [network] = (await get(client, "networks"))["networks"]
+    assert network["id"] == str(NETWORK.network_id)
+    assert (network["name"], network["router:external"], network["shared"]) == (
+        "private",
+        True,
+        True,
+    )
+    assert "provider:network_type" not in network
+    [subnet] = (await get(client, "subnets"))["subnets"]
+    assert network["subnets"] == [subnet["id"]]
+    assert (subnet["cidr"], subnet["gateway_ip"]) == ("10.0.0.0/24", "10.0.0.1")
+    assert subnet["allocation_pools"] == [{"start": "10.0.0.2", "end": "10.0.0.254"}]
+    shown = await get(client, f"networks/{network['id']}", ADMIN)
+    assert shown["network"]["provider:network_type"] == "flat"
+    assert (await get(client, f"subnets/{subnet['id']}"))["subnet"] == subnet
+
+    external = await get(client, "networks", params={"router:external": "True"})
+    assert len(external["networks"]) == 1
+    assert (await get(client, "networks", name="public"))["networks"] == []
+    only_ids = await get(client, "networks", fields="id")
+    assert only_ids == {"networks": [{"id": network["id"]}]}
+    assert (await get(client, "floatingips")) == {"floatingips": []}
+    aliases = [e["alias"] for e in (await get(client, "extensions"))["extensions"]]
+    assert "external-net" in aliases
+
+
+async def test_each_servers_address_is_a_port_its_project_sees(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    server_id = await create(client)
+    shown = (await client.get(f"/v2.1/servers/{server_id}", headers=MEMBER)).json()["server"]
+    [address] = shown["addresses"]["private"]
+
+    [port] = (await get(client, "ports", device_id=server_id))["ports"]
+    assert port["fixed_ips"][0]["ip_address"] == address["addr"]
+    assert port["mac_address"] == address["OS-EXT-IPS-MAC:mac_addr"]
+    assert (port["network_id"], port["device_owner"], port["status"]) == (
+        str(NETWORK.network_id),
+        "compute:nova",
+        "ACTIVE",
+    )
+    assert port["project_id"] == "team"
+    by_ip = await get(client, "ports", fixed_ips=f"ip_address={address['addr']}")
+    assert [p["id"] for p in by_ip["ports"]] == [port["id"]]
+    assert (await get(client, f"ports/{port['id']}"))["port"] == port
+    assert (await get(client, "ports", OTHER_MEMBER))["ports"] == []
+    assert len((await get(client, "ports", ADMIN))["ports"]) == 1
+
+    missing = await client.get(f"{BASE}/ports/{NETWORK.network_id}", headers=MEMBER)
+    assert missing.status_code == 404
+    assert missing.json()["NeutronError"]["type"] == "PortNotFound"
+
+
+async def test_bad_requests_are_refused(client: httpx.AsyncClient) -> None:
+    unknown = await client.get(f"{BASE}/networks", headers=MEMBER, params={"colour": "red"})
+    assert unknown.status_code == 400
+    assert "colour" in unknown.json()["NeutronError"]["message"]
+    assert (await client.get(f"{BASE}/networks")).status_code == 401
+    refused = await client.post(f"{BASE}/networks", headers=ADMIN, json={"network": {}})
+    assert refused.status_code == 405
