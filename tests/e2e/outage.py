@@ -1,15 +1,19 @@
-"""What the outage tests share: a proxy in front of a shared server, and the checks that
-a cloud came through an outage whole."""
+"""What the outage tests share: a proxy in front of a shared server, clients booting
+servers across an outage, and the checks that a cloud came through an outage whole."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
 from shared.db import allocations
-from tests.e2e.cloud import ADMIN, Cloud
+from tests.e2e.cloud import ADMIN, CIRROS_ID, Cloud
 from tests.faults.proxy import TcpProxy
 from tests.polling import wait_until
 
@@ -31,9 +35,16 @@ def pids_of(cloud: Cloud) -> dict[str, int]:
 
 
 def assert_nothing_restarted(cloud: Cloud, pids: dict[str, int]) -> None:
-    for name, process in cloud.processes.items():
+    """Each process of ``pids`` still runs, as the same process."""
+    for name, pid in pids.items():
+        process = cloud.processes[name]
         assert process.popen.poll() is None, f"{name} exited:\n{process.tail()}"
-        assert process.popen.pid == pids[name]
+        assert process.popen.pid == pid
+
+
+def assert_no_tracebacks(cloud: Cloud, tail: int = 3000) -> None:
+    tracebacks = [name for name, text in cloud.logs().items() if "Traceback" in text]
+    assert tracebacks == [], "\n".join(cloud.logs()[name][-tail:] for name in tracebacks)
 
 
 async def assert_settled_whole(cloud: Cloud, accepted: list[str], timeout: float) -> None:
@@ -96,3 +107,61 @@ async def cut_when(proxy: TcpProxy, ready: Callable[[], bool], seconds: float) -
     await proxy.cut()
     await asyncio.sleep(seconds)
     await proxy.restore()
+
+
+@dataclass(frozen=True)
+class Boot:
+    """One create's answer: its status code (0: none came), the server id when it was
+    accepted, and the body."""
+
+    code: int
+    server_id: str | None
+    body: dict[str, Any]
+
+
+async def boot(http: httpx.AsyncClient, name: str) -> Boot:
+    """One create of an m1.tiny cirros server."""
+    body = {"server": {"name": name, "imageRef": str(CIRROS_ID), "flavorRef": "1"}}
+    try:
+        response = await http.post("servers", json=body)
+    except httpx.HTTPError:
+        return Boot(0, None, {})
+    answer: dict[str, Any] = response.json()
+    if response.status_code == 202:
+        return Boot(202, str(answer["server"]["id"]), answer)
+    return Boot(response.status_code, None, answer)
+
+
+async def boots_across_an_outage(
+    cloud: Cloud,
+    proxy: TcpProxy,
+    *,
+    prefix: str,
+    boots: int,
+    clients: int,
+    outage: float,
+    retry_after: float | None = None,
+) -> list[Boot]:
+    """``clients`` clients create ``boots`` servers between them as the admin; once a
+    quarter of the creates are answered, ``proxy`` is cut for ``outage`` seconds.
+
+    With ``retry_after``, a create answered 503 is tried again after that pause (every
+    answer is kept); without it, each server is asked for once.
+    """
+    pending = iter(range(boots))
+    results: list[Boot] = []
+
+    async def client() -> None:
+        async with cloud.http(cloud.admin_token) as http:
+            for index in pending:
+                while True:
+                    results.append(await boot(http, f"{prefix}-{index}"))
+                    if retry_after is None or results[-1].code != 503:
+                        break
+                    await asyncio.sleep(retry_after)
+
+    def quarter_done() -> bool:
+        return len(results) >= boots // 4
+
+    await asyncio.gather(cut_when(proxy, quarter_done, outage), *(client() for _ in range(clients)))
+    return results

@@ -27,7 +27,7 @@ from shared.rpc.amqp import AmqpTransport
 from shared.rpc.amqp_topology import Topology
 from shared.rpc.envelope import CONTENT_TYPE, Envelope
 from tests.e2e.cloud import Cloud, CloudConfig
-from tests.e2e.test_cold_migration import claimed_on, until_record, until_server
+from tests.e2e.moves import claimed_on, until_record, until_server
 from tests.e2e.test_requested_destination import create
 from tests.polling import wait_until
 

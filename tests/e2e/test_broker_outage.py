@@ -10,18 +10,16 @@ restarted, every build holds one claim, and every node's usage is the sum of its
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
 from tests.broker import AMQP_URL
-from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.cloud import Cloud, CloudConfig
 from tests.e2e.outage import (
     assert_nothing_restarted,
     assert_settled_whole,
-    cut_when,
+    boots_across_an_outage,
     pids_of,
     proxy_to,
     unlimited_quota,
@@ -55,39 +53,16 @@ def cloud_config(proxy: TcpProxy) -> CloudConfig:
     )
 
 
-async def boot(http: httpx.AsyncClient, index: int) -> tuple[int, str | None]:
-    """One create: its status code, and the server id when it was accepted."""
-    body = {"server": {"name": f"bo-{index}", "imageRef": str(CIRROS_ID), "flavorRef": "1"}}
-    try:
-        response = await http.post("servers", json=body)
-    except httpx.HTTPError:
-        return 0, None
-    if response.status_code == 202:
-        return 202, str(response.json()["server"]["id"])
-    return response.status_code, None
-
-
 async def test_every_accepted_boot_settles_after_a_broker_outage(
     cloud: Cloud, proxy: TcpProxy
 ) -> None:
     pids = pids_of(cloud)
     await unlimited_quota(cloud)
-    pending = iter(range(BOOTS))
-    results: list[tuple[int, str | None]] = []
-
-    async def client() -> None:
-        async with cloud.http(cloud.admin_token) as http:
-            for index in pending:
-                results.append(await boot(http, index))
-
-    def quarter_done() -> bool:
-        return len(results) >= BOOTS // 4
-
-    await asyncio.gather(
-        cut_when(proxy, quarter_done, OUTAGE_S), *(client() for _ in range(CLIENTS))
+    results = await boots_across_an_outage(
+        cloud, proxy, prefix="bo", boots=BOOTS, clients=CLIENTS, outage=OUTAGE_S
     )
-    accepted = [server_id for code, server_id in results if server_id is not None]
-    refused = [code for code, server_id in results if server_id is None]
+    accepted = [b.server_id for b in results if b.server_id is not None]
+    refused = [b.code for b in results if b.server_id is None]
     assert len(results) == BOOTS
     assert set(refused) <= {503}, refused
     assert len(accepted) >= BOOTS // 2

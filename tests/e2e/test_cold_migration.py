@@ -7,29 +7,31 @@ node) and, once confirmed or reverted, exactly one copy of the guest exists.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from shared.db import allocations
 from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.moves import (
+    SETTLE,
+    claimed_on,
+    guest,
+    latest_record,
+    migrate,
+    on,
+    shown,
+    until_record,
+    until_server,
+)
 from tests.e2e.test_crash_recovery import killed, replace, up
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 HOSTS = ("cm-a", "cm-b", "cm-c")
-SETTLE = 60.0
 
 
 @pytest.fixture(scope="module")
 def cloud_config() -> CloudConfig:
     return CloudConfig(computes=HOSTS, env=(("KEEL_COMPUTE__RECONCILE_INTERVAL", "1"),))
-
-
-def guest(cloud: Cloud, host: str, server_id: str) -> Path:
-    return cloud.state_dir(host) / "instances" / server_id
 
 
 def power(cloud: Cloud, host: str, server_id: str) -> str:
@@ -41,70 +43,6 @@ def copies(cloud: Cloud, server_id: str) -> list[str]:
     return [host for host in HOSTS if guest(cloud, host, server_id).is_dir()]
 
 
-def service_set(cloud: Cloud, host: str, *flags: str) -> None:
-    cloud.openstack("compute", "service", "set", *flags, host, "keel-compute", as_json=False)
-
-
-async def on(cloud: Cloud, host: str, name: str) -> dict[str, Any]:
-    """A new server placed on ``host`` (the other hosts disabled meanwhile)."""
-    others = [h for h in HOSTS if h != host]
-    for other in others:
-        service_set(cloud, other, "--disable")
-    try:
-        server = await cloud.create_server(name)
-    finally:
-        for other in others:
-            service_set(cloud, other, "--enable")
-    assert server["OS-EXT-SRV-ATTR:host"] == host
-    return server
-
-
-async def shown(cloud: Cloud, server_id: str) -> dict[str, Any]:
-    server: dict[str, Any] = (await cloud.get(f"servers/{server_id}"))["server"]
-    return server
-
-
-async def until_server(cloud: Cloud, server_id: str, status: str) -> dict[str, Any]:
-    async def check() -> bool:
-        return bool((await shown(cloud, server_id))["status"] == status)
-
-    await wait_until(check, what=f"server {server_id} reaching {status}", timeout=SETTLE)
-    return await shown(cloud, server_id)
-
-
-async def record(cloud: Cloud, server_id: str) -> dict[str, Any]:
-    found = await cloud.get(f"os-migrations?instance_uuid={server_id}", version="2.59")
-    latest: dict[str, Any] = found["migrations"][0]
-    return latest
-
-
-async def until_record(cloud: Cloud, server_id: str, status: str) -> dict[str, Any]:
-    async def check() -> bool:
-        return bool((await record(cloud, server_id))["status"] == status)
-
-    await wait_until(check, what=f"migration of {server_id} reaching {status}", timeout=SETTLE)
-    return await record(cloud, server_id)
-
-
-async def claimed_on(cloud: Cloud, server_id: str) -> list[str]:
-    """The hosts holding a claim for the server; every node's usage must add up."""
-    async with cloud.pool.acquire() as conn:
-        hosts = await conn.fetch(
-            """SELECT n.host FROM allocations a JOIN compute_nodes n ON n.id = a.compute_node_id
-                WHERE a.instance_uuid = $1::uuid ORDER BY n.host""",
-            server_id,
-        )
-        assert await allocations.usage_drift(conn) == []
-    return [row["host"] for row in hosts]
-
-
-def migrate(cloud: Cloud, server_id: str, *host: str) -> None:
-    args = ["--host", host[0]] if host else []
-    cloud.openstack(
-        "--os-compute-api-version", "2.56", "server", "migrate", *args, server_id, as_json=False
-    )
-
-
 async def test_migrate_then_confirm_leaves_one_copy_on_the_destination(cloud: Cloud) -> None:
     server = await on(cloud, "cm-a", "cm-confirm")
     sid = server["id"]
@@ -113,7 +51,7 @@ async def test_migrate_then_confirm_leaves_one_copy_on_the_destination(cloud: Cl
     verify = await until_server(cloud, sid, "VERIFY_RESIZE")
     dest = verify["OS-EXT-SRV-ATTR:host"]
     assert dest in ("cm-b", "cm-c")
-    finished = await record(cloud, sid)
+    finished = await latest_record(cloud, sid)
     assert (finished["migration_type"], finished["status"]) == ("migration", "finished")
     assert (finished["source_compute"], finished["dest_compute"]) == ("cm-a", dest)
     # Until confirmed: the source keeps its (shut down) copy and its claim.
@@ -229,7 +167,7 @@ async def test_deleting_a_server_awaiting_confirmation_removes_both_copies(cloud
 
     await wait_until(gone, what=f"both copies of {sid} removed", timeout=SETTLE)
     assert await claimed_on(cloud, sid) == []
-    assert (await record(cloud, sid))["status"] == "confirmed"
+    assert (await latest_record(cloud, sid))["status"] == "confirmed"
 
 
 async def test_conductor_killed_after_choosing_the_destination_another_finishes_it(
@@ -248,12 +186,12 @@ async def test_conductor_killed_after_choosing_the_destination_another_finishes_
 
     migrate(cloud, sid, "cm-b")
     await killed(doomed)
-    assert (await record(cloud, sid))["status"] == "pre-migrating"
+    assert (await latest_record(cloud, sid))["status"] == "pre-migrating"
     cloud.start("conductor", "keel-conductor", "controller")
 
     verify = await until_server(cloud, sid, "VERIFY_RESIZE")
     assert verify["OS-EXT-SRV-ATTR:host"] == "cm-b"
-    assert (await record(cloud, sid))["status"] == "finished"
+    assert (await latest_record(cloud, sid))["status"] == "finished"
     assert copies(cloud, sid) == ["cm-a", "cm-b"]
     assert await claimed_on(cloud, sid) == ["cm-a", "cm-b"]
     cloud.openstack("server", "resize", "confirm", sid, as_json=False)
@@ -309,7 +247,7 @@ async def test_conductor_killed_after_the_source_copy_went_confirms_on_redeliver
     cloud.openstack("server", "resize", "confirm", sid, as_json=False)
     await killed(doomed)
     assert copies(cloud, sid) == ["cm-b"]
-    assert (await record(cloud, sid))["status"] == "confirming"
+    assert (await latest_record(cloud, sid))["status"] == "confirming"
     cloud.start("conductor", "keel-conductor", "controller")
 
     await until_record(cloud, sid, "confirmed")

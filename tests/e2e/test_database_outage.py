@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.cloud import CIRROS_ID, PG_SERVER, Cloud, CloudConfig
-from tests.e2e.outage import proxy_to
+from tests.e2e.outage import assert_no_tracebacks, assert_nothing_restarted, proxy_to
 from tests.faults.proxy import TcpProxy
 from tests.polling import wait_until
 
@@ -94,9 +94,5 @@ async def test_database_outage_and_recovery_without_restarts(cloud: Cloud, proxy
 
         await wait_until(settled, what="the new server being scheduled", timeout=SOON)
 
-    for name, pid in pids.items():
-        process = cloud.processes[name]
-        assert process.popen.poll() is None, f"{name} exited:\n{process.tail()}"
-        assert process.popen.pid == pid
-    tracebacks = [name for name, text in cloud.logs().items() if "Traceback" in text]
-    assert tracebacks == [], "\n".join(cloud.logs()[name] for name in tracebacks)
+    assert_nothing_restarted(cloud, pids)
+    assert_no_tracebacks(cloud)

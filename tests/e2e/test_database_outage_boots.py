@@ -12,17 +12,16 @@ traceback, every build holds one claim and usage adds up on every node.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
-from tests.e2e.cloud import CIRROS_ID, PG_SERVER, Cloud, CloudConfig
+from tests.e2e.cloud import PG_SERVER, Cloud, CloudConfig
 from tests.e2e.outage import (
+    assert_no_tracebacks,
     assert_nothing_restarted,
     assert_settled_whole,
-    cut_when,
+    boots_across_an_outage,
     pids_of,
     proxy_to,
     unlimited_quota,
@@ -58,43 +57,24 @@ def cloud_config(proxy: TcpProxy) -> CloudConfig:
     )
 
 
-async def boot(http: httpx.AsyncClient, index: int) -> tuple[int, str | None, dict[str, object]]:
-    body = {"server": {"name": f"do-{index}", "imageRef": str(CIRROS_ID), "flavorRef": "1"}}
-    response = await http.post("servers", json=body)
-    answer = response.json()
-    if response.status_code == 202:
-        return 202, str(answer["server"]["id"]), answer
-    return response.status_code, None, answer
-
-
 async def test_boots_across_a_database_outage_all_settle(cloud: Cloud, proxy: TcpProxy) -> None:
     pids = pids_of(cloud)
     await unlimited_quota(cloud)
-    pending = iter(range(BOOTS))
-    results: list[tuple[int, str | None, dict[str, object]]] = []
-
-    async def client() -> None:
-        async with cloud.http(cloud.admin_token) as http:
-            for index in pending:
-                while True:
-                    results.append(await boot(http, index))
-                    if results[-1][0] != 503:
-                        break
-                    await asyncio.sleep(RETRY_S)
-
-    def quarter_done() -> bool:
-        return len(results) >= BOOTS // 4
-
-    await asyncio.gather(
-        cut_when(proxy, quarter_done, OUTAGE_S), *(client() for _ in range(CLIENTS))
+    results = await boots_across_an_outage(
+        cloud,
+        proxy,
+        prefix="do",
+        boots=BOOTS,
+        clients=CLIENTS,
+        outage=OUTAGE_S,
+        retry_after=RETRY_S,
     )
-    accepted = [server_id for _, server_id, _ in results if server_id is not None]
-    refused = [(code, body) for code, server_id, body in results if server_id is None]
+    accepted = [b.server_id for b in results if b.server_id is not None]
+    refused = [(b.code, b.body) for b in results if b.server_id is None]
     assert len(accepted) == BOOTS
     assert refused, "the outage refused no create: it came too late"
     assert {code for code, _ in refused} == {503}, refused
     assert all("serviceUnavailable" in body for _, body in refused)
     await assert_settled_whole(cloud, accepted, SETTLE)
     assert_nothing_restarted(cloud, pids)
-    tracebacks = [name for name, text in cloud.logs().items() if "Traceback" in text]
-    assert tracebacks == [], "\n".join(cloud.logs()[name][-3000:] for name in tracebacks)
+    assert_no_tracebacks(cloud)

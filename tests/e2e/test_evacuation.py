@@ -9,20 +9,29 @@ the migration records allow, and nothing else.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from shared.db import allocations
 from tests.e2e.cloud import Cloud, CloudConfig, Process
+from tests.e2e.moves import (
+    SETTLE,
+    claimed_on,
+    evacuate,
+    guest,
+    migrations_of,
+    on,
+    service_set,
+    shown,
+    until_record,
+    until_server,
+)
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 HOSTS = ("ev-a", "ev-b", "ev-c")
-SETTLE = 60.0
 #: Agents report their guests often here, so a returning host acts within seconds.
 FAST = {"KEEL_COMPUTE__RECONCILE_INTERVAL": "1"}
 
@@ -30,28 +39,6 @@ FAST = {"KEEL_COMPUTE__RECONCILE_INTERVAL": "1"}
 @pytest.fixture(scope="module")
 def cloud_config() -> CloudConfig:
     return CloudConfig(computes=HOSTS, env=(("KEEL_COMPUTE__RECONCILE_INTERVAL", "1"),))
-
-
-def guest(cloud: Cloud, host: str, server_id: str) -> Path:
-    return cloud.state_dir(host) / "instances" / server_id
-
-
-def service_set(cloud: Cloud, host: str, *flags: str) -> None:
-    cloud.openstack("compute", "service", "set", *flags, host, "keel-compute", as_json=False)
-
-
-async def on(cloud: Cloud, host: str, name: str) -> dict[str, Any]:
-    """A new server placed on ``host`` (the other hosts disabled meanwhile)."""
-    others = [h for h in HOSTS if h != host]
-    for other in others:
-        service_set(cloud, other, "--disable")
-    try:
-        server = await cloud.create_server(name)
-    finally:
-        for other in others:
-            service_set(cloud, other, "--enable")
-    assert server["OS-EXT-SRV-ATTR:host"] == host
-    return server
 
 
 def lose(cloud: Cloud, host: str) -> None:
@@ -62,34 +49,6 @@ def lose(cloud: Cloud, host: str) -> None:
 
 def come_back(cloud: Cloud, host: str, **settings: str) -> Process:
     return cloud.start(host, "keel-compute", host, **{**FAST, **settings})
-
-
-async def migrations_of(cloud: Cloud, server_id: str) -> list[dict[str, Any]]:
-    found = await cloud.get(f"os-migrations?instance_uuid={server_id}", version="2.59")
-    migrations: list[dict[str, Any]] = found["migrations"]
-    return migrations
-
-
-async def status_of(cloud: Cloud, server_id: str) -> dict[str, Any]:
-    server: dict[str, Any] = (await cloud.get(f"servers/{server_id}"))["server"]
-    return server
-
-
-async def until_server(cloud: Cloud, server_id: str, status: str) -> dict[str, Any]:
-    async def check() -> bool:
-        return bool((await status_of(cloud, server_id))["status"] == status)
-
-    await wait_until(check, what=f"server {server_id} reaching {status}", timeout=SETTLE)
-    return await status_of(cloud, server_id)
-
-
-async def until_record(cloud: Cloud, server_id: str, status: str) -> dict[str, Any]:
-    async def check() -> bool:
-        records = await migrations_of(cloud, server_id)
-        return bool(records and records[0]["status"] == status)
-
-    await wait_until(check, what=f"evacuation of {server_id} reaching {status}", timeout=SETTLE)
-    return (await migrations_of(cloud, server_id))[0]
 
 
 async def until_logged(process: Process, text: str) -> None:
@@ -115,18 +74,6 @@ async def heartbeating(cloud: Cloud, host: str) -> None:
     await wait_until(check, what=f"agent {host} heartbeating", timeout=SETTLE)
 
 
-async def claimed_on(cloud: Cloud, server_id: str) -> list[str]:
-    """The hosts holding a claim for the server; every node's usage must add up."""
-    async with cloud.pool.acquire() as conn:
-        hosts = await conn.fetch(
-            """SELECT n.host FROM allocations a JOIN compute_nodes n ON n.id = a.compute_node_id
-                WHERE a.instance_uuid = $1::uuid ORDER BY n.host""",
-            server_id,
-        )
-        assert await allocations.usage_drift(conn) == []
-    return [row["host"] for row in hosts]
-
-
 async def usage(cloud: Cloud, host: str) -> int:
     async with cloud.pool.acquire() as conn:
         used: int = await conn.fetchval(
@@ -146,13 +93,6 @@ async def force_up(cloud: Cloud, host: str) -> httpx.Response:
         return await http.put(
             f"os-services/{service_id}", json={"forced_down": False}, headers=headers
         )
-
-
-def evacuate(cloud: Cloud, server_id: str, *host: str) -> None:
-    args = ["--host", host[0]] if host else []
-    cloud.openstack(
-        "--os-compute-api-version", "2.29", "server", "evacuate", *args, server_id, as_json=False
-    )
 
 
 @pytest.fixture
@@ -243,12 +183,8 @@ async def test_destination_failure_keeps_the_source_copy(cloud: Cloud, restored:
     come_back(cloud, "ev-b", KEEL_VIRT__FAIL_OPERATIONS="rebuild")
     await cloud.wait_for_service("ev-b", up=True)
     lose(cloud, "ev-a")
-    service_set(cloud, "ev-c", "--disable")
-    try:
-        evacuate(cloud, sid)
-        await until_server(cloud, sid, "ERROR")
-    finally:
-        service_set(cloud, "ev-c", "--enable")
+    evacuate(cloud, sid, "ev-b")
+    await until_server(cloud, sid, "ERROR")
     record = await until_record(cloud, sid, "failed")
     assert record["dest_compute"] == "ev-b"
     async with cloud.pool.acquire() as conn:
@@ -261,7 +197,7 @@ async def test_destination_failure_keeps_the_source_copy(cloud: Cloud, restored:
 
     come_back(cloud, "ev-a")
     await heartbeating(cloud, "ev-a")
-    assert (await status_of(cloud, sid))["OS-EXT-SRV-ATTR:host"] == "ev-a"
+    assert (await shown(cloud, sid))["OS-EXT-SRV-ATTR:host"] == "ev-a"
     assert guest(cloud, "ev-a", sid).is_dir()
     service_set(cloud, "ev-a", "--up")
     assert cloud.processes["ev-b"].stop() == 0
@@ -277,16 +213,12 @@ async def test_source_returning_mid_rebuild_waits_then_cleans_up(
     come_back(cloud, "ev-b", KEEL_VIRT__DELAY_S="8")
     await cloud.wait_for_service("ev-b", up=True)
     lose(cloud, "ev-a")
-    service_set(cloud, "ev-c", "--disable")
-    try:
-        evacuate(cloud, sid)
-        await until_record(cloud, sid, "pre-migrating")
-        agent = come_back(cloud, "ev-a")
-        await until_logged(agent, f"keeping guest {sid} and not starting it")
-        assert guest(cloud, "ev-a", sid).is_dir()
-        await until_record(cloud, sid, "completed")
-    finally:
-        service_set(cloud, "ev-c", "--enable")
+    evacuate(cloud, sid, "ev-b")
+    await until_record(cloud, sid, "pre-migrating")
+    agent = come_back(cloud, "ev-a")
+    await until_logged(agent, f"keeping guest {sid} and not starting it")
+    assert guest(cloud, "ev-a", sid).is_dir()
+    await until_record(cloud, sid, "completed")
     assert not guest(cloud, "ev-a", sid).exists()
     assert guest(cloud, "ev-b", sid).is_dir()
     service_set(cloud, "ev-a", "--up")
@@ -300,18 +232,14 @@ async def test_two_evacuations_in_a_row_each_host_removes_its_own_copy(
     server = await on(cloud, "ev-a", "evac-twice")
     sid = server["id"]
     lose(cloud, "ev-a")
-    service_set(cloud, "ev-c", "--disable")
-    try:
-        evacuate(cloud, sid)
-        assert (await until_server(cloud, sid, "ACTIVE"))["OS-EXT-SRV-ATTR:host"] == "ev-b"
-    finally:
-        service_set(cloud, "ev-c", "--enable")
+    evacuate(cloud, sid, "ev-b")
+    assert (await until_server(cloud, sid, "ACTIVE"))["OS-EXT-SRV-ATTR:host"] == "ev-b"
     await until_record(cloud, sid, "done")
     lose(cloud, "ev-b")
     evacuate(cloud, sid, "ev-c")
 
     async def on_c() -> bool:
-        return bool((await status_of(cloud, sid))["OS-EXT-SRV-ATTR:host"] == "ev-c")
+        return bool((await shown(cloud, sid))["OS-EXT-SRV-ATTR:host"] == "ev-c")
 
     await wait_until(on_c, what="second evacuation landing on ev-c", timeout=SETTLE)
     await until_server(cloud, sid, "ACTIVE")

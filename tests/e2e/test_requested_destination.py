@@ -16,6 +16,7 @@ import pytest
 
 from shared.db import allocations
 from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.moves import service_set
 from tests.e2e.test_crash_recovery import replace, up
 from tests.polling import wait_until
 
@@ -134,10 +135,6 @@ async def check_claims(cloud: Cloud) -> None:
         assert await allocations.usage_drift(conn) == []
         over = await conn.fetch("SELECT host FROM compute_nodes WHERE memory_mb_used > memory_mb")
     assert over == []
-
-
-def service_set(cloud: Cloud, host: str, *flags: str) -> None:
-    cloud.openstack("compute", "service", "set", *flags, host, "keel-compute", as_json=False)
 
 
 async def test_a_requested_host_or_node_is_where_the_server_lands(

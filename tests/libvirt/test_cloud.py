@@ -19,7 +19,7 @@ import pytest
 from deploy import guestimage
 from services.compute.virt.libvirt.domain import domain_uuid
 from tests.e2e.cloud import Cloud, CloudConfig, running_cloud
-from tests.e2e.test_evacuation import service_set, until_record, until_server
+from tests.e2e.moves import service_set, until_record, until_server
 
 HOSTS = ("lv-a", "lv-b")
 FLAVOR = "keel.guest"
