@@ -12,8 +12,10 @@ what it removes, unless this checkout's cloud is running (see :func:`running_pid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +134,33 @@ def _contents(workdir: Path) -> list[str]:
     return described
 
 
+def destroy_guests(settings: Settings, workdir: Path) -> list[str]:
+    """Destroy and undefine the libvirt domains of this checkout's agents (their disks
+    are about to go); the names destroyed. Nothing without the libvirt driver."""
+    if settings.compute.driver != "libvirt":
+        return []
+    import libvirt  # noqa: PLC0415 - only with the libvirt driver
+
+    prefixes = []
+    for id_file in workdir.glob("*/compute_id"):
+        with contextlib.suppress(ValueError, OSError):
+            prefixes.append(f"keel-{uuid.UUID(id_file.read_text().strip()).hex[:8]}-")
+    if not prefixes:
+        return []
+    conn = libvirt.open(settings.libvirt.uri)
+    destroyed = []
+    try:
+        for dom in conn.listAllDomains(0):
+            if dom.name().startswith(tuple(prefixes)):
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefine()
+                destroyed.append(dom.name())
+    finally:
+        conn.close()
+    return destroyed
+
+
 def clean(settings: Settings, workdir: Path, say: Callable[[str], None]) -> None:
     """Drop the local database and the work directory, saying what goes first."""
     pid = running_pid(workdir)
@@ -148,6 +177,8 @@ def clean(settings: Settings, workdir: Path, say: Callable[[str], None]) -> None
     else:
         say(f"{database} did not exist")
     if workdir.exists():
+        for name in destroy_guests(settings, workdir):
+            say(f"destroyed libvirt domain {name} (its disks are in {workdir}/)")
         say(f"removing {workdir}/: {', '.join(_contents(workdir)) or 'empty'}")
         shutil.rmtree(workdir)
     else:
