@@ -117,6 +117,7 @@ class Cloud:
     flavor_ref: str
     flavor_ref_alt: str
     compute_nodes: int
+    network_name: str = "private"
 
 
 def tempest_conf(cloud: Cloud, workdir: Path, accounts_file: Path) -> str:
@@ -160,6 +161,7 @@ min_microversion = {MIN_MICROVERSION}
 max_microversion = {MAX_MICROVERSION}
 region = RegionOne
 endpoint_type = publicURL
+fixed_network_name = {cloud.network_name}
 
 [compute-feature-enabled]
 {features}
@@ -173,8 +175,18 @@ build_timeout = 60
 [image-feature-enabled]
 api_v2 = true
 
+[network]
+region = RegionOne
+endpoint_type = publicURL
+project_networks_reachable = false
+shared_physical_network = false
+
 [network-feature-enabled]
 floating_ips = false
+api_extensions = external-net
+ipv6 = false
+port_admin_state_change = false
+port_security = false
 
 [validation]
 run_validation = false
@@ -182,7 +194,7 @@ run_validation = false
 [service_available]
 nova = true
 glance = true
-neutron = false
+neutron = true
 cinder = false
 swift = false
 horizon = false
