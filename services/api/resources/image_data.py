@@ -109,15 +109,35 @@ async def upload(
                 conn, image.id, token, size=size, checksum=md5, os_hash_value=sha512
             )
     except BaseException as exc:
-        await asyncio.to_thread(scratch.unlink, missing_ok=True)
-        async with pool.acquire() as conn:
-            await images_db.abandon_upload(conn, image.id, token, before)
-        LOG.info("upload of image %s stopped (%s); it is %s again", image.id, exc, before)
+        await _abandon(pool, image.id, token, before, (scratch, data_path(store, image.id)))
+        LOG.info("upload of image %s stopped (%s)", image.id, exc)
         raise
     if done is None:
+        await asyncio.to_thread(data_path(store, image.id).unlink, missing_ok=True)
         raise ConflictingRequest(f"Image {image_id} was deleted while its data was uploaded.")
     LOG.info("image %s has data: %d bytes, md5 %s", image.id, size, md5)
     return Response(status_code=204)
+
+
+async def _abandon(
+    pool: asyncpg.Pool, image_id: UUID, token: UUID, before: str, files: tuple[Path, ...]
+) -> None:
+    """Give a failed upload's image back as it was, without its partial data."""
+    for path in files:
+        await asyncio.to_thread(path.unlink, missing_ok=True)
+    try:
+        async with pool.acquire() as conn:
+            await images_db.abandon_upload(conn, image_id, token, before)
+    except Exception as exc:
+        LOG.warning(
+            "image %s stays 'saving' after a failed upload (%s); a new upload may take it "
+            "over after %d seconds",
+            image_id,
+            exc,
+            images_db.STALE_UPLOAD_SECONDS,
+        )
+    else:
+        LOG.info("image %s is %s again, without data", image_id, before)
 
 
 async def _receive(

@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -17,6 +18,7 @@ import pytest
 
 from shared import image_urls
 from shared.config import ImageSettings, Settings
+from shared.db import images as images_db
 from tests.functional.services.api.conftest import ADMIN, IMAGE_ID, MEMBER, add_image
 
 pytestmark = pytest.mark.functional
@@ -160,3 +162,33 @@ async def test_deleting_an_image_removes_its_data(
 
     assert deleted.status_code == 204
     assert list(settings.images.store_dir.iterdir()) == []
+
+
+async def test_an_upload_whose_database_call_fails_once_is_503_and_can_be_retried(
+    client: httpx.AsyncClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image_id = await _without_data(client)
+    real = images_db.finish_upload
+    calls = 0
+
+    async def fails_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost mid-query")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(images_db, "finish_upload", fails_once)
+    failed = await client.put(_file(UUID(image_id)), headers=ADMIN, content=DATA)
+    shown = (await client.get(f"/image/v2/images/{image_id}", headers=ADMIN)).json()
+    left = list(settings.images.store_dir.iterdir())
+    retried = await client.put(_file(UUID(image_id)), headers=ADMIN, content=DATA)
+    got = await client.get(_file(UUID(image_id)), headers=ADMIN)
+
+    assert failed.status_code == 503, failed.text
+    assert (shown["checksum"], shown["size"]) == (None, None)
+    assert shown["status"] != "saving"
+    assert left == []
+    assert retried.status_code == 204, retried.text
+    assert got.content == DATA
+    assert [p.name for p in settings.images.store_dir.iterdir()] == [image_id]
