@@ -34,6 +34,9 @@ History:
   kernel and ramdisk to boot from, with signed download URLs, for the libvirt driver).
 * 10 (``jackstay``) — cold migration copies the disk: compute 1.6 (``prepare_migration``
   answers where the source disk is; ``rebuild_instance`` carries it to the destination).
+* 11 (``hawser``) — guest origins: compute 1.7 (a rebuilt guest records the move that
+  made it; a destination never adopts a guest another move or a build left; copies are
+  removed for a move only if that move made them).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.4", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.5", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.6", conductor="1.6", scheduler="1.2"),
+    ReleaseApis(compute="1.7", conductor="1.6", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -91,6 +95,7 @@ RELEASE_NAMES: dict[str, int] = {
     "halyard": 8,
     "inhaul": 9,
     "jackstay": 10,
+    "hawser": 11,
 }
 
 #: The first release whose agents never register without an identity file the

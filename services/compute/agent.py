@@ -15,9 +15,12 @@ Start-up (:func:`start_agent`):
 4. register with the conductor (the agent's only path to the database). Calls to the
    conductor are retried while none answers yet, for at most
    ``settings.rpc.connect_timeout`` seconds; a refusal is never retried;
-5. let the driver tidy the host, start consuming ``compute.<service uuid>``, then start
-   heartbeats: registration does not mark the service up, its first heartbeat does, so
-   the scheduler never picks a host whose queue does not exist yet.
+5. let the driver tidy the host and report its guests to the conductor until it answers
+   (:func:`first_reconcile`: evacuated copies go, guests of moves under way are kept
+   shut down), then start consuming ``compute.<service uuid>``, then start heartbeats:
+   registration does not mark the service up, its first heartbeat does, so the
+   scheduler never picks a host whose queue does not exist yet or whose guests are not
+   settled.
 
 Shutdown (:meth:`Agent.stop`): stop taking messages, let in-flight operations finish
 for up to ``settings.compute.drain_timeout`` seconds, stop heartbeats, disconnect.
@@ -387,10 +390,31 @@ async def start_agent(
 async def first_reconcile(reconciler: GuestReconciler) -> None:
     """Settle the guests on this host before serving: evacuated copies go, others wait.
 
-    A conductor that cannot answer now is not a reason to refuse to start: nothing was
-    removed, no guest is started, and the periodic report tries again.
+    Until the conductor has answered one guest report, the agent neither consumes its
+    queue (no build, no power action) nor heartbeats (it is not reported up by itself):
+    a host that was cut off or down must first learn which of its guests were evacuated.
+    While no conductor answers it retries with growing pauses (up to
+    :data:`RECONCILE_MAX_PAUSE` seconds), saying each time what it waits for.
     """
-    try:
-        await reconciler.reconcile()
-    except (MessagingTimeout, Unroutable, TransientError) as exc:
-        LOG.warning("could not report this host's guests at start-up (%s); will retry", exc)
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(_NOT_ANSWERING),
+        wait=wait_random_exponential(multiplier=0.5, max=RECONCILE_MAX_PAUSE),
+        before_sleep=_log_reconcile_retry,
+    )
+    await retrying(reconciler.reconcile)
+
+
+#: Longest pause between two attempts of the first guest report.
+RECONCILE_MAX_PAUSE = 30.0
+
+
+def _log_reconcile_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    LOG.warning(
+        "waiting for keel-conductor to answer this host's first guest report (attempt %d: "
+        "%s); not serving and not reporting up until it does; retrying in %.1fs",
+        state.attempt_number,
+        error,
+        state.upcoming_sleep,
+        extra={"decision": "reconcile_waiting"},
+    )

@@ -237,6 +237,12 @@ class ComputeManager:
             existed = spec.uuid in await self._driver.list_instances()
             message: str | None = None
             if existed:
+                foreign = await self._foreign_copy(spec)
+                if foreign is not None:
+                    await self._conductor.move_result(
+                        ctx, req.migration_uuid, success=False, message=foreign
+                    )
+                    return
                 LOG.info(
                     "guest %s already exists here: the rebuild was repeated",
                     spec.uuid,
@@ -274,6 +280,32 @@ class ComputeManager:
             )
             await self._conductor.move_result(ctx, req.migration_uuid, success=True)
 
+    async def _foreign_copy(self, spec: InstanceSpec) -> str | None:
+        """Why the guest already here is not the one this move made; ``None`` if it is.
+
+        A copy another move or the first build left here (stale data) is never adopted:
+        it is shut down and kept for an operator, and the move fails.
+        """
+        if spec.origin is None:
+            return None
+        found = await self._driver.origin(spec.uuid)
+        if found == spec.origin:
+            return None
+        await self._driver.power_off(spec.uuid)
+        made_by = "its first build" if found is None else f"move {found}"
+        reason = (
+            f"a copy of server {spec.uuid} made by {made_by} is already on this host; it is "
+            f"not adopted for move {spec.origin}: it is kept, shut down, for an operator "
+            "(keel-manage compute orphans)"
+        )
+        LOG.warning(
+            "not rebuilding guest %s: %s",
+            spec.uuid,
+            reason,
+            extra={**_extra(spec.uuid), "decision": "guest_not_adopted"},
+        )
+        return reason
+
     async def prepare_migration(
         self, ctx: RequestContext, req: PrepareMigration
     ) -> PreparedMigration:
@@ -306,6 +338,18 @@ class ComputeManager:
                     extra=_extra(req.instance_uuid),
                 )
                 return
+            if req.only_origin is not None:
+                found = await self._driver.origin(req.instance_uuid)
+                if found != req.only_origin:
+                    LOG.warning(
+                        "keeping guest %s: migration %s asked to remove the copy it made, "
+                        "but this one was made by %s",
+                        req.instance_uuid,
+                        req.migration_uuid,
+                        "the first build" if found is None else f"move {found}",
+                        extra={**_extra(req.instance_uuid), "decision": "guest_kept"},
+                    )
+                    return
             await self._driver.destroy(req.instance_uuid)
         LOG.warning(
             "removed guest %s: migration %s made this copy redundant",

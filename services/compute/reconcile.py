@@ -8,16 +8,19 @@ answer:
 * an evacuation away from this host recorded ``done``: the instance was rebuilt
   elsewhere, so the local copy is removed (if there is one) and the evacuation
   confirmed — the record becomes ``completed`` and this host's claim is released;
-* an evacuation still ``accepted`` or ``pre-migrating``: the guest is kept and not
-  started; once the record says ``done`` it is removed, and if it ends ``error`` or
+* an evacuation still ``accepted`` or ``pre-migrating``: the guest is kept and shut
+  down (the host may only have been cut off: its copy must not run beside the one being
+  rebuilt); once the record says ``done`` it is removed, and if it ends ``error`` or
   ``failed`` the local copy is the only one and stays;
 * the instance was deleted while the agent was away: the guest is removed;
 * a cold migration away from here was confirmed, or one to here reverted: this copy
   is redundant; it is removed and the conductor told (``copy_removed``), which finishes
   the confirm or revert if it could not while this agent was away;
 * nothing explains the guest (its instance is placed elsewhere with no move from or to
-  here, or unknown): it is never destroyed; it is logged and recorded as orphaned
-  (``keel-manage compute orphans``).
+  here, or unknown, or a failed move left it): it is never destroyed; it is shut down,
+  logged and recorded as orphaned (``keel-manage compute orphans``).
+
+What decides each fate is :mod:`services.conductor.moves.guests` (its table).
 
 Every guest removed is logged with the record that authorised it. A guest is never
 removed because a host field looks different.
@@ -32,6 +35,7 @@ from services.compute.manager import ComputeManager
 from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import ConductorAPI, GuestFate, GuestVerdict
 from shared.context import RequestContext
+from shared.exceptions import GuestNotFound
 
 LOG = logging.getLogger(__name__)
 
@@ -76,6 +80,14 @@ class GuestReconciler:
                     extra={"instance_uuid": str(instance_uuid), "decision": "guest_removed"},
                 )
 
+    async def _shut_down(self, instance_uuid: UUID) -> None:
+        """Power off a guest that must not run here (kept, never destroyed)."""
+        async with self._manager.operations.hold(instance_uuid, "shut down"):
+            try:
+                await self._driver.power_off(instance_uuid)
+            except GuestNotFound:
+                return
+
     async def _apply(self, verdict: GuestVerdict) -> None:
         guest = verdict.instance_uuid
         extra = {"instance_uuid": str(guest)}
@@ -84,6 +96,7 @@ class GuestReconciler:
         elif verdict.fate in (GuestFate.EVACUATED, GuestFate.MOVED):
             await self._remove(guest, verdict.reason)
         elif verdict.fate in (GuestFate.EVACUATING, GuestFate.ORPHANED):
+            await self._shut_down(guest)
             if self._told.get(guest) is not verdict.fate:
                 level = logging.WARNING if verdict.fate is GuestFate.ORPHANED else logging.INFO
                 LOG.log(

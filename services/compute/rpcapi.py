@@ -23,6 +23,12 @@ Compute RPC API history:
   source guest's disk is (``PreparedMigration``), and rebuild_instance carries it as
   ``source_disk`` so the destination copies it instead of starting from the image (an
   older agent answers nothing and is sent none).
+* 1.7 — guests know which move made them: the instance rebuild_instance carries gains
+  ``origin`` (the move it is built for; the driver keeps it with the guest), and a
+  destination never adopts a guest of the server that another move or a build left
+  there (the rebuild fails, the guest is kept and stopped); remove_moved_guest gains
+  ``only_origin`` (remove the copy only if that move made it). An older agent is sent
+  the same messages at its own version and ignores both fields.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ SINCE: dict[str, str] = {
     "finish_revert": "1.3",
     "get_console_output": "1.4",
 }
+
+#: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
+ORIGINS = "1.7"
 
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
 BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data", "boot"}}
@@ -128,6 +137,8 @@ class InstanceSpec(KeelModel):
     #: Where the image's data comes from (1.5); ``None`` when the deployment signs no
     #: download URLs or the image has no data.
     boot: BootSource | None = None
+    #: The move this copy is built for (1.6); ``None`` for a server's first build.
+    origin: UUID | None = None
 
 
 class BuildAndRunInstance(KeelModel):
@@ -179,6 +190,8 @@ class RemoveMovedGuest(KeelModel):
 
     instance_uuid: UUID
     migration_uuid: UUID
+    #: Remove the copy only if this move made it (1.4): another is kept, with a warning.
+    only_origin: UUID | None = None
 
 
 class FinishRevert(KeelModel):
@@ -247,13 +260,19 @@ class ComputeAPI:
         method: str,
         req: KeelModel,
         exclude: Exclude | None = None,
+        *,
+        prefer: str | None = None,
     ) -> None:
+        """Send at ``prefer`` if the cap allows, else at the method's first version."""
         client = self.client.for_topic(topic_for(service_uuid))
         if not await client.can_send_version(SINCE[method]):
             raise ServiceTooOld(
                 f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
             )
-        await client.cast(ctx, method, req, version=SINCE[method], exclude=exclude)
+        version = SINCE[method]
+        if prefer is not None and await client.can_send_version(prefer):
+            version = prefer
+        await client.cast(ctx, method, req, version=version, exclude=exclude)
 
     async def stop_instance(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
@@ -294,9 +313,10 @@ class ComputeAPI:
             source_disk=source_disk,
         )
         client = self.client.for_topic(topic_for(service_uuid))
-        if await client.can_send_version("1.6"):
-            await client.cast(ctx, "rebuild_instance", req, version="1.6")
-            return
+        for version in (ORIGINS, "1.6"):
+            if await client.can_send_version(version):
+                await client.cast(ctx, "rebuild_instance", req, version=version)
+                return
         if await client.can_send_version("1.5"):
             await client.cast(
                 ctx, "rebuild_instance", req, version="1.5", exclude=SOURCE_DISK_EXCLUDE
@@ -305,14 +325,24 @@ class ComputeAPI:
         await self._cast_since(ctx, service_uuid, "rebuild_instance", req, BOOT_EXCLUDE)
 
     async def _call_since(
-        self, ctx: RequestContext, service_uuid: UUID, method: str, req: KeelModel
+        self,
+        ctx: RequestContext,
+        service_uuid: UUID,
+        method: str,
+        req: KeelModel,
+        *,
+        prefer: str | None = None,
     ) -> None:
+        """Send at ``prefer`` if the cap allows, else at the method's first version."""
         client = self.client.for_topic(topic_for(service_uuid))
         if not await client.can_send_version(SINCE[method]):
             raise ServiceTooOld(
                 f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
             )
-        await client.call(ctx, method, req, version=SINCE[method])
+        version = SINCE[method]
+        if prefer is not None and await client.can_send_version(prefer):
+            version = prefer
+        await client.call(ctx, method, req, version=version)
 
     async def get_console_output(
         self,
@@ -347,10 +377,18 @@ class ComputeAPI:
         return PreparedMigration()
 
     async def remove_moved_guest(
-        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID, migration_uuid: UUID
+        self,
+        ctx: RequestContext,
+        service_uuid: UUID,
+        instance_uuid: UUID,
+        migration_uuid: UUID,
+        *,
+        only_origin: UUID | None = None,
     ) -> None:
-        req = RemoveMovedGuest(instance_uuid=instance_uuid, migration_uuid=migration_uuid)
-        await self._call_since(ctx, service_uuid, "remove_moved_guest", req)
+        req = RemoveMovedGuest(
+            instance_uuid=instance_uuid, migration_uuid=migration_uuid, only_origin=only_origin
+        )
+        await self._call_since(ctx, service_uuid, "remove_moved_guest", req, prefer=ORIGINS)
 
     async def finish_revert(
         self,

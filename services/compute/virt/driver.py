@@ -78,6 +78,11 @@ class Driver(Protocol):
         """The guests that exist on this hypervisor."""
         ...
 
+    async def origin(self, instance_uuid: UUID) -> UUID | None:
+        """The move the guest was built for (its spec's ``origin``; ``None``: a first
+        build, or a guest from before origins were kept). GuestNotFound if missing."""
+        ...
+
     async def power_off(self, instance_uuid: UUID) -> None:
         """Shut the guest down; one already off stays off. GuestNotFound if it is missing."""
         ...

@@ -81,6 +81,9 @@ class FakeDriver:
             raise GuestNotFound(f"guest {instance_uuid} does not exist on {self._hostname}")
         return instance_uuid
 
+    async def origin(self, instance_uuid: UUID) -> UUID | None:
+        return self._guests[self._existing(instance_uuid)].origin
+
     async def power_off(self, instance_uuid: UUID) -> None:
         if self._existing(instance_uuid) in self._running:
             self._running.discard(instance_uuid)

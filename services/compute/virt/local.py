@@ -40,6 +40,8 @@ GIB = 1024**3
 INSTANCES_DIR = "instances"
 DISK_FILE = "disk"
 METADATA_FILE = "metadata.json"
+#: The origin of a guest whose metadata cannot be read: matches no move and no build.
+_UNKNOWN_ORIGIN = UUID(int=0)
 POWER_FILE = "power"
 CONSOLE_FILE = "console.log"
 RUNNING, SHUTDOWN = "running", "shutdown"
@@ -96,6 +98,9 @@ class LocalDriver:
     async def list_instances(self) -> list[UUID]:
         return await asyncio.to_thread(self._list)
 
+    async def origin(self, instance_uuid: UUID) -> UUID | None:
+        return await asyncio.to_thread(self._origin, instance_uuid)
+
     async def power_off(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)
 
@@ -126,6 +131,16 @@ class LocalDriver:
             return (guest / POWER_FILE).read_text(encoding="ascii").strip() or RUNNING
         except FileNotFoundError:
             return RUNNING
+
+    def _origin(self, instance_uuid: UUID) -> UUID | None:
+        guest = self._guest(instance_uuid)
+        try:
+            spec = InstanceSpec.model_validate_json((guest / METADATA_FILE).read_bytes())
+        except (OSError, ValueError):
+            # A guest whose metadata is missing or unreadable was made by nobody keel
+            # knows: no move may claim it as its own.
+            return _UNKNOWN_ORIGIN
+        return spec.origin
 
     def _guest(self, instance_uuid: UUID) -> Path:
         guest = self.guest_dir(instance_uuid)

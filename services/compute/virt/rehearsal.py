@@ -59,6 +59,9 @@ class RehearsalDriver:
     async def list_instances(self) -> list[UUID]:
         return await self._driver.list_instances()
 
+    async def origin(self, instance_uuid: UUID) -> UUID | None:
+        return await self._driver.origin(instance_uuid)
+
     async def spawn(self, spec: InstanceSpec) -> None:
         await self._rehearse("spawn", spec.uuid)
         await self._driver.spawn(spec)

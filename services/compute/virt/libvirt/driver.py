@@ -202,10 +202,32 @@ class LibvirtDriver:
     # -- building and removing -----------------------------------------------------
 
     async def spawn(self, spec: InstanceSpec) -> None:
-        await self._build(spec, made_by="build")
+        await self._build(spec, made_by=_made_by(spec, "build"))
 
     async def rebuild(self, spec: InstanceSpec, *, source_disk: GuestDisk | None = None) -> None:
-        await self._build(spec, made_by="move", source_disk=source_disk)
+        await self._build(spec, made_by=_made_by(spec, "move"), source_disk=source_disk)
+
+    async def origin(self, instance_uuid: UUID) -> UUID | None:
+        dom = await self._domain(instance_uuid)
+        libvirt = self._conn.libvirt
+
+        def read(_conn: Any) -> str | None:
+            try:
+                text: str = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, 0)
+            except libvirt.libvirtError:
+                return None
+            return text
+
+        text = await self._conn.run(read)
+        meta = None if text is None else parse_metadata(text)
+        if meta is None:
+            return _UNKNOWN_ORIGIN
+        if meta.made_by == "build":
+            return None
+        try:
+            return UUID(meta.made_by)
+        except ValueError:
+            return _UNKNOWN_ORIGIN
 
     async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
         """The stopped guest's overlay, for a cold migration's destination to copy."""
@@ -423,3 +445,12 @@ class LibvirtDriver:
     async def is_running(self, instance_uuid: UUID) -> bool:
         dom = await self._domain(instance_uuid)
         return bool(await self._conn.run(lambda _conn: dom.isActive()))
+
+
+#: The origin of a domain whose metadata names no move keel can tell: matches none.
+_UNKNOWN_ORIGIN = UUID(int=0)
+
+
+def _made_by(spec: InstanceSpec, default: str) -> str:
+    """What the domain's metadata records as its maker: the move's uuid, or ``build``."""
+    return default if spec.origin is None else str(spec.origin)

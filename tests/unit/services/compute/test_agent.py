@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.compute import agent as agent_module
 from services.compute.agent import Agent, start_agent
 from services.compute.rpcapi import ComputeAPI, topic_for
 from services.compute.virt.fake import FakeDriver
@@ -18,6 +19,7 @@ from shared.config import ComputeSettings, RpcSettings, Settings
 from shared.context import RequestContext
 from shared.exceptions import (
     ConfigError,
+    Conflict,
     HostRenameDetected,
     KeelError,
     MessagingError,
@@ -319,3 +321,40 @@ async def test_an_agent_whose_service_was_deleted_stops_with_the_reason(
         assert len(world.conductor.heartbeats) == stopped_at
     finally:
         await agent.stop()
+
+
+async def test_the_first_guest_report_is_retried_until_a_conductor_answers(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up only after reconcile: the agent waits (saying why) instead of serving unsettled."""
+
+    monkeypatch.setattr(agent_module, "RECONCILE_MAX_PAUSE", 0.01)
+    attempts: list[int] = []
+
+    class Flaky:
+        async def reconcile(self) -> None:
+            attempts.append(1)
+            if len(attempts) < 3:
+                raise MessagingTimeout("no conductor yet")
+
+    with caplog.at_level("WARNING"):
+        await agent_module.first_reconcile(Flaky())  # type: ignore[arg-type]
+
+    assert len(attempts) == 3
+    waiting = [r for r in caplog.records if getattr(r, "decision", "") == "reconcile_waiting"]
+    assert len(waiting) == 2
+    assert "not serving and not reporting up" in waiting[0].getMessage()
+
+
+async def test_a_refused_first_guest_report_is_not_retried() -> None:
+
+    attempts: list[int] = []
+
+    class Refusing:
+        async def reconcile(self) -> None:
+            attempts.append(1)
+            raise Conflict("refused")
+
+    with pytest.raises(Conflict):
+        await agent_module.first_reconcile(Refusing())  # type: ignore[arg-type]
+    assert attempts == [1]

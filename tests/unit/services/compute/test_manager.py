@@ -372,3 +372,52 @@ async def test_a_moved_copy_is_removed_and_reported_by_the_guest_report(tmp_path
     assert [(c.migration_uuid, c.compute_node_uuid) for c in standin.copies_removed] == [
         (migration, node_uuid)
     ]
+
+
+async def test_a_destination_never_adopts_a_copy_another_move_left(rig: Rig) -> None:
+    """Finding 2: a guest of the server already here, made by another move, is not adopted."""
+    ctx, stale_move, this_move = RequestContext(), uuid.uuid4(), uuid.uuid4()
+    stale = make_spec().model_copy(update={"origin": stale_move})
+    await rig.compute.rebuild_instance(ctx, rig.service_uuid, stale, stale_move)
+    await eventually(lambda: len(rig.conductor.move_results) == 1)
+    spec = stale.model_copy(update={"origin": this_move, "display_name": "fresh"})
+
+    await asyncio.gather(
+        *(rig.compute.rebuild_instance(ctx, rig.service_uuid, spec, this_move) for _ in range(2))
+    )
+    await eventually(lambda: len(rig.conductor.move_results) == 3)
+
+    results = [r for r in rig.conductor.move_results if r.migration_uuid == this_move]
+    assert [r.success for r in results] == [False, False]
+    assert f"made by move {stale_move}" in results[0].message
+    # Kept (its data intact: the stale move's spec) and shut down, never rebuilt over.
+    assert (rig.guest_dir(spec) / "power").read_text().strip() == "shutdown"
+    assert '"display_name": "fresh"' not in (rig.guest_dir(spec) / "metadata.json").read_text()
+
+
+async def test_a_repeated_rebuild_for_the_same_move_reports_success_again(rig: Rig) -> None:
+    ctx, move = RequestContext(), uuid.uuid4()
+    spec = make_spec().model_copy(update={"origin": move})
+
+    await asyncio.gather(
+        *(rig.compute.rebuild_instance(ctx, rig.service_uuid, spec, move) for _ in range(2))
+    )
+    await eventually(lambda: len(rig.conductor.move_results) == 2)
+
+    assert [r.success for r in rig.conductor.move_results] == [True, True]
+    assert (rig.guest_dir(spec) / "power").read_text().strip() == "running"
+
+
+async def test_remove_moved_guest_keeps_a_copy_another_move_made(rig: Rig) -> None:
+    ctx, built_by, other = RequestContext(), uuid.uuid4(), uuid.uuid4()
+    spec = make_spec().model_copy(update={"origin": built_by})
+    await rig.compute.rebuild_instance(ctx, rig.service_uuid, spec, built_by)
+    await eventually(lambda: len(rig.conductor.move_results) == 1)
+
+    await rig.compute.remove_moved_guest(ctx, rig.service_uuid, spec.uuid, other, only_origin=other)
+    assert rig.guest_dir(spec).exists()
+
+    await rig.compute.remove_moved_guest(
+        ctx, rig.service_uuid, spec.uuid, built_by, only_origin=built_by
+    )
+    assert not rig.guest_dir(spec).exists()
