@@ -19,10 +19,10 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.agent_guard import AgentGuard
-from services.conductor.auto_confirm import MigrationSweep
 from services.conductor.boot_images import BootImages
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.manager import ConductorManager
+from services.conductor.moves.sweep import MigrationSweep
 from services.conductor.rpcapi import TOPIC
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.config import Settings

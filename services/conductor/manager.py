@@ -1,6 +1,7 @@
 """The conductor's RPC endpoint: one thin method per RPC of ``services.conductor.rpcapi``.
 
-Workflows live in ``tasks/``, agent registration in ``registration.py``, what agents
+Workflows live in ``tasks/`` (the build) and ``moves/`` (evacuation and cold
+migration), agent registration in ``registration.py``, what agents
 report and ask about instances in ``instance_events.py``.
 """
 
@@ -11,8 +12,10 @@ from uuid import UUID
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor import evacuations, guests, instance_events, migrations
+from services.conductor import instance_events
 from services.conductor.boot_images import BootImages
+from services.conductor.moves import arrival, endings, guests
+from services.conductor.moves.task import MoveTask
 from services.conductor.registration import ComputeRegistry
 from services.conductor.rpcapi import (
     BuildCheck,
@@ -37,12 +40,9 @@ from services.conductor.rpcapi import (
     ServiceHeartbeat,
 )
 from services.conductor.tasks.build import BuildInstanceTask
-from services.conductor.tasks.move import MoveTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
-from shared.db import moves
 from shared.faults import FaultPoints
-from shared.objects.migration import MigrationType
 from shared.version_pins import MinimumVersions
 
 
@@ -127,19 +127,16 @@ class ConductorManager:
         await task.run()
 
     async def move_result(self, ctx: RequestContext, req: MoveResult) -> None:
-        async with self._pool.acquire() as conn:
-            migration = await moves.get(conn, req.migration_uuid)
-        ends = migrations if migration.migration_type == MigrationType.MIGRATION else evacuations
-        await ends.record_move_result(self._pool, self._compute, req, self._service_down_time)
+        await arrival.record_move_result(self._pool, self._compute, req, self._service_down_time)
 
     async def report_guests(self, ctx: RequestContext, req: ReportGuests) -> GuestsReport:
         return await guests.report_guests(self._pool, req, self._service_down_time)
 
     async def evacuation_confirmed(self, ctx: RequestContext, req: EvacuationConfirmed) -> None:
-        await evacuations.confirm_evacuation(self._pool, req)
+        await endings.confirm_evacuation(self._pool, req)
 
     async def confirm_migration(self, ctx: RequestContext, req: ConfirmMigration) -> None:
-        await migrations.confirm(
+        await endings.confirm(
             self._pool,
             self._compute,
             req.migration_uuid,
@@ -148,9 +145,7 @@ class ConductorManager:
         )
 
     async def revert_migration(self, ctx: RequestContext, req: RevertMigration) -> None:
-        await migrations.revert(
-            self._pool, self._compute, req.migration_uuid, self._service_down_time
-        )
+        await endings.revert(self._pool, self._compute, req.migration_uuid, self._service_down_time)
 
     async def copy_removed(self, ctx: RequestContext, req: CopyRemoved) -> None:
-        await migrations.copy_removed(self._pool, self._compute, req, self._service_down_time)
+        await endings.copy_removed(self._pool, self._compute, req, self._service_down_time)

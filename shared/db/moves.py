@@ -2,6 +2,11 @@
 
 Status changes are compare-and-swaps on the status expected, like the instance's: a
 twin delivery of the same step finds the record already moved on and does nothing.
+
+**Lock order.** A transaction that changes an instance and its move record (and their
+claims) takes the row locks in one order: the instance, then the migration, then the
+allocations. :func:`lock` takes the first two at the start of such a transaction, so
+two concurrent steps of one move queue behind each other instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -49,6 +54,23 @@ async def create(
     return Migration.from_row(row)
 
 
+async def lock(conn: Connection, migration_uuid: UUID) -> Migration:
+    """Lock the move's instance row, then its record (the documented order); the record.
+
+    Call inside a transaction, before changing either.
+    """
+    await conn.execute(
+        """SELECT 1 FROM instances
+            WHERE uuid = (SELECT instance_uuid FROM migrations WHERE uuid = $1)
+              FOR UPDATE""",
+        migration_uuid,
+    )
+    row = await conn.fetchrow("SELECT * FROM migrations WHERE uuid = $1 FOR UPDATE", migration_uuid)
+    if row is None:
+        raise NotFound(f"Migration {migration_uuid} could not be found.")
+    return Migration.from_row(row)
+
+
 async def get(conn: Connection, migration_uuid: UUID) -> Migration:
     row = await conn.fetchrow("SELECT * FROM migrations WHERE uuid = $1", migration_uuid)
     if row is None:
@@ -63,15 +85,25 @@ async def swap_status(
     expected: Sequence[str],
     new: str,
     dest: ComputeNode | None = None,
+    only_untaken: bool = False,
 ) -> Migration | None:
-    """``expected`` → ``new`` (recording the destination if given); ``None`` if lost."""
+    """``expected`` → ``new`` (recording the destination if given); ``None`` if lost.
+
+    ``only_untaken``: lost as well once a conductor has acted on the move (it holds a
+    claim for it), so that a withdrawal never ends a move already under way.
+    """
+    untaken = (
+        "AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.consumer_uuid = migrations.uuid)"
+        if only_untaken
+        else ""
+    )
     row = await conn.fetchrow(
-        """UPDATE migrations
+        f"""UPDATE migrations
               SET status = $3, updated_at = now(),
                   dest_compute = COALESCE($4, dest_compute),
                   dest_node = COALESCE($5, dest_node),
                   dest_compute_id = COALESCE($6, dest_compute_id)
-            WHERE uuid = $1 AND status = ANY($2::text[]) AND deleted_at IS NULL
+            WHERE uuid = $1 AND status = ANY($2::text[]) AND deleted_at IS NULL {untaken}
         RETURNING *""",
         migration_uuid,
         list(expected),

@@ -1,12 +1,18 @@
-"""A row of ``migrations``: one move of an instance between compute nodes."""
+"""A row of ``migrations``: one move of an instance between compute nodes.
+
+Also the kinds of move keel has (:class:`MoveKind`: evacuation and cold migration) and
+the instance-action names of the move workflow, shared by keel-api and keel-conductor.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from uuid import UUID
 
 from shared.objects.base import KeelModel
+from shared.objects.states import TaskState, VmState
 
 
 class MigrationType(StrEnum):
@@ -36,6 +42,8 @@ class MigrationStatus(StrEnum):
     REVERTED = "reverted"
     ERROR = "error"
     FAILED = "failed"
+    #: Ended because the server was deleted during the move.
+    CANCELLED = "cancelled"
 
 
 class Migration(KeelModel):
@@ -56,3 +64,44 @@ class Migration(KeelModel):
     created_at: datetime
     updated_at: datetime | None
     deleted_at: datetime | None
+
+
+#: Instance-action names (Nova's) of the end of a cold migration.
+CONFIRM_ACTION = "confirmResize"
+REVERT_ACTION = "revertResize"
+
+
+@dataclass(frozen=True)
+class MoveKind:
+    """What differs between an evacuation and a cold migration."""
+
+    migration_type: MigrationType
+    #: The instance action recorded (Nova's name), which is also the API action's name.
+    action: str
+    #: The vm states a server may be moved from.
+    movable: tuple[VmState, ...]
+    #: The instance's task while the destination is chosen, and then while it builds.
+    choosing: TaskState
+    building: TaskState
+    #: Whether no valid host leaves the instance in ERROR (its host is gone) or as it was.
+    no_host_is_error: bool
+
+
+EVACUATION = MoveKind(
+    MigrationType.EVACUATION,
+    "evacuate",
+    (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR),
+    TaskState.REBUILDING,
+    TaskState.REBUILDING,
+    True,
+)
+MIGRATION = MoveKind(
+    MigrationType.MIGRATION,
+    "migrate",
+    (VmState.ACTIVE, VmState.STOPPED),
+    TaskState.RESIZE_PREP,
+    TaskState.RESIZE_MIGRATING,
+    False,
+)
+#: ``migration_type`` → its kind.
+KINDS = {kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION)}

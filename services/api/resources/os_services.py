@@ -27,7 +27,7 @@ from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
 from services.api.resources.os_services_legacy import legacy_update, parse_body
-from services.api.servers.evacuate import refuse_up_with_unconfirmed_evacuations
+from services.api.servers.moves import refuse_up_with_unconfirmed_evacuations
 from services.api.views.os_services import service_view, service_zone
 from shared.db import service_maintenance, services
 from shared.db.pool import Connection

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
-from services.api.servers.evacuate import refuse_up_with_unconfirmed_evacuations
+from services.api.servers.moves import refuse_up_with_unconfirmed_evacuations
 from shared.context import RequestContext
 from shared.db import services
 from shared.objects.service import Binary, canonical_binary

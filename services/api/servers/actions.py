@@ -18,9 +18,8 @@ from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Vers
 from services.api.http.faults import BadRequest
 from services.api.http.microversion import APIVersion
 from services.api.servers import console, reset_state
-from services.api.servers.evacuate import evacuate
 from services.api.servers.lookup import find_instance
-from services.api.servers.migrate import CONFIRM, REVERT, finish_resize, migrate
+from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
     HARD_REBOOT,
     SOFT_REBOOT,
@@ -34,6 +33,7 @@ from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.objects.instance import Instance
+from shared.objects.migration import CONFIRM_ACTION, REVERT_ACTION
 
 router = APIRouter(prefix="/v2.1/servers")
 
@@ -102,6 +102,7 @@ async def _evacuate(call: ActionCall) -> Response | None:
     return await evacuate(
         call.pool,
         call.conductor,
+        call.compute,
         settings=call.settings,
         ctx=call.ctx,
         version=call.version,
@@ -138,12 +139,12 @@ async def _finish_resize(call: ActionCall, action: str) -> None:
 
 
 async def _confirm_resize(call: ActionCall) -> Response | None:
-    await _finish_resize(call, CONFIRM)
+    await _finish_resize(call, CONFIRM_ACTION)
     return Response(status_code=204)
 
 
 async def _revert_resize(call: ActionCall) -> Response | None:
-    await _finish_resize(call, REVERT)
+    await _finish_resize(call, REVERT_ACTION)
     return None
 
 
@@ -170,8 +171,8 @@ ACTIONS: dict[str, Handler] = {
     "reboot": _reboot,
     "evacuate": _evacuate,
     "migrate": _migrate,
-    CONFIRM: _confirm_resize,
-    REVERT: _revert_resize,
+    CONFIRM_ACTION: _confirm_resize,
+    REVERT_ACTION: _revert_resize,
     console.ACTION: _console_output,
     reset_state.ACTION: _reset_state,
 }

@@ -23,7 +23,7 @@ from services.compute.rpcapi import (
     RebuildInstance,
     RemoveMovedGuest,
 )
-from services.conductor.auto_confirm import MigrationSweep
+from services.conductor.moves.sweep import MigrationSweep
 from services.conductor.rpcapi import ConductorAPI, Registration
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves

@@ -8,7 +8,7 @@ import pytest
 
 from services.api.http.faults import BadRequest
 from services.api.http.microversion import APIVersion
-from services.api.servers.migrate import _target
+from services.api.servers.moves import migration_target as _target
 
 
 @pytest.mark.parametrize("value", [None, {}, {"host": "compute2"}, "junk", [], {"other": 1}])

@@ -1,4 +1,7 @@
-"""What a guest an agent reports is to become, from its instance and its moves."""
+"""What a guest an agent reports is to become, from its instance and its moves.
+
+One case (at least) per row of the table in :mod:`services.conductor.moves.guests`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.conductor.guests import guest_verdict, step_down
+from services.conductor.moves.guests import guest_verdict, step_down
 from services.conductor.rpcapi import GuestFate
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
 
@@ -15,9 +18,12 @@ HERE, THERE = 1, 2
 GUEST = uuid.uuid4()
 
 
+_ids = iter(range(1, 1_000_000))
+
+
 def move(kind: MigrationType, status: MigrationStatus, source: int, dest: int) -> Migration:
     return Migration(
-        id=1,
+        id=next(_ids),
         uuid=uuid.uuid4(),
         instance_uuid=GUEST,
         migration_type=kind,
@@ -76,6 +82,62 @@ S = MigrationStatus
             [(MIGR, S.CONFIRMED, HERE, THERE), (MIGR, S.CONFIRMED, THERE, HERE)],
             GuestFate.KEEP,
         ),
+        # R2d: an evacuation back here is under way, whatever an older evacuation away
+        # from here says (finding 1: the new copy must never be destroyed).
+        (
+            THERE,
+            [(EVAC, S.COMPLETED, HERE, THERE), (EVAC, S.PRE_MIGRATING, THERE, HERE)],
+            GuestFate.KEEP,
+        ),
+        (
+            THERE,
+            [(EVAC, S.DONE, HERE, THERE), (EVAC, S.ACCEPTED, THERE, HERE)],
+            GuestFate.KEEP,
+        ),
+        (
+            THERE,
+            [(EVAC, S.COMPLETED, HERE, THERE), (MIGR, S.PRE_MIGRATING, THERE, HERE)],
+            GuestFate.KEEP,
+        ),
+        # R3: evacuated away, then evacuated or migrated back: the live copy.
+        (
+            HERE,
+            [(EVAC, S.COMPLETED, HERE, THERE), (EVAC, S.DONE, THERE, HERE)],
+            GuestFate.KEEP,
+        ),
+        (
+            HERE,
+            [(EVAC, S.DONE, HERE, THERE), (EVAC, S.COMPLETED, THERE, HERE)],
+            GuestFate.KEEP,
+        ),
+        (
+            HERE,
+            [(EVAC, S.COMPLETED, HERE, THERE), (MIGR, S.CONFIRMED, THERE, HERE)],
+            GuestFate.KEEP,
+        ),
+        # R4: back here and away again: the newest move decides.
+        (
+            THERE,
+            [
+                (EVAC, S.COMPLETED, HERE, THERE),
+                (MIGR, S.CONFIRMED, THERE, HERE),
+                (EVAC, S.DONE, HERE, THERE),
+            ],
+            GuestFate.EVACUATED,
+        ),
+        # R4: a move elsewhere under way does not save a copy an older move superseded.
+        (
+            THERE,
+            [(MIGR, S.REVERTED, THERE, HERE), (MIGR, S.PRE_MIGRATING, THERE, 3)],
+            GuestFate.MOVED,
+        ),
+        # R5: a failed, errored or cancelled move's destination copy is never destroyed.
+        (THERE, [(EVAC, S.FAILED, THERE, HERE)], GuestFate.ORPHANED),
+        (THERE, [(EVAC, S.ERROR, THERE, HERE)], GuestFate.ORPHANED),
+        (THERE, [(MIGR, S.FAILED, THERE, HERE)], GuestFate.ORPHANED),
+        (THERE, [(MIGR, S.CANCELLED, THERE, HERE)], GuestFate.ORPHANED),
+        # R5: a move of the server between two other nodes says nothing about this copy.
+        (THERE, [(EVAC, S.DONE, 3, THERE)], GuestFate.ORPHANED),
     ],
 )
 def test_guest_verdicts(
@@ -87,7 +149,8 @@ def test_guest_verdicts(
     verdict = guest_verdict(GUEST, instance_node, False, recorded, HERE)
     assert verdict.fate is fate, verdict.reason
     if fate in (GuestFate.MOVED, GuestFate.EVACUATED, GuestFate.EVACUATING):
-        assert verdict.migration_uuid == recorded[-1].uuid
+        deciding = [m for m in recorded if HERE in (m.source_compute_id, m.dest_compute_id)]
+        assert verdict.migration_uuid == deciding[-1].uuid
 
 
 def test_a_deleted_instance_is_removed_whatever_its_moves() -> None:
@@ -99,3 +162,14 @@ def test_agents_older_than_cold_migration_are_told_to_keep_instead_of_moved() ->
     verdict = guest_verdict(GUEST, THERE, False, [move(MIGR, S.CONFIRMED, HERE, THERE)], HERE)
     assert step_down(verdict, 5).fate is GuestFate.KEEP
     assert step_down(verdict, 6).fate is GuestFate.MOVED
+
+
+def test_finding_1_the_copy_rebuilt_back_here_is_kept() -> None:
+    """Evacuated A→B (completed), then B→A under way: A's report keeps the new copy."""
+    history = [move(EVAC, S.COMPLETED, HERE, THERE), move(EVAC, S.PRE_MIGRATING, THERE, HERE)]
+    assert guest_verdict(GUEST, THERE, False, history, HERE).fate is GuestFate.KEEP
+
+
+def test_an_unknown_server_is_an_orphan_whatever_the_records() -> None:
+    history = [move(EVAC, S.DONE, HERE, THERE)]
+    assert guest_verdict(GUEST, None, False, history, HERE).fate is GuestFate.ORPHANED

@@ -1,13 +1,8 @@
-"""The ends of a cold migration: the destination's result, then confirm or revert.
+"""The end of a move: a cold migration confirmed or reverted, an evacuation confirmed.
 
-The move itself (choosing a destination, shutting the source guest down, building the
-copy there) is :class:`~services.conductor.tasks.move.MoveTask`. Then:
+The move itself is :class:`~services.conductor.moves.task.MoveTask`, the destination's
+result :mod:`services.conductor.moves.arrival`. Then:
 
-* ``move_result`` (cast, from the destination's agent): on success one transaction
-  moves the instance's compute link to the destination, leaves it ``resized`` (status
-  VERIFY_RESIZE) and marks the record ``finished``. Both claims stay: the instance's on
-  the source, the migration's on the destination. On failure the record is ``failed``,
-  the migration's claim released and the instance in ERROR on its source.
 * ``confirm_migration`` (keel-api moved the record to ``confirming``): the source's
   agent removes its copy; then the record is ``confirmed``, the instance's claim on the
   source is released and the migration's claim on the destination becomes the
@@ -18,6 +13,10 @@ copy there) is :class:`~services.conductor.tasks.move.MoveTask`. Then:
 * ``copy_removed`` (call, from an agent's guest report): a copy that a confirmed or
   reverted migration left was removed by its agent, which finishes the step if the
   conductor could not (its agent was away).
+
+* ``evacuation_confirmed`` (call, from an evacuation's source agent once its copy is
+  gone): the record becomes ``completed`` and the instance's claim on the source is
+  released (unless the instance lives on that host again).
 
 Every step is a compare-and-swap on the record's status, so twins and repeats find the
 record moved on and do nothing; the agents' operations are idempotent.
@@ -31,153 +30,24 @@ from uuid import UUID
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor.rpcapi import CopyRemoved, MoveResult
-from services.conductor.tasks.move import MIGRATION
+from services.conductor.moves.arrival import extra as _extra
+from services.conductor.moves.arrival import remove_copy
+from services.conductor.rpcapi import CopyRemoved, EvacuationConfirmed
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.exceptions import Conflict, KeelError
 from shared.faults import FaultPoints
 from shared.objects.instance import Instance
-from shared.objects.migration import Migration, MigrationStatus
+from shared.objects.migration import CONFIRM_ACTION, REVERT_ACTION, Migration, MigrationStatus
 from shared.objects.states import PowerState, TaskState, VmState
 from shared.rpc.settlement import is_transient
 
 LOG = logging.getLogger(__name__)
 
-CONFIRM_ACTION = "confirmResize"
-REVERT_ACTION = "revertResize"
-
-
-def _extra(migration: Migration) -> dict[str, str]:
-    return {"instance_uuid": str(migration.instance_uuid), "migration_uuid": str(migration.uuid)}
-
 
 def _was_running(instance: Instance) -> bool:
     """Whether the migrated instance runs (its VERIFY_RESIZE copy is powered on)."""
     return instance.power_state != PowerState.SHUTDOWN
-
-
-async def record_move_result(
-    pool: asyncpg.Pool, compute: ComputeAPI, req: MoveResult, down_time: float
-) -> None:
-    async with pool.acquire() as conn:
-        migration = await moves.get(conn, req.migration_uuid)
-    if migration.status != MigrationStatus.PRE_MIGRATING:
-        LOG.info(
-            "ignoring a result for migration %s: it is %s (already handled)",
-            migration.uuid,
-            migration.status,
-            extra=_extra(migration),
-        )
-        return
-    if not req.success:
-        await _build_failed(pool, migration, req.message or "the build failed")
-    elif await _built(pool, migration):
-        await _remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
-
-
-async def _built(pool: asyncpg.Pool, migration: Migration) -> bool:
-    """Finish the build step; True if the instance was deleted meanwhile."""
-    assert migration.dest_compute_id is not None
-    async with pool.acquire() as conn, conn.transaction():
-        dest = await compute_nodes.get_by_id(conn, migration.dest_compute_id)
-        instance = await instances.find(conn, migration.instance_uuid)
-        if instance is None or instance.deleted_at is not None:
-            ended = await moves.swap_status(
-                conn,
-                migration.uuid,
-                expected=[MigrationStatus.PRE_MIGRATING],
-                new=MigrationStatus.ERROR,
-            )
-            if ended is not None:
-                await allocations.release_consumer(conn, migration.uuid)
-            return ended is not None
-        stopped = instance.vm_state == VmState.STOPPED
-        moved = await instances.move_to(
-            conn,
-            instance.uuid,
-            task=TaskState.RESIZE_MIGRATING,
-            node=dest,
-            vm_state=VmState.RESIZED,
-            power_state=PowerState.SHUTDOWN if stopped else PowerState.RUNNING,
-        )
-        finished = None
-        if moved is not None:
-            finished = await moves.swap_status(
-                conn,
-                migration.uuid,
-                expected=[MigrationStatus.PRE_MIGRATING],
-                new=MigrationStatus.FINISHED,
-            )
-            await instance_actions.finish(conn, instance.uuid, MIGRATION.action)
-    if finished is None:
-        LOG.info("migration %s was already finished", migration.uuid, extra=_extra(migration))
-        return False
-    LOG.info(
-        "instance %s was migrated from %s to %s (migration %s is finished): it waits for "
-        "confirm or revert, holding claims on both hosts",
-        migration.instance_uuid,
-        migration.source_compute,
-        dest.host,
-        migration.uuid,
-        extra={**_extra(migration), "decision": "migration_finished"},
-    )
-    return False
-
-
-async def _build_failed(pool: asyncpg.Pool, migration: Migration, message: str) -> None:
-    fault = f"Migration to {migration.dest_compute} failed: {message}"
-    async with pool.acquire() as conn, conn.transaction():
-        ended = await moves.swap_status(
-            conn,
-            migration.uuid,
-            expected=[MigrationStatus.PRE_MIGRATING],
-            new=MigrationStatus.FAILED,
-        )
-        if ended is None:
-            return
-        await allocations.release_consumer(conn, migration.uuid)
-        await instances.fail_task(
-            conn, migration.instance_uuid, TaskState.RESIZE_MIGRATING, message=fault
-        )
-        await instance_actions.finish(conn, migration.instance_uuid, MIGRATION.action, fault)
-    LOG.warning(
-        "migration %s failed on %s: %s; its claim there is released and instance %s stays "
-        "on %s (shut down), in ERROR",
-        migration.uuid,
-        migration.dest_compute,
-        message,
-        migration.instance_uuid,
-        migration.source_compute,
-        extra={**_extra(migration), "decision": "migration_failed"},
-    )
-
-
-async def _remove_copy(
-    pool: asyncpg.Pool,
-    compute: ComputeAPI,
-    migration: Migration,
-    node_id: int | None,
-    down_time: float,
-) -> bool:
-    """Ask the agent of ``node_id`` to remove its copy; False if that agent is down."""
-    assert node_id is not None
-    async with pool.acquire() as conn:
-        host = await compute_nodes.host_state_by_id(conn, node_id, down_time)
-    if not host.service.is_up:
-        LOG.warning(
-            "cannot remove the copy of instance %s on %s for migration %s now: its compute "
-            "service is down; its agent removes it when it reports its guests again",
-            migration.instance_uuid,
-            host.node.host,
-            migration.uuid,
-            extra=_extra(migration),
-        )
-        return False
-    await compute.remove_moved_guest(
-        RequestContext.internal(), host.service.uuid, migration.instance_uuid, migration.uuid
-    )
-    return True
 
 
 async def confirm(
@@ -200,7 +70,7 @@ async def confirm(
         )
         return
     try:
-        removed = await _remove_copy(
+        removed = await remove_copy(
             pool, compute, migration, migration.source_compute_id, down_time
         )
     except KeelError as exc:
@@ -218,6 +88,7 @@ async def finish_confirm(pool: asyncpg.Pool, migration: Migration) -> None:
     assert migration.source_compute_id is not None
     assert migration.dest_compute_id is not None
     async with pool.acquire() as conn, conn.transaction():
+        await moves.lock(conn, migration.uuid)
         confirmed = await moves.swap_status(
             conn,
             migration.uuid,
@@ -270,7 +141,7 @@ async def revert(
         )
         return
     try:
-        removed = await _remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
+        removed = await remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
     except KeelError as exc:
         if is_transient(exc):
             raise
@@ -292,7 +163,7 @@ async def finish_revert(
     assert migration.source_compute_id is not None
     assert migration.dest_compute_id is not None
     async with pool.acquire() as conn, conn.transaction():
-        current = await moves.get(conn, migration.uuid)
+        current = await moves.lock(conn, migration.uuid)
         if current.status != MigrationStatus.REVERTING:
             LOG.info("migration %s was already reverted", migration.uuid, extra=_extra(migration))
             return
@@ -329,6 +200,7 @@ async def finish_revert(
         await _step_failed(pool, migration, REVERT_ACTION, exc.message)
         return
     async with pool.acquire() as conn, conn.transaction():
+        await moves.lock(conn, migration.uuid)
         reverted = await moves.swap_status(
             conn,
             migration.uuid,
@@ -367,6 +239,7 @@ async def _step_failed(pool: asyncpg.Pool, migration: Migration, action: str, me
     task = TaskState.RESIZE_CONFIRMING if confirming else TaskState.RESIZE_REVERTING
     fault = f"{action} of migration {migration.uuid} failed: {message}"
     async with pool.acquire() as conn, conn.transaction():
+        await moves.lock(conn, migration.uuid)
         ended = await moves.swap_status(
             conn, migration.uuid, expected=[status], new=MigrationStatus.ERROR
         )
@@ -408,3 +281,41 @@ async def copy_removed(
             migration.status,
             extra=_extra(migration),
         )
+
+
+async def confirm_evacuation(pool: asyncpg.Pool, req: EvacuationConfirmed) -> None:
+    """The source removed its copy: ``done`` → ``completed``, its claim there released.
+
+    The claim stays if the instance lives on that host again (a later move brought it
+    back): it is then the instance's live claim.
+    """
+    async with pool.acquire() as conn, conn.transaction():
+        node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
+        migration = await moves.lock(conn, req.migration_uuid)
+        if migration.source_compute_id != node.id:
+            raise Conflict(
+                f"evacuation {migration.uuid} is not away from node {node.uuid}; refusing to "
+                "confirm it for that node"
+            )
+        completed = await moves.swap_status(
+            conn,
+            migration.uuid,
+            expected=[MigrationStatus.DONE],
+            new=MigrationStatus.COMPLETED,
+        )
+        released = None
+        if completed is not None:
+            instance = await instances.find(conn, migration.instance_uuid)
+            if instance is None or instance.compute_id != node.id:
+                released = await allocations.release(conn, migration.instance_uuid, node.id)
+    if completed is None:
+        LOG.info("evacuation %s was already confirmed", migration.uuid, extra=_extra(migration))
+        return
+    LOG.info(
+        "host %s removed its copy of server %s: evacuation %s is completed%s",
+        node.host,
+        migration.instance_uuid,
+        migration.uuid,
+        "; its claim there is released" if released else "",
+        extra={**_extra(migration), "decision": "evacuation_completed"},
+    )

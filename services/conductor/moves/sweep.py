@@ -27,10 +27,10 @@ from collections.abc import Awaitable
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor import migrations
+from services.conductor.moves import endings
 from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances, moves
-from shared.objects.migration import Migration, MigrationStatus
+from shared.objects.migration import CONFIRM_ACTION, Migration, MigrationStatus
 from shared.objects.states import TaskState, VmState
 
 LOG = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class MigrationSweep:
                     conn,
                     RequestContext.internal(),
                     migration.instance_uuid,
-                    migrations.CONFIRM_ACTION,
+                    CONFIRM_ACTION,
                 )
         except _Lost:
             return False
@@ -146,7 +146,7 @@ class MigrationSweep:
                 "decision": "migration_auto_confirmed",
             },
         )
-        await migrations.confirm(self.pool, self.compute, migration.uuid, self.down_time)
+        await endings.confirm(self.pool, self.compute, migration.uuid, self.down_time)
         return True
 
     async def _drive_on(self, migration: Migration) -> bool:
@@ -166,7 +166,7 @@ class MigrationSweep:
             },
         )
         if confirming:
-            await migrations.confirm(self.pool, self.compute, migration.uuid, self.down_time)
+            await endings.confirm(self.pool, self.compute, migration.uuid, self.down_time)
         else:
-            await migrations.revert(self.pool, self.compute, migration.uuid, self.down_time)
+            await endings.revert(self.pool, self.compute, migration.uuid, self.down_time)
         return True

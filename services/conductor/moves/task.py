@@ -27,7 +27,6 @@ source.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from uuid import UUID
 
 import asyncpg
@@ -51,35 +50,12 @@ from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoVal
 from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance, RequestedDestination
-from shared.objects.migration import Migration, MigrationStatus, MigrationType
-from shared.objects.states import TaskState, VmState
+from shared.objects.migration import EVACUATION, KINDS, MIGRATION, Migration, MigrationStatus
+from shared.objects.states import VmState
 
 LOG = logging.getLogger(__name__)
 
 UNDER_WAY = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
-
-
-@dataclass(frozen=True)
-class MoveKind:
-    """What differs between an evacuation and a cold migration."""
-
-    migration_type: MigrationType
-    #: The instance action recorded (Nova's name).
-    action: str
-    #: The instance's task while the destination is chosen, and then while it builds.
-    choosing: TaskState
-    building: TaskState
-    #: Whether no valid host leaves the instance in ERROR (its host is gone) or as it was.
-    no_host_is_error: bool
-
-
-EVACUATION = MoveKind(
-    MigrationType.EVACUATION, "evacuate", TaskState.REBUILDING, TaskState.REBUILDING, True
-)
-MIGRATION = MoveKind(
-    MigrationType.MIGRATION, "migrate", TaskState.RESIZE_PREP, TaskState.RESIZE_MIGRATING, False
-)
-KINDS = {kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION)}
 
 
 def instance_spec(
@@ -87,11 +63,15 @@ def instance_spec(
     nodename: str,
     addresses: list[object],
     boot: BootSource | None = None,
+    *,
+    origin: UUID | None = None,
 ) -> InstanceSpec:
+    """What an agent needs to build ``instance``; ``origin``: the move it is built for."""
     return InstanceSpec.model_validate(
         {
             "boot": boot,
             "uuid": instance.uuid,
+            "origin": origin,
             "display_name": instance.display_name,
             "flavor": instance.flavor,
             "image_ref": instance.image_ref,
@@ -229,6 +209,7 @@ class MoveTask(TaskBase):
         self, migration: Migration, selection: Selection
     ) -> HostState | None:
         async with self.pool.acquire() as conn, conn.transaction():
+            await moves.lock(conn, migration.uuid)
             dest = await compute_nodes.get_by_id(conn, selection.compute_node_id)
             moved = await moves.swap_status(
                 conn,
@@ -245,12 +226,23 @@ class MoveTask(TaskBase):
                     new=self.kind.building,
                 )
             current = moved or await moves.get(conn, migration.uuid)
-        if current.status != MigrationStatus.PRE_MIGRATING or current.dest_compute_id != dest.id:
+            lost = (
+                current.status != MigrationStatus.PRE_MIGRATING
+                or current.dest_compute_id != dest.id
+            )
+            if lost:
+                # Someone ended the move (a delete, a withdrawal, the deadline) or a twin
+                # recorded another host while this one was chosen: give back the claim
+                # this run made, unless it is the one the move goes on with.
+                await allocations.release(conn, migration.uuid, dest.id)
+        if lost:
             LOG.info(
-                "%s %s changed while it was scheduled (%s): leaving it be",
+                "%s %s changed while it was scheduled (%s): released the claim on %s and "
+                "leaving it be",
                 self.kind.migration_type,
                 migration.uuid,
                 current.status,
+                dest.host,
                 extra=self._extra(),
             )
             return None
@@ -286,7 +278,13 @@ class MoveTask(TaskBase):
             boot = None
             if self.boot_images is not None:
                 boot = await self.boot_images.source(conn, instance.image_ref)
-        spec = instance_spec(instance, destination.node.hypervisor_hostname, list(addresses), boot)
+        spec = instance_spec(
+            instance,
+            destination.node.hypervisor_hostname,
+            list(addresses),
+            boot,
+            origin=self.migration_uuid,
+        )
         try:
             await self.compute.rebuild_instance(
                 self.ctx,
@@ -313,6 +311,7 @@ class MoveTask(TaskBase):
         """End the move as ``status``; the instance stays on its source."""
         kind = self.kind
         async with self.pool.acquire() as conn, conn.transaction():
+            await moves.lock(conn, self.migration_uuid)
             ended = await moves.swap_status(
                 conn, self.migration_uuid, expected=list(UNDER_WAY), new=status
             )

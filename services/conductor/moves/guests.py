@@ -1,0 +1,215 @@
+"""What the guests an agent finds on its host are to become (``report_guests``).
+
+Every agent reports its guests at start-up and periodically. :func:`guest_verdict`, a
+pure function, decides each one's fate from the server's row (deleted or not, the node
+it lives on) and its **whole move history** — every evacuation and cold migration of
+the server, oldest first, not only those touching this node — by the first row of this
+table that applies (N is the reporting node, C the server's current node, M the
+server's latest move):
+
+====  ============================================================  ===================
+row   when                                                          fate
+====  ============================================================  ===================
+R1    the server was deleted                                        ``deleted``: remove
+R2a   M is under way (not ended) and N is M's source, M an           ``evacuating``: keep,
+      evacuation still ``accepted``/``pre-migrating``                do not start
+R2b   M is a cold migration ``confirming`` and N is its source       ``moved``: remove,
+                                                                     then ``copy_removed``
+R2c   M is a cold migration ``reverting``, N its destination, and   ``moved``: remove,
+      the server already linked back to its source                  then ``copy_removed``
+R2d   M is under way and N is its source or its destination          ``keep``
+R3    N is C (nothing under way touches N: this is the live copy)    ``keep``
+R4    the last ended move touching N says N's copy was superseded:   ``evacuated`` or
+      N was the source of an evacuation ``done``/``completed`` or    ``moved``: remove
+      of a migration ``confirmed``, or the destination of a
+      migration ``reverted``
+R5    anything else (an unknown server; a copy a failed, cancelled   ``orphaned``: never
+      or timed-out move left; a copy no record explains)             destroyed; stopped,
+                                                                     reported
+====  ============================================================  ===================
+
+So a copy on the server's current node, or on either end of a move under way, is never
+destroyed (R2d, R3), whatever older records say; a copy is destroyed only on positive
+evidence that the server's current copy is elsewhere and newer (R1, R2b, R2c, R4).
+The unit tests (``tests/unit/services/conductor/test_guest_verdicts.py``) have a case
+per row.
+
+The report's ``to_confirm`` lists the evacuations away from N that are ``done`` and
+whose server's verdict on N is ``evacuated`` (R4): the agent removes its copy, if it
+still has one, and confirms each, which completes the record and releases N's claim. An
+evacuation ``done`` whose server has meanwhile come back to N is completed here, without
+removing anything: N's copy is the live one.
+"""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID
+
+import asyncpg
+
+from services.conductor.rpcapi import GuestFate, GuestsReport, GuestVerdict, ReportGuests
+from shared.db import compute_nodes, instances, moves, orphans, placement, services
+from shared.db.pool import Connection
+from shared.objects.migration import Migration, MigrationStatus, MigrationType
+
+LOG = logging.getLogger(__name__)
+
+#: The first release whose agents know the ``moved`` fate (conductor RPC 1.5).
+MOVED_SINCE_RELEASE = 6
+
+S = MigrationStatus
+#: Statuses in which a move has not ended: both its ends keep their copies.
+UNDER_WAY = (S.ACCEPTED, S.PRE_MIGRATING, S.FINISHED, S.CONFIRMING, S.REVERTING)
+#: Statuses in which an evacuation has not yet been rebuilt elsewhere.
+_EVACUATING = (S.ACCEPTED, S.PRE_MIGRATING)
+
+
+def _verdict(
+    guest: UUID, fate: GuestFate, reason: str, move: Migration | None = None
+) -> GuestVerdict:
+    return GuestVerdict(
+        instance_uuid=guest,
+        fate=fate,
+        migration_uuid=None if move is None else move.uuid,
+        reason=reason,
+    )
+
+
+def _superseded(move: Migration, node: int) -> bool:
+    """Whether ``move``, ended, left ``node``'s copy superseded by a newer one (R4)."""
+    if move.migration_type == MigrationType.EVACUATION:
+        return move.source_compute_id == node and move.status in (S.DONE, S.COMPLETED)
+    if move.source_compute_id == node:
+        return move.status == S.CONFIRMED
+    return move.dest_compute_id == node and move.status == S.REVERTED
+
+
+def guest_verdict(
+    guest: UUID, instance_node: int | None, deleted: bool, history: list[Migration], node: int
+) -> GuestVerdict:
+    """The fate of guest ``guest`` on node ``node``; see the module's table.
+
+    ``instance_node``: the node the server lives on (``None``: no such server, or not
+    placed); ``history``: every move of the server, oldest first.
+    """
+    if deleted:
+        return _verdict(guest, GuestFate.DELETED, "deleted")
+    latest = history[-1] if history else None
+    if latest is not None and latest.status in UNDER_WAY:
+        evacuation = latest.migration_type == MigrationType.EVACUATION
+        what = f"{latest.migration_type} {latest.uuid} is {latest.status}"
+        if latest.source_compute_id == node:
+            if evacuation and latest.status in _EVACUATING:
+                return _verdict(guest, GuestFate.EVACUATING, what, latest)
+            if not evacuation and latest.status == S.CONFIRMING:
+                reason = f"{what}: its copy on {latest.dest_compute} is the server now"
+                return _verdict(guest, GuestFate.MOVED, reason, latest)
+            return _verdict(guest, GuestFate.KEEP, what, latest)
+        if latest.dest_compute_id == node:
+            if not evacuation and latest.status == S.REVERTING and instance_node != node:
+                reason = f"{what}: its copy on {latest.source_compute} is the server again"
+                return _verdict(guest, GuestFate.MOVED, reason, latest)
+            return _verdict(guest, GuestFate.KEEP, what, latest)
+    if instance_node == node:
+        return _verdict(guest, GuestFate.KEEP, "the server lives here")
+    touching = [m for m in history if node in (m.source_compute_id, m.dest_compute_id)]
+    last_here = next((m for m in reversed(touching) if m.status not in UNDER_WAY), None)
+    if instance_node is not None and last_here is not None and _superseded(last_here, node):
+        if last_here.migration_type == MigrationType.EVACUATION:
+            reason = f"evacuation {last_here.uuid} rebuilt it on {last_here.dest_compute}"
+            return _verdict(guest, GuestFate.EVACUATED, reason, last_here)
+        reason = f"migration {last_here.uuid} ({last_here.status}) left this copy redundant"
+        return _verdict(guest, GuestFate.MOVED, reason, last_here)
+    if instance_node is None:
+        where = "no server has this id, or it was never placed"
+    else:
+        where = "the server lives on another node"
+    return _verdict(guest, GuestFate.ORPHANED, f"{where}, and no move record says this copy may go")
+
+
+def step_down(verdict: GuestVerdict, agent_release: int) -> GuestVerdict:
+    """What an agent of ``agent_release`` can read: older ones know no ``moved``."""
+    if verdict.fate is GuestFate.MOVED and agent_release < MOVED_SINCE_RELEASE:
+        return verdict.model_copy(
+            update={"fate": GuestFate.KEEP, "reason": f"{verdict.reason} (agent too old to act)"}
+        )
+    return verdict
+
+
+async def _history(conn: Connection, instance_uuid: UUID) -> list[Migration]:
+    rows = await conn.fetch(
+        """SELECT * FROM migrations
+            WHERE instance_uuid = $1 AND deleted_at IS NULL
+            ORDER BY id""",
+        instance_uuid,
+    )
+    return [Migration.from_row(row) for row in rows]
+
+
+async def _where(conn: Connection, instance_uuid: UUID) -> tuple[int | None, bool]:
+    """The node the server lives on (``None`` if unknown or unplaced), and if deleted."""
+    instance = await instances.find(conn, instance_uuid)
+    if instance is None:
+        return None, False
+    found = await placement.node_of(conn, instance)
+    return (None if found is None else found.id), instance.deleted_at is not None
+
+
+async def _settle_evacuations(conn: Connection, node_id: int) -> list[GuestVerdict]:
+    """The ``done`` evacuations away from ``node_id`` its agent is to confirm (R4).
+
+    One whose server lives on ``node_id`` again is completed now, removing nothing.
+    """
+    to_confirm = []
+    for done in await moves.from_source(
+        conn, node_id, MigrationType.EVACUATION, [MigrationStatus.DONE]
+    ):
+        instance_node, deleted = await _where(conn, done.instance_uuid)
+        history = await _history(conn, done.instance_uuid)
+        verdict = guest_verdict(done.instance_uuid, instance_node, deleted, history, node_id)
+        if verdict.fate in (GuestFate.EVACUATED, GuestFate.DELETED):
+            to_confirm.append(
+                verdict.model_copy(
+                    update={"fate": GuestFate.EVACUATED, "migration_uuid": done.uuid}
+                )
+            )
+        elif instance_node == node_id:
+            completed = await moves.swap_status(
+                conn, done.uuid, expected=[MigrationStatus.DONE], new=MigrationStatus.COMPLETED
+            )
+            if completed is not None:
+                LOG.info(
+                    "evacuation %s is completed without removing anything: server %s lives "
+                    "on this host again",
+                    done.uuid,
+                    done.instance_uuid,
+                    extra={
+                        "instance_uuid": str(done.instance_uuid),
+                        "migration_uuid": str(done.uuid),
+                    },
+                )
+    return to_confirm
+
+
+async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float) -> GuestsReport:
+    """Classify the agent's guests; record the orphans; list evacuations to confirm."""
+    async with pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
+        release = MOVED_SINCE_RELEASE
+        if node.service_id is not None:
+            service = await services.get_by_id(conn, node.service_id, down_time)
+            release = service.version
+        verdicts = []
+        for guest in req.guests:
+            instance_node, deleted = await _where(conn, guest)
+            history = await _history(conn, guest)
+            verdict = guest_verdict(guest, instance_node, deleted, history, node.id)
+            verdicts.append(step_down(verdict, release))
+        to_confirm = await _settle_evacuations(conn, node.id)
+        await orphans.report(
+            conn,
+            node.id,
+            [(v.instance_uuid, v.reason) for v in verdicts if v.fate == GuestFate.ORPHANED],
+        )
+    return GuestsReport(verdicts=verdicts, to_confirm=to_confirm)
