@@ -321,6 +321,13 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = "auto"
     #: Seconds an instance may stay in BUILD before the conductor puts it in ERROR; 0 never.
     build_timeout: float = Field(default=600.0, ge=0)
+    #: Seconds a move may stay accepted or pre-migrating before the conductor ends it
+    #: (record ``error``; an evacuated server in ERROR, a migrated one back on its
+    #: source); 0 never.
+    move_timeout: float = Field(default=3600.0, ge=0)
+    #: Seconds a stop, start, reboot or delete may stay in its task before the conductor
+    #: clears it; 0 never.
+    task_timeout: float = Field(default=600.0, ge=0)
     #: Seconds a finished cold migration waits for confirm or revert before the conductor
     #: confirms it on its owner's behalf; 0 never does (Nova's resize_confirm_window).
     resize_confirm_window: float = Field(default=0.0, ge=0)

@@ -37,6 +37,8 @@ History:
 * 11 (``hawser``) — guest origins: compute 1.7 (a rebuilt guest records the move that
   made it; a destination never adopts a guest another move or a build left; copies are
   removed for a move only if that move made them).
+* 12 (``kedge``) — power state follows the host: conductor 1.7 (``report_guests``
+  carries each guest's power state).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.5", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.6", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.7", conductor="1.6", scheduler="1.2"),
+    ReleaseApis(compute="1.7", conductor="1.7", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -96,6 +99,7 @@ RELEASE_NAMES: dict[str, int] = {
     "inhaul": 9,
     "jackstay": 10,
     "hawser": 11,
+    "kedge": 12,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -36,6 +36,7 @@ from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import ConductorAPI, GuestFate, GuestVerdict
 from shared.context import RequestContext
 from shared.exceptions import GuestNotFound
+from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
 
@@ -54,7 +55,13 @@ class GuestReconciler:
     async def reconcile(self) -> None:
         ctx = RequestContext.internal()
         guests = await self._driver.list_instances()
-        report = await self._conductor.report_guests(ctx, self._node_uuid, guests)
+        power: dict[UUID, PowerState] = {}
+        for guest in guests:
+            try:
+                power[guest] = await self._driver.guest_power(guest)
+            except GuestNotFound:
+                continue
+        report = await self._conductor.report_guests(ctx, self._node_uuid, guests, power)
         if report is None:
             LOG.info("the conductor is too old to say what becomes of guests; leaving them be")
             return

@@ -4,9 +4,9 @@ Connects to PostgreSQL and RabbitMQ, registers this conductor's own service row
 (binary ``keel-conductor``; two conductors on one host share it), heartbeats it in the
 database every report interval, and serves the conductor RPC API on the ``conductor``
 topic as one of possibly many competing consumers, with scheduler and compute clients
-on the same transport. It also sweeps for builds that overran ``KEEL_BUILD_TIMEOUT``
-and for cold migrations left unconfirmed (``KEEL_RESIZE_CONFIRM_WINDOW``) or stalled
-while confirming or reverting.
+on the same transport. It also runs the deadline sweep (:mod:`services.conductor.deadlines`):
+builds, moves and tasks that overran their deadlines, cold migrations left unconfirmed
+or stalled while confirming or reverting.
 On SIGTERM it stops consuming, lets work in flight finish (bounded), then closes the
 transport and the pool.
 """
@@ -20,9 +20,8 @@ import asyncpg
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.agent_guard import AgentGuard
 from services.conductor.boot_images import BootImages
-from services.conductor.build_deadline import BuildDeadline
+from services.conductor.deadlines import Deadlines
 from services.conductor.manager import ConductorManager
-from services.conductor.moves.sweep import MigrationSweep
 from services.conductor.rpcapi import TOPIC
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.config import Settings
@@ -66,18 +65,8 @@ async def run_conductor(
         guard=AgentGuard(pool),
     )
     lifecycle.on_reload(pins.reload)
-    periodic = []
-    deadline = BuildDeadline(pool, settings.build_timeout)
-    if deadline.enabled:
-        periodic.append(Periodic("build deadline", deadline.sweep, deadline.interval))
-    moves = MigrationSweep(
-        pool,
-        compute,
-        confirm_window=settings.resize_confirm_window,
-        stall_after=2 * timeout,
-        down_time=settings.service_down_time,
-    )
-    periodic.append(Periodic("migration sweep", moves.sweep, moves.interval))
+    deadlines = Deadlines(pool, compute, settings)
+    periodic = [Periodic("deadlines", deadlines.sweep, deadlines.interval)]
     # A build waits at most one scheduler call; give it that long, and a little more.
     await serve_until_stopped(
         record, server, lifecycle, drain_timeout=timeout + 5.0, periodic=periodic

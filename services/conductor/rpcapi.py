@@ -16,6 +16,9 @@ Conductor RPC API history:
   migration left on its host); report_guests may answer ``moved``.
 * 1.6 — build_instances may carry ``requested_destination``: the host and/or node an
   admin asked for, as compute node ids; sent at 1.6 only when it does.
+* 1.7 — report_guests carries each guest's power state (``power``): the server's
+  recorded state follows its host (a stop or start whose task was cleared, or a guest
+  that stopped by itself).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from shared.exceptions import ServiceTooOld
 from shared.objects.base import KeelModel
 from shared.objects.compute_node import NodeResources
 from shared.objects.instance import RequestedDestination
+from shared.objects.states import PowerState
 from shared.rpc.client import CapSource, RPCClient
 from shared.rpc.transport import Transport
 from shared.versions import SERVICE_VERSION, apis_for
@@ -190,6 +194,8 @@ class GuestVerdict(KeelModel):
 class ReportGuests(KeelModel):
     compute_node_uuid: UUID
     guests: list[UUID] = Field(default_factory=list, max_length=100_000)
+    #: Each guest's power state as the hypervisor shows it (1.7).
+    power: dict[UUID, PowerState] = Field(default_factory=dict, max_length=100_000)
 
 
 class GuestsReport(KeelModel):
@@ -353,14 +359,19 @@ class ConductorAPI:
         await self.client.cast(ctx, "move_result", req, version="1.4")
 
     async def report_guests(
-        self, ctx: RequestContext, compute_node_uuid: UUID, guests: list[UUID]
+        self,
+        ctx: RequestContext,
+        compute_node_uuid: UUID,
+        guests: list[UUID],
+        power: dict[UUID, PowerState] | None = None,
     ) -> GuestsReport | None:
         """What the agent's guests are to become; ``None`` if the conductor cannot say."""
         if not await self.client.can_send_version("1.4"):
             return None
-        req = ReportGuests(compute_node_uuid=compute_node_uuid, guests=guests)
+        req = ReportGuests(compute_node_uuid=compute_node_uuid, guests=guests, power=power or {})
+        version = "1.7" if await self.client.can_send_version("1.7") else "1.4"
         return await self.client.call(
-            ctx, "report_guests", req, version="1.4", returns=GuestsReport
+            ctx, "report_guests", req, version=version, returns=GuestsReport
         )
 
     async def evacuation_confirmed(

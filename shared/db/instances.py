@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
+from shared.db import moves
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.compute_node import ComputeNode
@@ -332,9 +333,10 @@ async def soft_delete_unplaced(conn: Connection, instance_uuid: UUID) -> bool:
 async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
     """Mark the instance deleted; False if it already was (idempotent).
 
-    A cold migration of the instance that was waiting for confirm or revert ends
-    ``confirmed``, as Nova's delete of a resized server does: nothing is left to decide,
-    and the copies on both hosts go with the instance.
+    Delete wins over any move (:func:`shared.db.moves.cancel_for_delete`): one under way
+    ends ``cancelled``; a cold migration that was waiting for confirm or revert ends
+    ``confirmed``, as Nova's delete of a resized server does. The copies on both hosts go
+    with the instance.
     """
     status = await conn.execute(
         """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
@@ -346,12 +348,7 @@ async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
     )
     if status == "UPDATE 0":
         return False
-    await conn.execute(
-        """UPDATE migrations SET status = 'confirmed', updated_at = now()
-            WHERE instance_uuid = $1 AND migration_type = 'migration'
-              AND status = 'finished' AND deleted_at IS NULL""",
-        instance_uuid,
-    )
+    await moves.cancel_for_delete(conn, instance_uuid)
     return True
 
 

@@ -167,6 +167,50 @@ async def stalled_endings(conn: Connection, older_than: float) -> list[Migration
     return [Migration.from_row(row) for row in rows]
 
 
+async def older_than(
+    conn: Connection, statuses: Sequence[str], seconds: float, *, batch: int = 100
+) -> list[Migration]:
+    """Moves in one of ``statuses`` whose record has not changed for ``seconds``."""
+    rows = await conn.fetch(
+        """SELECT * FROM migrations
+            WHERE status = ANY($1::text[]) AND deleted_at IS NULL
+              AND COALESCE(updated_at, created_at) < now() - make_interval(secs => $2)
+            ORDER BY id LIMIT $3""",
+        list(statuses),
+        seconds,
+        batch,
+    )
+    return [Migration.from_row(row) for row in rows]
+
+
+#: Statuses a move is cancelled from when its server is deleted (a ``finished`` cold
+#: migration ends ``confirmed`` instead, as Nova's delete of a resized server does).
+CANCELLABLE = ("accepted", "pre-migrating", "confirming", "reverting")
+
+
+async def cancel_for_delete(conn: Connection, instance_uuid: UUID) -> list[Migration]:
+    """Delete wins: end the server's moves under way as ``cancelled``; the ones ended.
+
+    Take the instance's row lock first (the documented order). The moves' claims go with
+    the server's (``allocations.release_instance``); a step of a cancelled move that
+    arrives late finds it ended and removes what it built.
+    """
+    rows = await conn.fetch(
+        """UPDATE migrations SET status = 'cancelled', updated_at = now()
+            WHERE instance_uuid = $1 AND status = ANY($2::text[]) AND deleted_at IS NULL
+        RETURNING *""",
+        instance_uuid,
+        list(CANCELLABLE),
+    )
+    await conn.execute(
+        """UPDATE migrations SET status = 'confirmed', updated_at = now()
+            WHERE instance_uuid = $1 AND migration_type = 'migration'
+              AND status = 'finished' AND deleted_at IS NULL""",
+        instance_uuid,
+    )
+    return [Migration.from_row(row) for row in rows]
+
+
 async def in_progress(conn: Connection, instance_uuid: UUID) -> Migration | None:
     """The instance's move that has not ended yet, if any."""
     row = await conn.fetchrow(

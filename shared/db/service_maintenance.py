@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from shared.db import compute_nodes, placement, services
+from shared.db import allocations, compute_nodes, placement, services
 from shared.db.pool import Connection
 from shared.exceptions import AlreadyExists, Conflict, ServiceNotFound
+from shared.objects.instance import Allocation
 from shared.objects.service import Binary, Service
 
 LOG = logging.getLogger(__name__)
@@ -143,8 +144,10 @@ async def delete_service(conn: Connection, service: Service, down_time: float) -
         await check_stopped(conn, service, down_time, "delete the service")
         nodes = await compute_nodes.of_service(conn, service.id)
         node_ids = [node.id for node in nodes]
+        released: list[Allocation] = []
         if service.binary == Binary.COMPUTE:
             await _check_empty(conn, service, node_ids)
+            released = await _release_evacuated(conn, node_ids)
         await conn.execute(
             """UPDATE compute_nodes SET deleted_at = now(), updated_at = now()
                 WHERE service_id = $1 AND deleted_at IS NULL""",
@@ -155,15 +158,43 @@ async def delete_service(conn: Connection, service: Service, down_time: float) -
             service.id,
         )
     LOG.warning(
-        "deleted %s service %s on host %r with %d compute node(s): %s",
+        "deleted %s service %s on host %r with %d compute node(s): %s%s",
         service.binary,
         service.uuid,
         service.host,
         len(nodes),
         ", ".join(str(node.uuid) for node in nodes) or "none",
+        f"; released the claims of {len(released)} server(s) evacuated from it" if released else "",
         extra={"decision": "service_deleted"},
     )
     return len(nodes)
+
+
+#: Claims on a node that only the copies of servers evacuated away from it explain: the
+#: evacuation is ``done`` (rebuilt elsewhere) and the host never confirmed it removed its
+#: copy. A host deleted for good never will; its claims go with it.
+_EVACUATED_CLAIM = """
+    a.compute_node_id = ANY($1::bigint[]) AND a.consumer_uuid = a.instance_uuid
+    AND EXISTS (SELECT 1 FROM migrations m
+                 WHERE m.instance_uuid = a.instance_uuid
+                   AND m.source_compute_id = a.compute_node_id
+                   AND m.migration_type = 'evacuation' AND m.status = 'done'
+                   AND m.deleted_at IS NULL)"""
+
+
+async def _release_evacuated(conn: Connection, node_ids: list[int]) -> list[Allocation]:
+    """Release the claims of servers evacuated away from these nodes (their records stay
+    ``done``: the copies on the deleted host are gone with it)."""
+    rows = await conn.fetch(
+        f"SELECT a.consumer_uuid, a.compute_node_id FROM allocations a WHERE {_EVACUATED_CLAIM}",
+        node_ids,
+    )
+    released = []
+    for row in rows:
+        found = await allocations.release(conn, row["consumer_uuid"], row["compute_node_id"])
+        if found is not None:
+            released.append(found)
+    return released
 
 
 async def _check_empty(conn: Connection, service: Service, node_ids: list[int]) -> None:
@@ -174,7 +205,9 @@ async def _check_empty(conn: Connection, service: Service, node_ids: list[int]) 
             f"{service.host!r} has {servers} server(s). Delete them (or move them) first."
         )
     claims: int = await conn.fetchval(
-        "SELECT count(*) FROM allocations WHERE compute_node_id = ANY($1::bigint[])", node_ids
+        f"""SELECT count(*) FROM allocations a
+             WHERE a.compute_node_id = ANY($1::bigint[]) AND NOT ({_EVACUATED_CLAIM})""",
+        node_ids,
     )
     if claims:
         raise Conflict(

@@ -38,7 +38,7 @@ from services.api.http.faults import BadRequest, ConflictingRequest, ServiceUnav
 from services.api.http.microversion import APIVersion
 from services.api.http.policy import Policy
 from services.api.servers import keys as server_keys
-from services.api.servers import requested_destination
+from services.api.servers import publish, requested_destination
 from services.api.servers.fields import PreparedFields, ServerFields
 from services.api.servers.lookup import last_segment
 from services.api.servers.requested_destination import ZoneRequest, parse_zone
@@ -46,6 +46,7 @@ from services.conductor.rpcapi import DESTINATION_VERSION, ConductorAPI
 from shared.config import QuotaSettings
 from shared.context import RequestContext
 from shared.db import (
+    allocations,
     compute_nodes,
     fixed_ips,
     flavors,
@@ -300,13 +301,19 @@ async def _record(
     return created
 
 
-async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
-    async def withdraw(conn: Connection) -> None:
-        await instances.soft_delete(conn, instance.uuid)
+async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> bool:
+    """Remove a new server no conductor has placed yet (its quota, addresses and any claim
+    go with it); False if one already placed it: then its build goes on."""
+
+    async def withdraw(conn: Connection) -> bool:
+        if not await instances.soft_delete_unplaced(conn, instance.uuid):
+            return False
+        await allocations.release_instance(conn, instance.uuid)
         await fixed_ips.release(conn, instance.uuid)
         await instance_actions.finish(conn, instance.uuid, CREATE_ACTION, reason)
+        return True
 
-    await in_transaction(pool, withdraw, what=f"withdrawing new server {instance.uuid}")
+    return await in_transaction(pool, withdraw, what=f"withdrawing new server {instance.uuid}")
 
 
 async def _withdraw_unconfirmed(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
@@ -435,21 +442,37 @@ async def _hand_over(
     refuse the request."""
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
     try:
-        await conductor.build_instances(ctx, instance.uuid, destination)
+        failed = await publish.send(
+            lambda: conductor.build_instances(ctx, instance.uuid, destination),
+            what=f"the build of server {instance.uuid}",
+        )
     except ServiceTooOld as exc:
         # The cap fell between the check and the cast: nothing was sent.
         for withdrawn in batch:
             await _withdraw(pool, withdrawn, exc.message)
         raise ConflictingRequest(exc.message) from None
-    except MessagingError as exc:
-        reason = f"keel-conductor could not be reached: {exc.message}"
-        LOG.error("withdrawing new server %s: %s", instance.uuid, reason, extra=extra)
-        for withdrawn in batch:
-            await _withdraw(pool, withdrawn, reason)
-        raise ServiceUnavailable(
-            f"The server was not created: {reason}. Check that keel-conductor and RabbitMQ "
-            "are running, then retry."
-        ) from None
+    except MessagingError as exc:  # unroutable: no conductor queue, nothing delivered
+        failed = exc
+    if failed is not None:
+        reason = f"keel-conductor could not be reached: {failed.message}"
+        if await _withdraw(pool, instance, reason):
+            # The request is refused: withdraw its other servers too, unless a
+            # conductor already placed them (those go on).
+            for other in batch:
+                if other.uuid != instance.uuid:
+                    await _withdraw(pool, other, reason)
+            LOG.error("withdrew new server %s: %s", instance.uuid, reason, extra=extra)
+            raise ServiceUnavailable(
+                f"The server was not created: {reason}. Check that keel-conductor and "
+                "RabbitMQ are running, then retry."
+            )
+        LOG.warning(
+            "the build of server %s could not be confirmed sent (%s), but a conductor has "
+            "already taken it: it goes on",
+            instance.uuid,
+            failed.message,
+            extra=extra,
+        )
 
 
 def _conductor_too_old(cap: str) -> ConflictingRequest:

@@ -12,7 +12,15 @@
   with a WARNING naming the host, because the guest's files remain there until the
   agent comes back and cleans up.
 
-If the broker itself cannot be reached the delete fails with 503 and nothing changes.
+If the broker itself cannot be reached, the delete is sent again a few times; then its
+``deleting`` mark is withdrawn (unless the agent already took it) and the answer is 503
+(see :mod:`services.api.servers.publish`).
+
+**Delete wins over a move.** Once the delete is sent, the server's moves under way end
+``cancelled`` (a cold migration awaiting confirmation ends ``confirmed``) and the other
+end of each is asked to remove its copy; a late step of a cancelled move finds the server
+deleted and removes what it built; an agent that was down removes its copy at its next
+guest report. Both hosts' claims go with the server.
 """
 
 from __future__ import annotations
@@ -24,14 +32,21 @@ from uuid import UUID
 import asyncpg
 
 from services.api.http.faults import ServiceUnavailable
+from services.api.servers import publish
 from services.api.servers.lookup import host_service
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
-from shared.db import allocations, fixed_ips, instance_actions, instances
+from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, moves
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
-from shared.exceptions import InstanceNotFound, MessagingError, Unroutable
+from shared.exceptions import (
+    ComputeNodeNotFound,
+    InstanceNotFound,
+    KeelError,
+    Unroutable,
+)
 from shared.objects.instance import Allocation, Instance
+from shared.objects.migration import Migration
 from shared.objects.service import Service
 from shared.objects.states import TaskState
 
@@ -116,7 +131,7 @@ async def delete_server(
         _warn_files_remain(instance, why)
         await local_delete(pool, ctx, instance.uuid, why, started=False)
         return
-    await _terminate_on_host(pool, compute, ctx, instance, service)
+    await _terminate_on_host(pool, compute, ctx, instance, service, down_time=down_time)
 
 
 async def _terminate_on_host(
@@ -125,6 +140,8 @@ async def _terminate_on_host(
     ctx: RequestContext,
     instance: Instance,
     service: Service,
+    *,
+    down_time: float,
 ) -> None:
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
 
@@ -134,18 +151,38 @@ async def _terminate_on_host(
 
     await in_transaction(pool, mark_deleting, what=f"marking server {instance.uuid} deleting")
     try:
-        await compute.terminate_instance(ctx, service.uuid, instance.uuid)
+        failed = await publish.send(
+            lambda: compute.terminate_instance(ctx, service.uuid, instance.uuid),
+            what=f"the delete of server {instance.uuid}",
+        )
     except Unroutable:
         why = f"no queue for its compute service {service.uuid}"
         _warn_files_remain(instance, why)
         await local_delete(pool, ctx, instance.uuid, why, started=True)
         return
-    except MessagingError as exc:
-        await _restore(pool, instance, exc.message)
-        raise ServiceUnavailable(
-            f"The server was not deleted: the message bus could not be reached ({exc.message}). "
-            "Retry once RabbitMQ is available."
-        ) from None
+    if failed is not None:
+        if await _restore(pool, instance, failed.message):
+            raise ServiceUnavailable(
+                f"The server was not deleted: the message bus could not be reached "
+                f"({failed.message}). Retry once RabbitMQ is available."
+            )
+        LOG.warning(
+            "the delete of server %s could not be confirmed sent (%s), but its agent already "
+            "took it",
+            instance.uuid,
+            failed.message,
+            extra=extra,
+        )
+
+    async def cancel_moves(conn: Connection) -> list[Migration]:
+        await conn.execute("SELECT 1 FROM instances WHERE uuid = $1 FOR UPDATE", instance.uuid)
+        return await moves.cancel_for_delete(conn, instance.uuid)
+
+    # Delete wins over any move: sent, it ends the server's moves under way now, so no
+    # step of theirs goes on; each move's other end is asked to remove its copy.
+    cancelled = await in_transaction(
+        pool, cancel_moves, what=f"cancelling the moves of server {instance.uuid}"
+    )
     LOG.info(
         "asked compute service %s on %s to delete server %s",
         service.uuid,
@@ -153,18 +190,72 @@ async def _terminate_on_host(
         instance.uuid,
         extra=extra,
     )
+    for migration in cancelled:
+        await _remove_other_copy(
+            pool, compute, ctx, migration, current=service, down_time=down_time
+        )
 
 
-async def _restore(pool: asyncpg.Pool, instance: Instance, reason: str) -> None:
-    """Undo the ``deleting`` mark after the delete request could not be sent."""
+async def _remove_other_copy(
+    pool: asyncpg.Pool,
+    compute: ComputeAPI,
+    ctx: RequestContext,
+    migration: Migration,
+    *,
+    current: Service,
+    down_time: float,
+) -> None:
+    """Delete wins over a move: ask the move's other end to remove the copy it holds.
 
-    async def restore(conn: Connection) -> None:
-        await instances.swap_task_state(
+    Best effort: an agent that is down (or a copy still being built) is handled by that
+    agent's next guest report, or by the move's late result, since the server is gone.
+    """
+    for node_id in (migration.source_compute_id, migration.dest_compute_id):
+        if node_id is None:
+            continue
+        async with pool.acquire() as conn:
+            try:
+                host = await compute_nodes.host_state_by_id(conn, node_id, down_time)
+            except ComputeNodeNotFound:
+                continue
+        if host.service.id == current.id or not host.service.is_up:
+            continue
+        only_origin = migration.uuid if node_id == migration.dest_compute_id else None
+        try:
+            await compute.remove_moved_guest(
+                ctx,
+                host.service.uuid,
+                migration.instance_uuid,
+                migration.uuid,
+                only_origin=only_origin,
+            )
+        except KeelError as exc:
+            LOG.warning(
+                "server %s is being deleted during %s %s; its copy on %s is left to that "
+                "host's next guest report (%s)",
+                migration.instance_uuid,
+                migration.migration_type,
+                migration.uuid,
+                host.node.host,
+                exc.message,
+                extra={"instance_uuid": str(migration.instance_uuid)},
+            )
+
+
+async def _restore(pool: asyncpg.Pool, instance: Instance, reason: str) -> bool:
+    """Undo the ``deleting`` mark after the delete could not be sent; False if its agent
+    already took it (the server is deleted, or its task moved on)."""
+
+    async def restore(conn: Connection) -> bool:
+        restored = await instances.swap_task_state(
             conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
         )
+        if restored is None:
+            return False
         await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, reason)
+        return True
 
-    await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
+    return await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
 
 
 def instance_task(instance: Instance) -> TaskState | None:

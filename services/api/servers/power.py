@@ -27,6 +27,7 @@ from uuid import UUID
 import asyncpg
 
 from services.api.http.faults import ConflictingRequest, ServiceUnavailable
+from services.api.servers import publish
 from services.api.servers.lookup import host_service
 from services.compute.rpcapi import SINCE, ComputeAPI, RebootType
 from shared.config import Settings
@@ -34,7 +35,7 @@ from shared.context import RequestContext
 from shared.db import instance_actions, instances, services
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
-from shared.exceptions import MessagingError, Unroutable
+from shared.exceptions import Unroutable
 from shared.objects.instance import Instance
 from shared.objects.service import Binary, Service
 from shared.objects.states import TaskState, VmState
@@ -120,12 +121,18 @@ async def _begin(
     )
 
 
-async def _undo(pool: asyncpg.Pool, instance_uuid: UUID, action: PowerAction, why: str) -> None:
-    async def undo(conn: Connection) -> None:
-        await instances.finish_task(conn, instance_uuid, (action.task,))
-        await instance_actions.finish(conn, instance_uuid, action.name, why)
+async def _withdraw(pool: asyncpg.Pool, instance_uuid: UUID, action: PowerAction, why: str) -> bool:
+    """Clear the task if no agent has ended it; False if one already has (work taken)."""
 
-    await in_transaction(pool, undo, what=f"undoing {action.name} of {instance_uuid}")
+    async def withdraw(conn: Connection) -> bool:
+        if await instances.finish_task(conn, instance_uuid, (action.task,)) is None:
+            return False
+        await instance_actions.finish(conn, instance_uuid, action.name, why)
+        return True
+
+    return await in_transaction(
+        pool, withdraw, what=f"withdrawing {action.name} of {instance_uuid}"
+    )
 
 
 async def run_power_action(
@@ -153,25 +160,37 @@ async def run_power_action(
             f"{instance.vm_state} with no compute host"
         )
     await _begin(pool, ctx, instance, action)
-    try:
+
+    async def cast() -> None:
         if action.method == "stop_instance":
             await compute.stop_instance(ctx, service.uuid, instance.uuid)
         elif action.method == "start_instance":
             await compute.start_instance(ctx, service.uuid, instance.uuid)
         else:
             await compute.reboot_instance(ctx, service.uuid, instance.uuid, reboot_type)
+
+    try:
+        failed = await publish.send(cast, what=f"{action.name} of server {instance.uuid}")
     except Unroutable:
-        await _undo(pool, instance.uuid, action, f"no queue for compute service {service.uuid}")
+        await _withdraw(pool, instance.uuid, action, f"no queue for compute service {service.uuid}")
         raise ConflictingRequest(
             f"Cannot '{action.name}' instance {instance.uuid}: the compute service of host "
             f"{service.host} has no queue on the message bus; is its agent running?"
         ) from None
-    except MessagingError as exc:
-        await _undo(pool, instance.uuid, action, exc.message)
-        raise ServiceUnavailable(
-            f"The server was not changed: the message bus could not be reached "
-            f"({exc.message}). Retry once RabbitMQ is available."
-        ) from None
+    if failed is not None:
+        if await _withdraw(pool, instance.uuid, action, failed.message):
+            raise ServiceUnavailable(
+                f"The server was not changed: the message bus could not be reached "
+                f"({failed.message}). Retry once RabbitMQ is available."
+            )
+        LOG.warning(
+            "%s of server %s could not be confirmed sent (%s), but its agent already finished it",
+            action.name,
+            instance.uuid,
+            failed.message,
+            extra={"instance_uuid": str(instance.uuid)},
+        )
+        return
     LOG.info(
         "asked compute service %s on %s to %s server %s",
         service.uuid,

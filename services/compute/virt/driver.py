@@ -18,6 +18,7 @@ from pydantic import Field
 
 from services.compute.rpcapi import GuestDisk, InstanceSpec
 from shared.objects.base import KeelModel
+from shared.objects.states import PowerState
 
 #: The most of a console log a driver returns: its last 100 KiB, as Nova's libvirt
 #: driver keeps.
@@ -81,6 +82,10 @@ class Driver(Protocol):
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         """The move the guest was built for (its spec's ``origin``; ``None``: a first
         build, or a guest from before origins were kept). GuestNotFound if missing."""
+        ...
+
+    async def guest_power(self, instance_uuid: UUID) -> PowerState:
+        """The guest's power state (RUNNING or SHUTDOWN...); GuestNotFound if missing."""
         ...
 
     async def power_off(self, instance_uuid: UUID) -> None:

@@ -16,6 +16,7 @@ from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.console import boot_banner, stamped, up_line
 from services.compute.virt.driver import MAX_CONSOLE_BYTES, HypervisorResources
 from shared.exceptions import GuestNotFound
+from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class FakeDriver:
 
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         return self._guests[self._existing(instance_uuid)].origin
+
+    async def guest_power(self, instance_uuid: UUID) -> PowerState:
+        running = self._existing(instance_uuid) in self._running
+        return PowerState.RUNNING if running else PowerState.SHUTDOWN
 
     async def power_off(self, instance_uuid: UUID) -> None:
         if self._existing(instance_uuid) in self._running:

@@ -33,6 +33,7 @@ from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.console import append_line, boot_banner, read_tail, up_line
 from services.compute.virt.driver import HypervisorResources
 from shared.exceptions import BuildFailed, GuestNotFound
+from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
 
@@ -100,6 +101,10 @@ class LocalDriver:
 
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         return await asyncio.to_thread(self._origin, instance_uuid)
+
+    async def guest_power(self, instance_uuid: UUID) -> PowerState:
+        state = await asyncio.to_thread(self.power_state, instance_uuid)
+        return PowerState.RUNNING if state == RUNNING else PowerState.SHUTDOWN
 
     async def power_off(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)

@@ -17,6 +17,7 @@ from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.driver import Driver, HypervisorResources
 from shared.config import VIRT_OPERATIONS
 from shared.exceptions import BuildFailed
+from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class RehearsalDriver:
 
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         return await self._driver.origin(instance_uuid)
+
+    async def guest_power(self, instance_uuid: UUID) -> PowerState:
+        return await self._driver.guest_power(instance_uuid)
 
     async def spawn(self, spec: InstanceSpec) -> None:
         await self._rehearse("spawn", spec.uuid)

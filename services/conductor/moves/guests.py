@@ -52,6 +52,7 @@ from services.conductor.rpcapi import GuestFate, GuestsReport, GuestVerdict, Rep
 from shared.db import compute_nodes, instances, moves, orphans, placement, services
 from shared.db.pool import Connection
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
+from shared.objects.states import PowerState, VmState
 
 LOG = logging.getLogger(__name__)
 
@@ -192,6 +193,43 @@ async def _settle_evacuations(conn: Connection, node_id: int) -> list[GuestVerdi
     return to_confirm
 
 
+async def _follow_power(
+    conn: Connection, guests: list[UUID], power: dict[UUID, PowerState], quiet_for: float
+) -> None:
+    """The recorded power state of servers living here follows what their host reports.
+
+    Only for a server with no task whose row has not changed for ``quiet_for`` seconds (a
+    report taken before an action's result must not undo it): a stop or start whose task
+    was cleared without its result, or a guest that stopped by itself. ACTIVE and
+    SHUTOFF follow the guest; other vm states keep theirs.
+    """
+    for guest in guests:
+        state = power.get(guest)
+        if state not in (PowerState.RUNNING, PowerState.SHUTDOWN):
+            continue
+        running = state is PowerState.RUNNING
+        row = await conn.fetchrow(
+            """UPDATE instances SET power_state = $2, vm_state = $3, updated_at = now()
+                WHERE uuid = $1 AND deleted_at IS NULL AND task_state IS NULL
+                  AND vm_state = ANY($4::text[]) AND vm_state <> $3
+                  AND updated_at < now() - make_interval(secs => $5)
+            RETURNING vm_state""",
+            guest,
+            int(state),
+            (VmState.ACTIVE if running else VmState.STOPPED).value,
+            [VmState.ACTIVE.value, VmState.STOPPED.value],
+            quiet_for,
+        )
+        if row is not None:
+            LOG.warning(
+                "server %s is %s on its host: recorded as %s",
+                guest,
+                "running" if running else "shut down",
+                row["vm_state"],
+                extra={"instance_uuid": str(guest), "decision": "power_state_followed"},
+            )
+
+
 async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float) -> GuestsReport:
     """Classify the agent's guests; record the orphans; list evacuations to confirm."""
     async with pool.acquire() as conn:
@@ -206,6 +244,12 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
             history = await _history(conn, guest)
             verdict = guest_verdict(guest, instance_node, deleted, history, node.id)
             verdicts.append(step_down(verdict, release))
+        kept_here = [
+            v.instance_uuid
+            for v in verdicts
+            if v.fate is GuestFate.KEEP and v.migration_uuid is None
+        ]
+        await _follow_power(conn, kept_here, req.power, down_time)
         to_confirm = await _settle_evacuations(conn, node.id)
         await orphans.report(
             conn,

@@ -52,6 +52,7 @@ from services.compute.virt.libvirt.domain import (
 )
 from services.compute.virt.local import _nearest_existing
 from shared.exceptions import BuildFailed, GuestNotFound
+from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
 
@@ -441,6 +442,10 @@ class LibvirtDriver:
     async def console_output(self, instance_uuid: UUID) -> bytes:
         await self._domain(instance_uuid)
         return await asyncio.to_thread(read_tail, self.guest_dir(instance_uuid) / disks.CONSOLE_LOG)
+
+    async def guest_power(self, instance_uuid: UUID) -> PowerState:
+        running = await self.is_running(instance_uuid)
+        return PowerState.RUNNING if running else PowerState.SHUTDOWN
 
     async def is_running(self, instance_uuid: UUID) -> bool:
         dom = await self._domain(instance_uuid)

@@ -1,0 +1,138 @@
+"""Every non-terminal state has an owner and a deadline: the conductors' one sweep.
+
+Every conductor runs this sweep periodically; several sweep safely at once, because
+each thing a sweep ends is ended by a compare-and-swap (or rows locked and skipped by
+the others), so one of them wins and the rest find it done. A pass:
+
+* **builds** past ``KEEL_BUILD_TIMEOUT`` (:mod:`services.conductor.build_deadline`):
+  ERROR, claims released;
+* **moves** ``accepted`` or ``pre-migrating`` past ``KEEL_MOVE_TIMEOUT``
+  (:mod:`services.conductor.moves.deadline`): record ``error``, the move's claim
+  released; an evacuated server in ERROR, a migrated one back on its source;
+* **cold migrations** ``finished`` past ``KEEL_RESIZE_CONFIRM_WINDOW`` (auto-confirm),
+  and ``confirming``/``reverting`` stalled for two RPC call timeouts (that step run
+  again) (:mod:`services.conductor.moves.sweep`);
+* **every other task** — stop, start, reboot, delete — past ``KEEL_TASK_TIMEOUT``
+  (:class:`TaskDeadline`): the task is cleared and its instance action recorded as
+  timed out; the power state follows the agent's next guest report.
+
+A deadline of 0 disables that one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.build_deadline import BuildDeadline
+from services.conductor.moves.deadline import MoveDeadline
+from services.conductor.moves.sweep import MigrationSweep
+from shared.config import Settings
+from shared.db import instance_actions
+from shared.objects.states import TaskState
+
+LOG = logging.getLogger(__name__)
+
+#: Longest pause between two sweeps, in seconds.
+MAX_INTERVAL = 60.0
+
+#: The tasks the task deadline ends, and the instance action each belongs to.
+TASK_ACTIONS: dict[TaskState, str] = {
+    TaskState.POWERING_OFF: "stop",
+    TaskState.POWERING_ON: "start",
+    TaskState.REBOOTING: "reboot",
+    TaskState.REBOOTING_HARD: "reboot",
+    TaskState.DELETING: "delete",
+}
+
+
+class TaskDeadline:
+    """Clears power and delete tasks that overran ``KEEL_TASK_TIMEOUT``."""
+
+    def __init__(self, pool: asyncpg.Pool, timeout: float) -> None:
+        self.pool = pool
+        self.timeout = timeout
+
+    async def sweep(self) -> int:
+        if self.timeout <= 0:
+            return 0
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """UPDATE instances i SET task_state = NULL, updated_at = now()
+                     FROM (SELECT id, task_state FROM instances
+                            WHERE task_state = ANY($1::text[]) AND deleted_at IS NULL
+                              AND updated_at < now() - make_interval(secs => $2)
+                            ORDER BY id LIMIT 100
+                              FOR UPDATE SKIP LOCKED) old
+                    WHERE i.id = old.id AND i.task_state = old.task_state
+                RETURNING i.uuid, old.task_state""",
+                [task.value for task in TASK_ACTIONS],
+                self.timeout,
+            )
+            for row in rows:
+                await instance_actions.finish(
+                    conn,
+                    row["uuid"],
+                    TASK_ACTIONS[TaskState(row["task_state"])],
+                    f"timed out: no agent finished it within {self.timeout:g}s "
+                    "(KEEL_TASK_TIMEOUT); the power state follows the host's next report",
+                )
+        for row in rows:
+            LOG.warning(
+                "task %s of server %s did not finish within %gs: cleared; its power state "
+                "follows its host's next guest report",
+                row["task_state"],
+                row["uuid"],
+                self.timeout,
+                extra={"instance_uuid": str(row["uuid"]), "decision": "task_timed_out"},
+            )
+        return len(rows)
+
+
+class Deadlines:
+    """The one periodic sweep of a conductor (see the module docstring)."""
+
+    def __init__(self, pool: asyncpg.Pool, compute: ComputeAPI, settings: Settings) -> None:
+        down_time = settings.service_down_time
+        self.build = BuildDeadline(pool, settings.build_timeout)
+        self.moves = MoveDeadline(pool, compute, timeout=settings.move_timeout, down_time=down_time)
+        self.endings = MigrationSweep(
+            pool,
+            compute,
+            confirm_window=settings.resize_confirm_window,
+            stall_after=2 * settings.rpc.call_timeout,
+            down_time=down_time,
+        )
+        self.tasks = TaskDeadline(pool, settings.task_timeout)
+        self._timeouts = [
+            t
+            for t in (settings.build_timeout, settings.move_timeout, settings.task_timeout)
+            if t > 0
+        ]
+
+    @property
+    def interval(self) -> float:
+        """Often enough that any deadline is overrun by a tenth at most."""
+        shortest = min([self.endings.interval * 10, *self._timeouts])
+        return min(MAX_INTERVAL, max(shortest / 10, 0.5))
+
+    async def sweep(self) -> int:
+        """One pass over every deadline; how many things it ended or drove on."""
+        done = 0
+        steps: list[tuple[str, Callable[[], Awaitable[int]]]] = [
+            ("build", self.build.sweep),
+            ("move", self.moves.sweep),
+            ("migration", self.endings.sweep),
+            ("task", self.tasks.sweep),
+        ]
+        for name, step in steps:
+            if name == "build" and not self.build.enabled:
+                continue
+            try:
+                done += await step()
+            except Exception as exc:  # one kind's trouble must not stop the others
+                LOG.warning("the %s deadline sweep failed and runs again later: %s", name, exc)
+        return done

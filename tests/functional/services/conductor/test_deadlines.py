@@ -1,0 +1,288 @@
+"""Every state has a deadline, and delete wins: real RabbitMQ and PostgreSQL.
+
+Stand-in agents take part in moves as in ``test_migrations.py``; a destination that never
+answers stands for an agent SIGKILLed mid-move. Sweeps run twice at once, as two
+conductors would run them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from services.compute.rpcapi import ComputeAPI, RebuildInstance
+from services.conductor.deadlines import TaskDeadline
+from services.conductor.moves.deadline import MoveDeadline
+from services.conductor.rpcapi import ConductorAPI
+from shared.context import RequestContext
+from shared.db import (
+    allocations,
+    compute_nodes,
+    instance_actions,
+    instances,
+    moves,
+    service_maintenance,
+    services,
+)
+from shared.objects.migration import EVACUATION, MIGRATION, Migration, MigrationStatus, MoveKind
+from shared.objects.states import TaskState, VmState
+from shared.rpc.amqp import AmqpTransport
+from tests.functional.services.conductor.conftest import SOON
+from tests.functional.services.conductor.stand_in import (
+    create_instance,
+    eventually,
+    register,
+    serve_stand_in,
+    until,
+)
+from tests.functional.services.conductor.test_migrations import (
+    StandInMover,
+    aged,
+    claims,
+    host,
+    migration_status,
+)
+
+pytestmark = pytest.mark.functional
+
+
+class Silent(StandInMover):
+    """A destination that takes the rebuild and never answers (killed mid-move)."""
+
+    async def rebuild_instance(self, ctx: RequestContext, req: RebuildInstance) -> None:
+        self.rebuilt.append(req.instance.uuid)
+
+
+async def silent_host(
+    conductor: ConductorAPI, transport: AmqpTransport, name: str
+) -> tuple[int, Silent]:
+    registration = await register(conductor, name)
+    agent = Silent(conductor)
+    await serve_stand_in(transport, registration, agent)
+    return registration.node_id, agent
+
+
+async def placed_on_a(
+    pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport, prefix: str
+) -> tuple[UUID, int, StandInMover]:
+    reg_a, agent_a = await host(conductor, transport, f"{prefix}-a")
+    instance_uuid = await create_instance(pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+
+    async def active() -> bool | None:
+        async with pool.acquire() as conn:
+            found = await instances.find(conn, instance_uuid)
+        return True if found is not None and found.vm_state == VmState.ACTIVE else None
+
+    await eventually(active)
+    return instance_uuid, reg_a.node_id, agent_a
+
+
+async def start_move(
+    pool: asyncpg.Pool, conductor: ConductorAPI, kind: MoveKind, instance_uuid: UUID, node: int
+) -> Migration:
+    """Record a move as keel-api does, then cast it."""
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with pool.acquire() as conn, conn.transaction():
+        source = await compute_nodes.get_by_id(conn, node)
+        assert await instances.begin_task(
+            conn, instance_uuid, kind.choosing, vm_states=kind.movable
+        )
+        await instance_actions.start(conn, ctx, instance_uuid, kind.action)
+        migration = await moves.create(
+            conn,
+            ctx,
+            instance_uuid=instance_uuid,
+            migration_type=kind.migration_type,
+            status=MigrationStatus.ACCEPTED,
+            source=source,
+        )
+    cast = conductor.evacuate_instance if kind is EVACUATION else conductor.migrate_instance
+    await cast(ctx, migration.uuid)
+    return migration
+
+
+async def force_down(pool: asyncpg.Pool, node_id: int) -> None:
+    """The node's host is dead: forced down, no heartbeat for an hour."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET forced_down = true,
+                                   last_seen_up = now() - interval '1 hour'
+                WHERE id = (SELECT service_id FROM compute_nodes WHERE id = $1)""",
+            node_id,
+        )
+
+
+def move_deadline(pool: asyncpg.Pool, transport: AmqpTransport) -> MoveDeadline:
+    return MoveDeadline(pool, ComputeAPI(transport, timeout=SOON), timeout=60, down_time=60)
+
+
+async def test_a_cold_migration_whose_destination_died_goes_back_to_its_source(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    instance_uuid, node_a, agent_a = await placed_on_a(
+        db_pool, conductor, agent_transport, "dl-mig"
+    )
+    node_b, _ = await silent_host(conductor, agent_transport, "dl-mig-b")
+    migration = await start_move(db_pool, conductor, MIGRATION, instance_uuid, node_a)
+    await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    # The destination "dies": its rebuild is never answered.
+    assert await claims(db_pool, instance_uuid) == {
+        ("instance", node_a),
+        ("migration", node_b),
+    }
+    pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    await aged(db_pool, pending)
+
+    sweeps = [move_deadline(db_pool, agent_transport) for _ in range(2)]
+    ended = await asyncio.gather(*(sweep.sweep() for sweep in sweeps))
+
+    assert sorted(ended) == [0, 1]
+    await migration_status(db_pool, migration.uuid, MigrationStatus.ERROR)
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+        action = await conn.fetchrow(
+            "SELECT * FROM instance_actions WHERE instance_uuid = $1 AND action = 'migrate'",
+            instance_uuid,
+        )
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ACTIVE,
+        None,
+        node_a,
+    )
+    assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
+    assert action is not None
+    assert "KEEL_MOVE_TIMEOUT" in action["message"]
+    # The source's guest (shut down for the move) is started again.
+    await until(lambda: any(r.power_on for r in agent_a.reverted))
+
+
+async def test_an_evacuation_whose_destination_died_ends_in_error(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "dl-ev")
+    node_b, _ = await silent_host(conductor, agent_transport, "dl-ev-b")
+    await force_down(db_pool, node_a)
+    migration = await start_move(db_pool, conductor, EVACUATION, instance_uuid, node_a)
+    pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    assert ("migration", node_b) in await claims(db_pool, instance_uuid)
+    await aged(db_pool, pending)
+
+    await asyncio.gather(*(move_deadline(db_pool, agent_transport).sweep() for _ in range(2)))
+
+    await migration_status(db_pool, migration.uuid, MigrationStatus.ERROR)
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ERROR,
+        None,
+        node_a,
+    )
+    assert instance.fault is not None
+    assert "did not finish" in instance.fault.message
+    assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
+
+
+async def test_a_recent_move_or_a_disabled_deadline_is_left_alone(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "dl-new")
+    await host(conductor, agent_transport, "dl-new-b")
+    migration = await start_move(db_pool, conductor, MIGRATION, instance_uuid, node_a)
+    await migration_status(db_pool, migration.uuid, MigrationStatus.FINISHED)
+    pending = await migration_status(db_pool, migration.uuid, MigrationStatus.FINISHED)
+    await aged(db_pool, pending)
+    disabled = MoveDeadline(
+        db_pool, ComputeAPI(agent_transport, timeout=SOON), timeout=0, down_time=60
+    )
+
+    assert await move_deadline(db_pool, agent_transport).sweep() == 0
+    assert await disabled.sweep() == 0
+    await migration_status(db_pool, migration.uuid, MigrationStatus.FINISHED)
+
+
+async def test_a_power_task_past_its_deadline_is_cleared_once_by_two_sweeps(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    instance_uuid, _, _ = await placed_on_a(db_pool, conductor, agent_transport, "dl-task")
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with db_pool.acquire() as conn:
+        assert await instances.begin_task(
+            conn, instance_uuid, TaskState.POWERING_OFF, vm_states=(VmState.ACTIVE,)
+        )
+        await instance_actions.start(conn, ctx, instance_uuid, "stop")
+        fresh = TaskDeadline(db_pool, 600)
+        assert await fresh.sweep() == 0
+        await conn.execute(
+            "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
+            instance_uuid,
+        )
+
+    cleared = await asyncio.gather(*(TaskDeadline(db_pool, 600).sweep() for _ in range(2)))
+
+    assert sorted(cleared) == [0, 1]
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+        action = await conn.fetchrow(
+            "SELECT * FROM instance_actions WHERE instance_uuid = $1 AND action = 'stop'",
+            instance_uuid,
+        )
+    assert (instance.vm_state, instance.task_state) == (VmState.ACTIVE, None)
+    assert action is not None
+    assert action["finish_time"] is not None
+    assert "timed out" in action["message"]
+
+
+async def test_a_host_gone_for_good_is_deleted_after_its_servers_were_evacuated(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 3: the source's claim is released by the deletion; the record stays done."""
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "gone")
+    registration_b, _ = await host(conductor, agent_transport, "gone-b")
+    await force_down(db_pool, node_a)
+    migration = await start_move(db_pool, conductor, EVACUATION, instance_uuid, node_a)
+    await migration_status(db_pool, migration.uuid, MigrationStatus.DONE)
+    assert await claims(db_pool, instance_uuid) == {
+        ("instance", node_a),
+        ("instance", registration_b.node_id),
+    }
+    async with db_pool.acquire() as conn:
+        source = await compute_nodes.get_by_id(conn, node_a)
+        assert source.service_id is not None
+        service = await services.get_by_id(conn, source.service_id, 60)
+
+        assert await service_maintenance.delete_service(conn, service, 60) == 1
+
+        left = await allocations.for_instance(conn, instance_uuid)
+    assert [(a.consumer_uuid, a.compute_node_id) for a in left] == [
+        (instance_uuid, registration_b.node_id)
+    ]
+    await migration_status(db_pool, migration.uuid, MigrationStatus.DONE)
+    assert await claims(db_pool, instance_uuid) == {("instance", registration_b.node_id)}
+
+
+async def test_deleting_a_server_during_a_move_cancels_it_and_its_late_copy_goes(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Delete wins: the move ends cancelled, and its late result removes the copy it made."""
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "del")
+    _, destination = await silent_host(conductor, agent_transport, "del-b")
+    migration = await start_move(db_pool, conductor, MIGRATION, instance_uuid, node_a)
+    await until(lambda: bool(destination.rebuilt))
+
+    await asyncio.gather(
+        conductor.instance_deleted(RequestContext(), instance_uuid),
+        conductor.instance_deleted(RequestContext(), instance_uuid),
+    )
+    await migration_status(db_pool, migration.uuid, MigrationStatus.CANCELLED)
+    assert await claims(db_pool, instance_uuid) == set()
+
+    await asyncio.gather(
+        conductor.move_result(RequestContext(), migration.uuid, success=True),
+        conductor.move_result(RequestContext(), migration.uuid, success=True),
+    )
+    await until(lambda: instance_uuid in destination.removed)
+    await migration_status(db_pool, migration.uuid, MigrationStatus.CANCELLED)
