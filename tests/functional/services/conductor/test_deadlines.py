@@ -28,7 +28,7 @@ from shared.db import (
     services,
 )
 from shared.objects.migration import EVACUATION, MIGRATION, Migration, MigrationStatus, MoveKind
-from shared.objects.states import TaskState, VmState
+from shared.objects.states import PowerState, TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from tests.functional.services.conductor.conftest import SOON
 from tests.functional.services.conductor.stand_in import (
@@ -286,3 +286,29 @@ async def test_deleting_a_server_during_a_move_cancels_it_and_its_late_copy_goes
     )
     await until(lambda: instance_uuid in destination.removed)
     await migration_status(db_pool, migration.uuid, MigrationStatus.CANCELLED)
+
+
+async def test_a_power_state_follows_the_hosts_report_once_the_row_is_quiet(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """A stop acted on after its task was cleared is recorded from the guest report."""
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "pow")
+    async with db_pool.acquire() as conn:
+        node = await compute_nodes.get_by_id(conn, node_a)
+    ctx, shut_down = RequestContext(), {instance_uuid: PowerState.SHUTDOWN}
+
+    await conductor.report_guests(ctx, node.uuid, [instance_uuid], shut_down)
+    async with db_pool.acquire() as conn:
+        recent = await instances.get(conn, instance_uuid)
+        await conn.execute(
+            "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
+            instance_uuid,
+        )
+    assert recent.vm_state == VmState.ACTIVE  # changed moments ago: not yet
+
+    await asyncio.gather(
+        *(conductor.report_guests(ctx, node.uuid, [instance_uuid], shut_down) for _ in range(2))
+    )
+    async with db_pool.acquire() as conn:
+        followed = await instances.get(conn, instance_uuid)
+    assert (followed.vm_state, followed.power_state) == (VmState.STOPPED, PowerState.SHUTDOWN)

@@ -1,0 +1,215 @@
+"""202 means it will happen, 503 that nothing will: casts whose outcome is unknown.
+
+keel-api's clients are replaced by ones whose casts fail as a dropped connection makes
+them fail (``MessagingTimeout``: the frame may or may not have reached the broker), and
+which, in the "taken" cases, first do what the receiver would have done. The database is
+real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+import asyncpg
+import httpx
+import pytest
+
+from services.api.app import create_app
+from services.api.servers import publish
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.rpcapi import ConductorAPI
+from shared.config import Settings
+from shared.context import RequestContext
+from shared.db import compute_nodes, instances
+from shared.exceptions import MessagingTimeout
+from shared.objects.instance import RequestedDestination
+from shared.objects.states import PowerState, TaskState, VmState
+from shared.rpc.amqp import AmqpTransport
+from tests.functional.services.api.conftest import ADMIN, add_compute, add_image
+from tests.functional.services.api.test_servers import server_body
+
+pytestmark = pytest.mark.functional
+
+LOST = "the connection closed before the broker confirmed the message"
+
+
+class LosingConductor(ConductorAPI):
+    """Every build cast is lost; with ``taken``, a conductor placed the server first."""
+
+    def __init__(self, transport: AmqpTransport, pool: asyncpg.Pool, *, taken: bool) -> None:
+        super().__init__(transport)
+        self.pool = pool
+        self.taken = taken
+        self.attempts = 0
+
+    async def build_instances(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        requested_destination: RequestedDestination | None = None,
+    ) -> None:
+        self.attempts += 1
+        if self.taken:
+            async with self.pool.acquire() as conn:
+                node = await compute_nodes.get_by_id(
+                    conn, await conn.fetchval("SELECT min(id) FROM compute_nodes")
+                )
+                await instances.set_scheduled(
+                    conn,
+                    instance_uuid,
+                    host=node.host,
+                    node=node.hypervisor_hostname,
+                    compute_id=node.id,
+                )
+        raise MessagingTimeout(LOST)
+
+
+class LosingCompute(ComputeAPI):
+    """Every power and delete cast is lost; with ``taken``, the agent finished it first."""
+
+    def __init__(self, transport: AmqpTransport, pool: asyncpg.Pool, *, taken: bool) -> None:
+        super().__init__(transport)
+        self.pool = pool
+        self.taken = taken
+        self.attempts = 0
+
+    async def stop_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        self.attempts += 1
+        if self.taken:
+            async with self.pool.acquire() as conn:
+                await instances.finish_task(
+                    conn,
+                    instance_uuid,
+                    (TaskState.POWERING_OFF,),
+                    vm_state=VmState.STOPPED,
+                    power_state=PowerState.SHUTDOWN,
+                )
+        raise MessagingTimeout(LOST)
+
+    async def terminate_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        self.attempts += 1
+        raise MessagingTimeout(LOST)
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publish, "PAUSE", 0.01)
+
+
+@pytest.fixture
+async def api(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> AsyncIterator[tuple[httpx.AsyncClient, LosingConductor, LosingCompute]]:
+    conductor = LosingConductor(transport, db_pool, taken=False)
+    compute = LosingCompute(transport, db_pool, taken=False)
+    app = create_app(settings, db_pool, conductor, compute)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as http:
+        yield http, conductor, compute
+
+
+async def _active_server(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, conductor: LosingConductor
+) -> UUID:
+    conductor.taken = True
+    created = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
+    assert created.status_code == 202, created.text
+    server = UUID(created.json()["server"]["id"])
+    async with pool.acquire() as conn:
+        await instances.set_active(conn, server)
+    return server
+
+
+async def test_a_create_that_cannot_be_sent_is_503_and_withdrawn(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    client, conductor, _ = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-a")
+
+    response = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
+
+    assert response.status_code == 503, response.text
+    assert conductor.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        left = await conn.fetchval("SELECT count(*) FROM instances WHERE deleted_at IS NULL")
+        claims = await conn.fetchval("SELECT count(*) FROM allocations")
+    assert (left, claims) == (0, 0)
+
+
+async def test_a_create_a_conductor_already_took_is_202_and_goes_on(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    client, conductor, _ = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-b")
+    conductor.taken = True
+
+    response = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
+
+    assert response.status_code == 202, response.text
+    async with db_pool.acquire() as conn:
+        server = await instances.get(conn, UUID(response.json()["server"]["id"]))
+    assert server.deleted_at is None
+    assert server.host == "pub-b"
+
+
+async def test_a_stop_that_cannot_be_sent_is_503_and_its_task_cleared(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    client, conductor, compute = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-c")
+    server = await _active_server(client, db_pool, conductor)
+
+    response = await client.post(
+        f"/v2.1/servers/{server}/action", headers=ADMIN, json={"os-stop": None}
+    )
+
+    assert response.status_code == 503, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, None)
+
+
+async def test_a_stop_its_agent_already_finished_is_202(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    client, conductor, compute = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-d")
+    server = await _active_server(client, db_pool, conductor)
+    compute.taken = True
+
+    response = await client.post(
+        f"/v2.1/servers/{server}/action", headers=ADMIN, json={"os-stop": None}
+    )
+
+    assert response.status_code == 202, response.text
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+    assert (shown.vm_state, shown.task_state) == (VmState.STOPPED, None)
+
+
+async def test_a_delete_that_cannot_be_sent_is_503_and_the_server_unchanged(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    client, conductor, compute = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-e")
+    server = await _active_server(client, db_pool, conductor)
+
+    response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
+
+    assert response.status_code == 503, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+    assert (shown.vm_state, shown.task_state, shown.deleted_at) == (VmState.ACTIVE, None, None)
