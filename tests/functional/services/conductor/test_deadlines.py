@@ -110,7 +110,8 @@ async def force_down(pool: asyncpg.Pool, node_id: int) -> None:
     async with pool.acquire() as conn:
         await conn.execute(
             """UPDATE services SET forced_down = true,
-                                   last_seen_up = now() - interval '1 hour'
+                                   last_seen_up = now() - interval '1 hour',
+                                   registered_at = now() - interval '1 hour'
                 WHERE id = (SELECT service_id FROM compute_nodes WHERE id = $1)""",
             node_id,
         )
