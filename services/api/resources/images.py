@@ -1,4 +1,4 @@
-"""The image registry: image metadata in the Image API v2 shapes (keel stores no data).
+"""The image registry: image metadata in the Image API v2 shapes (data: :mod:`.image_data`).
 
 Served under ``/image/v2/images``; the compute API's own image routes below 2.36 are
 :mod:`services.api.resources.image_proxy`. Members see public

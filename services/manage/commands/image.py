@@ -1,4 +1,4 @@
-"""``keel-manage image``: register image metadata (keel stores no image data)."""
+"""``keel-manage image``: register image metadata (data is uploaded through keel-api)."""
 
 from __future__ import annotations
 
