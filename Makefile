@@ -133,6 +133,7 @@ BENCH_QUICK := \
 	"boot.py --servers 500 --clients 50 --hosts 100" \
 	"evacuate.py" \
 	"backfill.py" \
+	"scratch_db.py" \
 	"soak.py --seconds 60 --clients 10 --hosts 10"
 BENCH_FULL := \
 	"schedule.py --hosts 100 1000 10000 --requests 1000 --concurrency 1 8 32" \
@@ -142,6 +143,7 @@ BENCH_FULL := \
 	"boot.py --servers 2000 --clients 50 --hosts 100" \
 	"evacuate.py" \
 	"backfill.py" \
+	"scratch_db.py" \
 	"soak.py --seconds 600 --clients 20 --hosts 20 --sample 30"
 
 .PHONY: bench

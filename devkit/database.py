@@ -9,7 +9,9 @@ nobody holds any more (they crashed or were killed) are dropped.
 :meth:`Scratch.migrated` migrates a template database once, on first use, and then
 copies it (``CREATE DATABASE ... TEMPLATE``): a copy takes a fraction of a second where
 creating and migrating takes about one. PostgreSQL copies a database only while nobody
-is connected to it, so the template refuses connections once migrated.
+is connected to it, so the template refuses connections once migrated. A drop waits for
+the server's disk; :meth:`Scratch.drop_soon` leaves it to a connection of its own while
+the run goes on.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class Scratch:
         self._lock = asyncio.Lock()
         self._template: str | None = None
         self._created: set[str] = set()
+        #: Drops under way in the background, on a connection of their own.
+        self._dropping: set[asyncio.Task[None]] = set()
+        self._dropper: asyncpg.Connection | None = None
+        self._dropper_lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, server: str) -> Scratch:
@@ -125,6 +131,24 @@ class Scratch:
         if name == self._template:
             self._template = None
 
+    def drop_soon(self, url: str) -> None:
+        """Drop the database ``url`` names in the background; :meth:`close` waits for it."""
+        task = asyncio.get_running_loop().create_task(self._drop_in_background(url))
+        self._dropping.add(task)
+        task.add_done_callback(self._dropping.discard)
+
+    async def _drop_in_background(self, url: str) -> None:
+        name = database_name(url)
+        try:
+            async with self._dropper_lock:
+                if self._dropper is None:
+                    self._dropper = await asyncpg.connect(self.server)
+                await self._dropper.execute(f"DROP DATABASE IF EXISTS {quoted(name)} WITH (FORCE)")
+        except (OSError, asyncpg.PostgresError) as exc:
+            LOG.warning("dropping %s failed (%s); the run's end tries again", name, exc)
+            return
+        self._created.discard(name)
+
     async def drop_leftovers(self) -> list[str]:
         """Drop the scratch databases of runs that hold their lock no more; their names."""
         async with self._lock:
@@ -158,9 +182,12 @@ class Scratch:
     async def close(self) -> None:
         """Drop every database of this run, the template last, and end the run."""
         try:
+            await asyncio.gather(*self._dropping, return_exceptions=True)
             for name in sorted(self._created, key=lambda n: n == self._template):
                 await self.drop(with_database(self.server, name))
         finally:
+            if self._dropper is not None:
+                await self._dropper.close()
             await self._admin.close()
 
 

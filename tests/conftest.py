@@ -52,7 +52,7 @@ async def database_url(databases: Scratch) -> AsyncIterator[str]:
     """A new, fully migrated database, dropped after the test."""
     url = await databases.migrated("test")
     yield url
-    await databases.drop(url)
+    databases.drop_soon(url)
 
 
 @pytest.fixture

@@ -129,3 +129,12 @@ def test_backfill() -> None:
     (record,) = run("backfill.py", "--rows", "500", "--hosts", "7")
     assert (record["rows"], record["linked"], record["wrongly_linked"]) == (500, 500, 0)
     assert record["rows/s"] > 0
+
+
+def test_scratch_db() -> None:
+    records = run("scratch_db.py", "--databases", "2", "--tests", "10")
+    (measured,) = lines(records, "scratch database")
+    assert measured["databases"] == 2
+    assert measured["create_and_migrate_s"] > 0
+    assert measured["template_copy_s"] > 0
+    assert lines(records, "target")[0]["name"] == "template copy with its drop"

@@ -12,6 +12,7 @@ import pytest
 
 from devkit.database import scratch
 from devkit.environment import with_devkit
+from devkit.readiness import wait_until
 from devkit.servers import PG_SERVER
 from services.manage.database import database_name, with_database
 from shared.db import schema
@@ -95,3 +96,20 @@ async def test_a_crashed_runs_databases_go_and_a_live_runs_stay() -> None:
                 assert not await exists(name)
             assert await exists(kept)
     assert not await exists(kept)
+
+
+async def test_a_database_dropped_soon_goes_while_the_run_goes_on() -> None:
+    async with scratch(PG_SERVER) as run:
+        first = await run.migrated("test")
+        conn = await asyncpg.connect(first)  # a test that left a connection open
+        run.drop_soon(first)
+        second = await run.migrated("test")
+
+        async def gone() -> bool:
+            return not await exists(database_name(first))
+
+        await wait_until(gone, what="the background drop", timeout=30)
+        assert await exists(database_name(second))
+        conn.terminate()
+        run.drop_soon(second)
+    assert not await exists(database_name(second))
