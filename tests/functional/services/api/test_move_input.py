@@ -14,7 +14,15 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.db import instances
+from services.api.app import create_app
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.rpcapi import ConductorAPI
+from shared.config import Settings
+from shared.db import instances, services
+from shared.metrics import Metrics
+from shared.rpc.amqp import AmqpTransport
+from shared.version_pins import Pins
+from shared.versions import SERVICE_VERSION
 from tests.functional.services.api.conftest import (
     ADMIN,
     Recorder,
@@ -143,3 +151,50 @@ async def test_hostile_migration_list_queries_are_answered_with_faults(
         shaped(
             await client.get(f"/v2.1/servers/{server}/os-instance-actions/%00", headers=at(version))
         )
+
+
+async def test_evacuate_with_an_agent_older_than_evacuation_is_409_and_writes_nothing(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport, conductor: Recorder
+) -> None:
+    """Finding 5: the compute RPC cap is checked before anything is recorded."""
+    await add_image(db_pool)
+    source, node = await add_compute(db_pool, "host-a")
+    target, _ = await add_compute(db_pool, "host-b")
+    old, _ = await add_compute(db_pool, "host-old")
+    async with db_pool.acquire() as conn:
+        for service in (source, target):
+            await services.heartbeat(conn, service.uuid, SERVICE_VERSION)
+        # Release 4 (davit) knew no rebuild_instance: the compute cap falls below 1.2.
+        await services.heartbeat(conn, old.uuid, 4)
+    pins = Pins.build(db_pool, settings, Metrics())
+    app = create_app(
+        settings,
+        db_pool,
+        ConductorAPI(transport, version_cap=pins.conductor.cap),
+        ComputeAPI(transport, version_cap=pins.compute.cap),
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        created = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
+        server_id = created.json()["server"]["id"]
+        await place_on(db_pool, server_id, node)
+        async with db_pool.acquire() as conn:
+            await instances.set_active(conn, UUID(server_id))
+            await conn.execute("UPDATE services SET forced_down = true WHERE id = $1", source.id)
+
+        response = await client.post(
+            f"/v2.1/servers/{server_id}/action", headers=ADMIN, json={"evacuate": {}}
+        )
+
+    assert response.status_code == 409, response.text
+    message = response.json()["conflictingRequest"]["message"]
+    assert "host-old (release davit)" in message
+    async with db_pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM migrations") == 0
+        instance = await instances.get(conn, UUID(server_id))
+        actions = await conn.fetchval(
+            "SELECT count(*) FROM instance_actions WHERE action = 'evacuate'"
+        )
+    assert (instance.vm_state, instance.task_state) == ("active", None)
+    assert actions == 0
