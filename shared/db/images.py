@@ -54,12 +54,13 @@ async def create(
     owner: str | None = None,
     visibility: str = "public",
     properties: dict[str, Any] | None = None,
+    status: str = "active",
 ) -> Image:
     try:
         row = await conn.fetchrow(
             """INSERT INTO images (id, name, disk_format, container_format, min_disk, min_ram,
-                                   size, owner, visibility, properties)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING *""",
+                                   size, owner, visibility, properties, status)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *""",
             image_id,
             name,
             disk_format,
@@ -70,6 +71,7 @@ async def create(
             owner,
             visibility,
             properties or {},
+            status,
         )
     except asyncpg.UniqueViolationError:
         raise Conflict(f"Image {image_id} already exists.") from None

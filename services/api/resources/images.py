@@ -3,7 +3,8 @@
 Served under ``/image/v2/images``; the compute API's own image routes below 2.36 are
 :mod:`services.api.resources.image_proxy`. Members see public
 and community images and their own project's; admins see every image and register
-(``POST``, created ``active``, public unless asked otherwise) or delete them. Lists
+(``POST``, created ``queued`` as in Glance: ``active`` once its data is uploaded, see
+:mod:`.image_data`; public unless asked otherwise) or delete them. Lists
 leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=true``.
 """
 
@@ -182,6 +183,7 @@ async def create_image(
             owner=body.owner or ctx.project_id,
             visibility=body.visibility,
             properties=body.properties(),
+            status="queued",
         )
     response.headers["Location"] = f"{IMAGES_PATH}/{image.id}"
     return image_view(image)

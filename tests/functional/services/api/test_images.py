@@ -66,7 +66,7 @@ async def test_admin_registers_and_deletes_an_image(client: httpx.AsyncClient) -
     created = await client.post("/image/v2/images", headers=ADMIN, json=body)
     assert created.status_code == 201, created.text
     image = created.json()
-    assert image["status"] == "active"
+    assert image["status"] == "queued"
     assert image["os_distro"] == "fedora"
     assert image["owner"] == "ops"
     listed = await client.get("/image/v2/images", headers=MEMBER, params={"name": "fedora"})
