@@ -162,14 +162,27 @@ class ImageSettings(_Group):
 
 
 #: The guest operations a rehearsal can make fail (``KEEL_VIRT__FAIL_OPERATIONS``).
-VIRT_OPERATIONS = frozenset({"spawn", "rebuild", "destroy", "power_off", "power_on", "reboot"})
+VIRT_OPERATIONS = frozenset(
+    {
+        "spawn",
+        "rebuild",
+        "destroy",
+        "power_off",
+        "power_on",
+        "reboot",
+        "pause",
+        "unpause",
+        "suspend",
+        "resume",
+    }
+)
 
 
 class VirtSettings(_Group):
     """For tests and rehearsals only: guest operations that fail or take their time."""
 
     #: Operations that raise instead of running: spawn, rebuild, destroy, power_off,
-    #: power_on, reboot (comma-separated).
+    #: power_on, reboot, pause, unpause, suspend, resume (comma-separated).
     fail_operations: str = ""
     #: Seconds every guest operation takes before it runs.
     delay_s: float = Field(default=0.0, ge=0, le=3600)

@@ -188,6 +188,11 @@ class GuestNotFound(KeelError):
     """The hypervisor has no guest for the instance."""
 
 
+class GuestStateError(KeelError):
+    """The guest is in a power state the operation cannot start from (pausing one that
+    is shut off, say)."""
+
+
 class TransientError(KeelError):
     """A failure that says nothing about the request: the same request may succeed later.
 

@@ -39,6 +39,9 @@ History:
   removed for a move only if that move made them).
 * 12 (``kedge``) — power state follows the host: conductor 1.7 (``report_guests``
   carries each guest's power state).
+* 13 (``lanyard``) — pause and suspend: compute 1.8 (``pause_instance``,
+  ``unpause_instance``, ``suspend_instance``, ``resume_instance``, ``get_host_uptime``),
+  conductor 1.8 (``instance_action_result`` reports those four actions too).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.6", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.7", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.7", conductor="1.7", scheduler="1.2"),
+    ReleaseApis(compute="1.8", conductor="1.8", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -100,6 +104,7 @@ RELEASE_NAMES: dict[str, int] = {
     "jackstay": 10,
     "hawser": 11,
     "kedge": 12,
+    "lanyard": 13,
 }
 
 #: The first release whose agents never register without an identity file the

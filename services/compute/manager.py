@@ -15,6 +15,7 @@ taken as a yes).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from uuid import UUID
@@ -25,6 +26,9 @@ from services.compute.rpcapi import (
     ConsoleOutput,
     FinishRevert,
     GetConsoleOutput,
+    GetHostUptime,
+    GuestAction,
+    HostUptime,
     InstanceSpec,
     PreparedMigration,
     PrepareMigration,
@@ -36,6 +40,7 @@ from services.compute.rpcapi import (
     StopInstance,
     TerminateInstance,
 )
+from services.compute.uptime import host_uptime
 from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, PowerAction
 from shared.context import RequestContext
@@ -190,6 +195,26 @@ class ComputeManager:
 
     async def start_instance(self, ctx: RequestContext, req: StartInstance) -> None:
         await self._power(ctx, req.instance_uuid, PowerAction.START, self._driver.power_on)
+
+    async def pause_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        await self._power(ctx, req.instance_uuid, PowerAction.PAUSE, self._driver.pause)
+
+    async def unpause_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        await self._power(ctx, req.instance_uuid, PowerAction.UNPAUSE, self._driver.unpause)
+
+    async def suspend_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        await self._power(ctx, req.instance_uuid, PowerAction.SUSPEND, self._driver.suspend)
+
+    async def resume_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        await self._power(ctx, req.instance_uuid, PowerAction.RESUME, self._driver.resume)
+
+    async def get_host_uptime(self, ctx: RequestContext, req: GetHostUptime) -> HostUptime:
+        """This host's uptime line (read-only: no guest is involved)."""
+        try:
+            line = await asyncio.to_thread(host_uptime)
+        except OSError as exc:
+            raise KeelError(f"the host's uptime cannot be read: {exc}") from None
+        return HostUptime(uptime=line)
 
     async def reboot_instance(self, ctx: RequestContext, req: RebootInstance) -> None:
         hard = req.reboot_type is RebootType.HARD

@@ -29,6 +29,8 @@ Compute RPC API history:
   there (the rebuild fails, the guest is kept and stopped); remove_moved_guest gains
   ``only_origin`` (remove the copy only if that move made it). An older agent is sent
   the same messages at its own version and ignores both fields.
+* 1.8 — pause_instance, unpause_instance, suspend_instance, resume_instance (casts);
+  get_host_uptime (call): the host's uptime line, as ``uptime`` prints it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ SINCE: dict[str, str] = {
     "remove_moved_guest": "1.3",
     "finish_revert": "1.3",
     "get_console_output": "1.4",
+    "pause_instance": "1.8",
+    "unpause_instance": "1.8",
+    "suspend_instance": "1.8",
+    "resume_instance": "1.8",
+    "get_host_uptime": "1.8",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
@@ -213,6 +220,21 @@ class GetConsoleOutput(KeelModel):
 class ConsoleOutput(KeelModel):
     #: The log as text: bytes that are not ASCII become U+FFFD, as Nova shows them.
     output: str
+
+
+class GuestAction(KeelModel):
+    """Pause, unpause, suspend or resume one guest (1.7)."""
+
+    instance_uuid: UUID
+
+
+class GetHostUptime(KeelModel):
+    """The agent's host uptime (1.7); the request carries nothing."""
+
+
+class HostUptime(KeelModel):
+    #: As ``uptime`` prints it: `` 08:32:11 up 93 days, 18:25,  load average: ...``.
+    uptime: str
 
 
 class ComputeAPI:
@@ -403,3 +425,44 @@ class ComputeAPI:
             instance_uuid=instance_uuid, migration_uuid=migration_uuid, power_on=power_on
         )
         await self._call_since(ctx, service_uuid, "finish_revert", req)
+
+    async def pause_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "pause_instance", GuestAction(instance_uuid=instance_uuid)
+        )
+
+    async def unpause_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "unpause_instance", GuestAction(instance_uuid=instance_uuid)
+        )
+
+    async def suspend_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "suspend_instance", GuestAction(instance_uuid=instance_uuid)
+        )
+
+    async def resume_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "resume_instance", GuestAction(instance_uuid=instance_uuid)
+        )
+
+    async def get_host_uptime(self, ctx: RequestContext, service_uuid: UUID) -> str:
+        """The agent's host uptime, as ``uptime`` prints it."""
+        method = "get_host_uptime"
+        client = self.client.for_topic(topic_for(service_uuid))
+        if not await client.can_send_version(SINCE[method]):
+            raise ServiceTooOld(
+                f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
+            )
+        reply = await client.call(
+            ctx, method, GetHostUptime(), version=SINCE[method], returns=HostUptime
+        )
+        return reply.uptime

@@ -149,11 +149,17 @@ _POWER_OUTCOMES: dict[PowerAction, tuple[tuple[TaskState, ...], VmState, PowerSt
         VmState.ACTIVE,
         PowerState.RUNNING,
     ),
+    PowerAction.PAUSE: ((TaskState.PAUSING,), VmState.PAUSED, PowerState.PAUSED),
+    PowerAction.UNPAUSE: ((TaskState.UNPAUSING,), VmState.ACTIVE, PowerState.RUNNING),
+    # As Nova with libvirt shows a suspended guest: its domain is saved and shut off.
+    PowerAction.SUSPEND: ((TaskState.SUSPENDING,), VmState.SUSPENDED, PowerState.SHUTDOWN),
+    PowerAction.RESUME: ((TaskState.RESUMING,), VmState.ACTIVE, PowerState.RUNNING),
 }
 
 
 async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) -> None:
-    """End the instance's stop, start or reboot task as the agent reports it went.
+    """End the instance's stop, start, reboot, pause, unpause, suspend or resume task as
+    the agent reports it went.
 
     A compare-and-swap on the task the action set: a repeated report, or one for an
     instance deleted meanwhile, changes nothing. A failure leaves the instance as it was

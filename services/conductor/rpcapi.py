@@ -19,6 +19,8 @@ Conductor RPC API history:
 * 1.7 — report_guests carries each guest's power state (``power``): the server's
   recorded state follows its host (a stop or start whose task was cleared, or a guest
   that stopped by itself).
+* 1.8 — instance_action_result may report ``pause``, ``unpause``, ``suspend`` and
+  ``resume`` (sent at 1.8 only for those).
 """
 
 from __future__ import annotations
@@ -140,6 +142,26 @@ class PowerAction(StrEnum):
     STOP = "stop"
     START = "start"
     REBOOT = "reboot"
+    #: From conductor RPC 1.8.
+    PAUSE = "pause"
+    UNPAUSE = "unpause"
+    SUSPEND = "suspend"
+    RESUME = "resume"
+
+
+#: The conductor RPC version that takes each action's result.
+ACTION_RESULT_SINCE: dict[PowerAction, str] = {
+    **{action: "1.2" for action in (PowerAction.STOP, PowerAction.START, PowerAction.REBOOT)},
+    **{
+        action: "1.8"
+        for action in (
+            PowerAction.PAUSE,
+            PowerAction.UNPAUSE,
+            PowerAction.SUSPEND,
+            PowerAction.RESUME,
+        )
+    },
+}
 
 
 class InstanceActionResult(KeelModel):
@@ -342,7 +364,13 @@ class ConductorAPI:
         req = InstanceActionResult(
             instance_uuid=instance_uuid, action=action, success=success, message=message
         )
-        await self.client.cast(ctx, "instance_action_result", req, version="1.2")
+        await self.client.cast(
+            ctx, "instance_action_result", req, version=ACTION_RESULT_SINCE[action]
+        )
+
+    async def can_take_action_result(self, action: PowerAction) -> bool:
+        """Whether the conductor cap lets the result of ``action`` be reported."""
+        return await self.client.can_send_version(ACTION_RESULT_SINCE[action])
 
     async def instance_deleted(self, ctx: RequestContext, instance_uuid: UUID) -> None:
         req = InstanceDeleted(instance_uuid=instance_uuid)

@@ -11,6 +11,10 @@ class VmState(StrEnum):
     STOPPED = "stopped"
     #: A cold migration finished and awaits confirm or revert (status VERIFY_RESIZE).
     RESIZED = "resized"
+    #: The guest's vCPUs are stopped, its memory kept in place (status PAUSED).
+    PAUSED = "paused"
+    #: The guest's memory is saved to disk and it no longer runs (status SUSPENDED).
+    SUSPENDED = "suspended"
     ERROR = "error"
     DELETED = "deleted"
 
@@ -31,6 +35,10 @@ class TaskState(StrEnum):
     #: Confirming or reverting a finished cold migration.
     RESIZE_CONFIRMING = "resize_confirming"
     RESIZE_REVERTING = "resize_reverting"
+    PAUSING = "pausing"
+    UNPAUSING = "unpausing"
+    SUSPENDING = "suspending"
+    RESUMING = "resuming"
 
 
 class PowerState(IntEnum):

@@ -29,8 +29,8 @@ MAX_MICROVERSION = "2.74"
 FEATURES: dict[str, bool] = {
     "cold_migration": True,
     "resize": False,
-    "pause": False,
-    "suspend": False,
+    "pause": True,
+    "suspend": True,
     "shelve": False,
     "shelve_migrate": False,
     "console_output": True,

@@ -18,8 +18,8 @@ import asyncpg
 from fastapi import APIRouter, Depends, Query
 
 from services.api.http.auth import AdminContext
-from services.api.http.deps import AppSettings, DbPool, RequestLinks, Version
-from services.api.http.faults import BadRequest, Fault, ItemNotFound
+from services.api.http.deps import AppSettings, Compute, DbPool, RequestLinks, Version
+from services.api.http.faults import BadRequest, Fault, ItemNotFound, ServiceUnavailable
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker, page_request
@@ -33,7 +33,7 @@ from services.api.views.hypervisors import (
 from shared.config import Settings
 from shared.db import compute_nodes, placement
 from shared.db.pool import Connection
-from shared.exceptions import ComputeNodeNotFound
+from shared.exceptions import ComputeNodeNotFound, MessagingError, ServiceTooOld, Unroutable
 from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance
 
@@ -253,8 +253,34 @@ async def show_hypervisor(
 
 @router.get("/{hypervisor}/uptime")
 async def show_uptime(
-    hypervisor: str, pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
+    hypervisor: str,
+    *,
+    pool: DbPool,
+    ctx: AdminContext,
+    version: Version,
+    settings: AppSettings,
+    compute: Compute,
 ) -> dict[str, Any]:
-    """Compute agents do not report host uptime; 501 is how the API says so."""
-    await _find(pool, hypervisor, version, settings.service_down_time)
-    raise Fault(501, "keel compute agents do not report host uptime.")
+    """The hypervisor's host uptime, as its agent reads it (compute RPC 1.7).
+
+    A host whose agent is down is a 400, as in Nova; an agent too old to tell is 501.
+    """
+    state = await _find(pool, hypervisor, version, settings.service_down_time)
+    service = state.service
+    if not service.is_up:
+        raise BadRequest(f"Compute service of {service.host} is unavailable at this time.")
+    try:
+        uptime = await compute.get_host_uptime(ctx, service.uuid)
+    except ServiceTooOld as exc:
+        raise Fault(
+            501, f"The agent of {service.host} does not report uptime: {exc.message}"
+        ) from None
+    except Unroutable:
+        raise BadRequest(
+            f"Compute service of {service.host} is unavailable at this time."
+        ) from None
+    except MessagingError as exc:
+        raise ServiceUnavailable(
+            f"The agent of {service.host} did not answer: {exc.message}"
+        ) from None
+    return {"hypervisor": {**hypervisor_view(state, version, detail=False), "uptime": uptime}}

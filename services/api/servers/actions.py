@@ -22,9 +22,13 @@ from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
     HARD_REBOOT,
+    PAUSE,
+    RESUME,
     SOFT_REBOOT,
     START,
     STOP,
+    SUSPEND,
+    UNPAUSE,
     PowerAction,
     run_power_action,
 )
@@ -67,6 +71,7 @@ async def _power(
         instance=call.instance,
         action=action,
         reboot_type=reboot,
+        conductor=call.conductor,
     )
     return None
 
@@ -77,6 +82,22 @@ async def _stop(call: ActionCall) -> Response | None:
 
 async def _start(call: ActionCall) -> Response | None:
     return await _power(call, START)
+
+
+async def _pause(call: ActionCall) -> Response | None:
+    return await _power(call, PAUSE)
+
+
+async def _unpause(call: ActionCall) -> Response | None:
+    return await _power(call, UNPAUSE)
+
+
+async def _suspend(call: ActionCall) -> Response | None:
+    return await _power(call, SUSPEND)
+
+
+async def _resume(call: ActionCall) -> Response | None:
+    return await _power(call, RESUME)
 
 
 def reboot_type(value: Any) -> RebootType:
@@ -168,6 +189,10 @@ async def _reset_state(call: ActionCall) -> Response | None:
 ACTIONS: dict[str, Handler] = {
     "os-stop": _stop,
     "os-start": _start,
+    "pause": _pause,
+    "unpause": _unpause,
+    "suspend": _suspend,
+    "resume": _resume,
     "reboot": _reboot,
     "evacuate": _evacuate,
     "migrate": _migrate,

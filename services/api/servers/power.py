@@ -10,10 +10,17 @@ Nova:
   SHUTOFF or ERROR, with no task or during another reboot → ``rebooting_hard`` (status
   HARD_REBOOT); then ACTIVE.
 
-A server in another state is a 409 naming the state. These are compute RPC 1.1 methods:
-while the deployment's compute RPC cap is lower (an agent of an older release is still
-registered, or an operator pinned it), the request is refused with 409 naming the
-services that are too old, and nothing is changed or sent. If the message cannot be
+* ``pause``: ACTIVE with no task → ``pausing``; then PAUSED (power state 3); ``unpause``:
+  PAUSED → ``unpausing``; then ACTIVE;
+* ``suspend``: ACTIVE or PAUSED with no task → ``suspending``; then SUSPENDED (power state
+  4, as Nova with libvirt shows a saved guest); ``resume``: SUSPENDED → ``resuming``;
+  then ACTIVE.
+
+A server in another state is a 409 naming the state. Stop, start and reboot are compute
+RPC 1.1 methods, pause, unpause, suspend and resume 1.7 (and their results conductor RPC
+1.7): while the deployment's RPC cap is lower (an agent or a conductor of an older
+release is still registered, or an operator pinned it), the request is refused with 409
+naming the services that are too old, and nothing is changed or sent. If the message cannot be
 sent, the task is undone: 409 when the host's agent has no queue, 503 when the broker
 cannot be reached.
 """
@@ -30,6 +37,8 @@ from services.api.http.faults import ConflictingRequest, ServiceUnavailable
 from services.api.servers import publish
 from services.api.servers.lookup import host_service
 from services.compute.rpcapi import SINCE, ComputeAPI, RebootType
+from services.conductor.rpcapi import ACTION_RESULT_SINCE, ConductorAPI
+from services.conductor.rpcapi import PowerAction as ResultAction
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import instance_actions, instances, services
@@ -62,9 +71,15 @@ HARD_REBOOT = PowerAction(
     "reboot",
     "reboot_instance",
     TaskState.REBOOTING_HARD,
-    (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR),
+    (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR, VmState.PAUSED, VmState.SUSPENDED),
     (None, TaskState.REBOOTING, TaskState.REBOOTING_HARD),
 )
+PAUSE = PowerAction("pause", "pause_instance", TaskState.PAUSING, (VmState.ACTIVE,))
+UNPAUSE = PowerAction("unpause", "unpause_instance", TaskState.UNPAUSING, (VmState.PAUSED,))
+SUSPEND = PowerAction(
+    "suspend", "suspend_instance", TaskState.SUSPENDING, (VmState.ACTIVE, VmState.PAUSED)
+)
+RESUME = PowerAction("resume", "resume_instance", TaskState.RESUMING, (VmState.SUSPENDED,))
 
 
 async def too_old(
@@ -144,6 +159,7 @@ async def run_power_action(
     instance: Instance,
     action: PowerAction,
     reboot_type: RebootType = RebootType.SOFT,
+    conductor: ConductorAPI | None = None,
 ) -> None:
     """Check, swap the task, cast; see the module docstring."""
     down_time = settings.service_down_time
@@ -152,6 +168,13 @@ async def run_power_action(
             f"Cannot '{action.name}' instance {instance.uuid}: "
             + await too_old(pool, compute, action.name, action.method, down_time)
             + "."
+        )
+    result = ResultAction(action.name)
+    if conductor is not None and not await conductor.can_take_action_result(result):
+        raise ConflictingRequest(
+            f"Cannot '{action.name}' instance {instance.uuid}: the conductor RPC version is "
+            f"capped at {await conductor.client.cap()}, and reporting '{action.name}' needs "
+            f"{ACTION_RESULT_SINCE[result]}. Upgrade every keel-conductor first."
         )
     service = await host_service(pool, instance, down_time)
     if service is None:
@@ -162,12 +185,18 @@ async def run_power_action(
     await _begin(pool, ctx, instance, action)
 
     async def cast() -> None:
-        if action.method == "stop_instance":
-            await compute.stop_instance(ctx, service.uuid, instance.uuid)
-        elif action.method == "start_instance":
-            await compute.start_instance(ctx, service.uuid, instance.uuid)
-        else:
+        if action.method == "reboot_instance":
             await compute.reboot_instance(ctx, service.uuid, instance.uuid, reboot_type)
+            return
+        send = {
+            "stop_instance": compute.stop_instance,
+            "start_instance": compute.start_instance,
+            "pause_instance": compute.pause_instance,
+            "unpause_instance": compute.unpause_instance,
+            "suspend_instance": compute.suspend_instance,
+            "resume_instance": compute.resume_instance,
+        }[action.method]
+        await send(ctx, service.uuid, instance.uuid)
 
     try:
         failed = await publish.send(cast, what=f"{action.name} of server {instance.uuid}")

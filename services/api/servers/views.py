@@ -27,6 +27,8 @@ _STATUS: dict[str, str] = {
     VmState.ACTIVE: "ACTIVE",
     VmState.STOPPED: "SHUTOFF",
     VmState.RESIZED: "VERIFY_RESIZE",
+    VmState.PAUSED: "PAUSED",
+    VmState.SUSPENDED: "SUSPENDED",
     VmState.ERROR: "ERROR",
     VmState.DELETED: "DELETED",
 }
@@ -54,8 +56,6 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
         for status in (
             "PASSWORD",
             "MIGRATING",
-            "PAUSED",
-            "SUSPENDED",
             "RESCUE",
             "SHELVED",
             "SHELVED_OFFLOADED",

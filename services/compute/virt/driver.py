@@ -100,6 +100,22 @@ class Driver(Protocol):
         """Restart the guest (a hard reboot also starts one that was off)."""
         ...
 
+    async def pause(self, instance_uuid: UUID) -> None:
+        """Stop the guest's vCPUs, keeping its memory; one already paused stays paused."""
+        ...
+
+    async def unpause(self, instance_uuid: UUID) -> None:
+        """Let a paused guest run again; one already running keeps running."""
+        ...
+
+    async def suspend(self, instance_uuid: UUID) -> None:
+        """Save the guest's memory to disk and stop it; one already suspended stays so."""
+        ...
+
+    async def resume(self, instance_uuid: UUID) -> None:
+        """Start a suspended guest from its saved memory; one running keeps running."""
+        ...
+
     async def console_output(self, instance_uuid: UUID) -> bytes:
         """The end of the guest's console log (at most :data:`MAX_CONSOLE_BYTES`).
 

@@ -40,6 +40,9 @@ class FakeDriver:
         self.spawn_delay = spawn_delay
         self._guests: dict[UUID, InstanceSpec] = {}
         self._running: set[UUID] = set()
+        #: Guests whose vCPUs are stopped, and guests whose memory is saved.
+        self._paused: set[UUID] = set()
+        self._suspended: set[UUID] = set()
         self._consoles: dict[UUID, str] = {}
 
     def hypervisor_hostname(self) -> str:
@@ -71,9 +74,13 @@ class FakeDriver:
     async def destroy(self, instance_uuid: UUID) -> None:
         self._guests.pop(instance_uuid, None)
         self._running.discard(instance_uuid)
+        self._paused.discard(instance_uuid)
+        self._suspended.discard(instance_uuid)
         self._consoles.pop(instance_uuid, None)
 
     def _boot(self, instance_uuid: UUID) -> None:
+        self._paused.discard(instance_uuid)
+        self._suspended.discard(instance_uuid)
         self._running.add(instance_uuid)
         self._consoles[instance_uuid] += stamped(up_line(instance_uuid))
 
@@ -86,8 +93,12 @@ class FakeDriver:
         return self._guests[self._existing(instance_uuid)].origin
 
     async def guest_power(self, instance_uuid: UUID) -> PowerState:
-        running = self._existing(instance_uuid) in self._running
-        return PowerState.RUNNING if running else PowerState.SHUTDOWN
+        guest = self._existing(instance_uuid)
+        if guest in self._paused:
+            return PowerState.PAUSED
+        if guest in self._suspended:
+            return PowerState.SUSPENDED
+        return PowerState.RUNNING if guest in self._running else PowerState.SHUTDOWN
 
     async def power_off(self, instance_uuid: UUID) -> None:
         if self._existing(instance_uuid) in self._running:
@@ -97,6 +108,37 @@ class FakeDriver:
     async def power_on(self, instance_uuid: UUID) -> None:
         if self._existing(instance_uuid) not in self._running:
             self._boot(instance_uuid)
+
+    async def pause(self, instance_uuid: UUID) -> None:
+        if self._existing(instance_uuid) in self._running:
+            self._running.discard(instance_uuid)
+            self._paused.add(instance_uuid)
+            self._consoles[instance_uuid] += stamped("paused")
+
+    async def unpause(self, instance_uuid: UUID) -> None:
+        if self._existing(instance_uuid) in self._paused:
+            self._paused.discard(instance_uuid)
+            self._running.add(instance_uuid)
+            self._consoles[instance_uuid] += stamped("unpaused")
+
+    async def suspend(self, instance_uuid: UUID) -> None:
+        if self._existing(instance_uuid) in self._running | self._paused:
+            self._running.discard(instance_uuid)
+            self._paused.discard(instance_uuid)
+            self._suspended.add(instance_uuid)
+            self._consoles[instance_uuid] += stamped("suspended: memory saved")
+
+    async def resume(self, instance_uuid: UUID) -> None:
+        if self._existing(instance_uuid) in self._suspended:
+            self._suspended.discard(instance_uuid)
+            self._running.add(instance_uuid)
+            self._consoles[instance_uuid] += stamped("resumed from its saved memory")
+
+    def is_paused(self, instance_uuid: UUID) -> bool:
+        return instance_uuid in self._paused
+
+    def is_suspended(self, instance_uuid: UUID) -> bool:
+        return instance_uuid in self._suspended
 
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
         self._existing(instance_uuid)

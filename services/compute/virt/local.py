@@ -32,7 +32,7 @@ from services.compute.durable import fsync_dir, write_synced
 from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.console import append_line, boot_banner, read_tail, up_line
 from services.compute.virt.driver import HypervisorResources
-from shared.exceptions import BuildFailed, GuestNotFound
+from shared.exceptions import BuildFailed, GuestNotFound, GuestStateError
 from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
@@ -45,7 +45,16 @@ METADATA_FILE = "metadata.json"
 _UNKNOWN_ORIGIN = UUID(int=0)
 POWER_FILE = "power"
 CONSOLE_FILE = "console.log"
-RUNNING, SHUTDOWN = "running", "shutdown"
+RUNNING, SHUTDOWN, PAUSED, SUSPENDED = "running", "shutdown", "paused", "suspended"
+#: What the console shows when a guest leaves one of these states for RUNNING.
+_WOKEN = {PAUSED: "unpaused", SUSPENDED: "resumed from its saved memory"}
+_STOPPED_LINES = {SHUTDOWN: "powered off", PAUSED: "paused", SUSPENDED: "suspended: memory saved"}
+#: What each state reports as (a saved guest is neither running nor shut down).
+_POWER_STATES = {
+    RUNNING: PowerState.RUNNING,
+    PAUSED: PowerState.PAUSED,
+    SUSPENDED: PowerState.SUSPENDED,
+}
 _BUILDING = ".building-"
 _DELETING = ".deleting-"
 _GUEST_DIR_MODE = 0o755
@@ -104,7 +113,7 @@ class LocalDriver:
 
     async def guest_power(self, instance_uuid: UUID) -> PowerState:
         state = await asyncio.to_thread(self.power_state, instance_uuid)
-        return PowerState.RUNNING if state == RUNNING else PowerState.SHUTDOWN
+        return _POWER_STATES.get(state, PowerState.SHUTDOWN)
 
     async def power_off(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)
@@ -114,6 +123,28 @@ class LocalDriver:
 
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
         await asyncio.to_thread(self._reboot, instance_uuid, hard)
+
+    async def pause(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._change, instance_uuid, (RUNNING,), PAUSED)
+
+    async def unpause(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._change, instance_uuid, (PAUSED,), RUNNING)
+
+    async def suspend(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._change, instance_uuid, (RUNNING, PAUSED), SUSPENDED)
+
+    async def resume(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._change, instance_uuid, (SUSPENDED,), RUNNING)
+
+    def _change(self, instance_uuid: UUID, from_states: tuple[str, ...], to: str) -> None:
+        """Move the guest from one of ``from_states`` to ``to``; already there is done."""
+        current = self.power_state(instance_uuid)
+        if current == to:
+            LOG.info("guest %s is already %s", instance_uuid, to, extra=_extra(instance_uuid))
+            return
+        if current not in from_states:
+            raise GuestStateError(f"guest {instance_uuid} is {current}, so it cannot become {to}")
+        self._set_power(instance_uuid, to)
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         guest = await asyncio.to_thread(self._guest, instance_uuid)
@@ -130,7 +161,8 @@ class LocalDriver:
         self._set_power(instance_uuid, RUNNING, booted=True)
 
     def power_state(self, instance_uuid: UUID) -> str:
-        """``running`` or ``shutdown``; GuestNotFound if the guest does not exist."""
+        """``running``, ``shutdown``, ``paused`` or ``suspended``; GuestNotFound if the guest
+        does not exist."""
         guest = self._guest(instance_uuid)
         try:
             return (guest / POWER_FILE).read_text(encoding="ascii").strip() or RUNNING
@@ -162,10 +194,12 @@ class LocalDriver:
         os.replace(scratch, guest / POWER_FILE)
         fsync_dir(guest)
         console = guest / CONSOLE_FILE
-        if state == RUNNING and (booted or before != RUNNING):
+        if state == RUNNING and not booted and before in _WOKEN:
+            append_line(console, _WOKEN[before])
+        elif state == RUNNING and (booted or before != RUNNING):
             append_line(console, up_line(instance_uuid))
-        elif state == SHUTDOWN and before != SHUTDOWN:
-            append_line(console, "powered off")
+        elif state in _STOPPED_LINES and before != state:
+            append_line(console, _STOPPED_LINES[state])
         LOG.info("guest %s is now %s", instance_uuid, state, extra=_extra(instance_uuid))
 
     def _sweep_scratch(self) -> list[str]:

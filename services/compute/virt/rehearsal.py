@@ -89,6 +89,22 @@ class RehearsalDriver:
         await self._rehearse("power_on", instance_uuid)
         await self._driver.power_on(instance_uuid)
 
+    async def pause(self, instance_uuid: UUID) -> None:
+        await self._rehearse("pause", instance_uuid)
+        await self._driver.pause(instance_uuid)
+
+    async def unpause(self, instance_uuid: UUID) -> None:
+        await self._rehearse("unpause", instance_uuid)
+        await self._driver.unpause(instance_uuid)
+
+    async def suspend(self, instance_uuid: UUID) -> None:
+        await self._rehearse("suspend", instance_uuid)
+        await self._driver.suspend(instance_uuid)
+
+    async def resume(self, instance_uuid: UUID) -> None:
+        await self._rehearse("resume", instance_uuid)
+        await self._driver.resume(instance_uuid)
+
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
         await self._rehearse("reboot", instance_uuid)
         await self._driver.reboot(instance_uuid, hard=hard)

@@ -439,6 +439,42 @@ class LibvirtDriver:
 
         await self._conn.run(reboot)
 
+    async def pause(self, instance_uuid: UUID) -> None:
+        """libvirt's ``suspend``: the domain's vCPUs stop, its memory stays."""
+        dom = await self._domain(instance_uuid)
+        libvirt = self._conn.libvirt
+
+        def pause(_conn: Any) -> None:
+            if dom.state()[0] != libvirt.VIR_DOMAIN_PAUSED:
+                dom.suspend()
+
+        await self._conn.run(pause)
+
+    async def unpause(self, instance_uuid: UUID) -> None:
+        dom = await self._domain(instance_uuid)
+        libvirt = self._conn.libvirt
+
+        def unpause(_conn: Any) -> None:
+            if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+                dom.resume()
+
+        await self._conn.run(unpause)
+
+    async def suspend(self, instance_uuid: UUID) -> None:
+        """A managed save: the memory goes to disk and the domain stops."""
+        dom = await self._domain(instance_uuid)
+
+        def suspend(_conn: Any) -> None:
+            if dom.isActive():
+                dom.managedSave(0)
+
+        await self._conn.run(suspend)
+
+    async def resume(self, instance_uuid: UUID) -> None:
+        """Starting a domain with a managed save restores it from there."""
+        dom = await self._domain(instance_uuid)
+        await self._conn.run(lambda _conn: self._start(dom))
+
     async def console_output(self, instance_uuid: UUID) -> bytes:
         await self._domain(instance_uuid)
         return await asyncio.to_thread(read_tail, self.guest_dir(instance_uuid) / disks.CONSOLE_LOG)

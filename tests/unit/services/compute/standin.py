@@ -26,6 +26,7 @@ from services.conductor.rpcapi import (
     GuestFate,
     GuestsReport,
     GuestVerdict,
+    InstanceActionResult,
     InstanceBuildResult,
     InstanceDeleted,
     MoveResult,
@@ -62,6 +63,7 @@ class StandInConductor:
         self.heartbeats: list[ServiceHeartbeat] = []
         self.build_results: list[InstanceBuildResult] = []
         self.deleted: list[UUID] = []
+        self.action_results: list[InstanceActionResult] = []
         #: Services an operator deleted: their heartbeats are refused.
         self.deleted_services: set[UUID] = set()
         #: What ``check_build`` answers per instance (``build`` unless set); each answer
@@ -122,6 +124,9 @@ class StandInConductor:
 
     async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
         self.deleted.append(req.instance_uuid)
+
+    async def instance_action_result(self, ctx: RequestContext, req: InstanceActionResult) -> None:
+        self.action_results.append(req)
 
     async def report_guests(self, ctx: RequestContext, req: ReportGuests) -> GuestsReport:
         """Every guest stays unless a test says otherwise (``fates``/``confirmations``)."""

@@ -46,7 +46,8 @@ def test_status_from_vm_state(vm_state: str, status: str) -> None:
 def test_status_filters_select_vm_states() -> None:
     assert STATUS_FILTERS["BUILD"] == ("building",)
     assert STATUS_FILTERS["SHUTOFF"] == ("stopped",)
-    assert STATUS_FILTERS["PAUSED"] == ()
+    assert STATUS_FILTERS["PAUSED"] == ("paused",)
+    assert STATUS_FILTERS["SHELVED"] == ()
 
 
 def test_summary() -> None:

@@ -1,0 +1,64 @@
+"""What Nova users type, with the real openstack CLI: several servers at once, an empty
+page, pause/unpause, suspend/resume and the console log that shows them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.cloud import Cloud
+from tests.e2e.test_compute_cloud import wait_for_status
+
+pytestmark = pytest.mark.e2e
+
+
+def statuses(cloud: Cloud) -> dict[str, str]:
+    return {s["Name"]: s["Status"] for s in cloud.openstack("server", "list")}
+
+
+def test_three_servers_from_one_create_and_an_empty_page(cloud: Cloud) -> None:
+    cloud.openstack(
+        "server", "create", "--flavor", "m1.tiny", "--image", "cirros", "--min", "3",
+        "--max", "3", "trio",
+    )  # fmt: skip
+    listed = cloud.openstack("server", "list", "--long")
+    names = sorted(s["Name"] for s in listed)
+    assert names == ["trio-1", "trio-2", "trio-3"]
+    for server in listed:
+        assert wait_for_status(cloud, server["ID"], {"ACTIVE", "ERROR"})["status"] == "ACTIVE"
+    assert cloud.openstack("server", "list", "--limit", "0") == []
+    assert len(cloud.openstack("server", "list", "--limit", "2")) == 2
+
+    cloud.openstack("server", "delete", "--wait", *(s["ID"] for s in listed), as_json=False)
+    assert cloud.openstack("server", "list") == []
+
+
+def test_pause_unpause_suspend_resume_and_the_console_log(cloud: Cloud) -> None:
+    server: dict[str, Any] = cloud.openstack(
+        "server", "create", "--flavor", "m1.tiny", "--image", "cirros", "--wait", "sleeper"
+    )
+    sid = server["id"]
+    seen = []
+    for action, settled in (
+        ("pause", "PAUSED"),
+        ("unpause", "ACTIVE"),
+        ("suspend", "SUSPENDED"),
+        ("resume", "ACTIVE"),
+    ):
+        cloud.openstack("server", action, "sleeper", as_json=False)
+        shown = wait_for_status(cloud, sid, {settled})
+        seen.append((action, shown["status"], shown["OS-EXT-STS:power_state"]))
+    log = cloud.openstack("console", "log", "show", "sleeper", as_json=False)
+    actions = cloud.openstack("server", "event", "list", "sleeper")
+    cloud.openstack("server", "delete", "--wait", sid, as_json=False)
+
+    assert seen == [
+        ("pause", "PAUSED", 3),
+        ("unpause", "ACTIVE", 1),
+        ("suspend", "SUSPENDED", 4),
+        ("resume", "ACTIVE", 1),
+    ]
+    for line in ("paused", "unpaused", "suspended: memory saved", "resumed from its saved memory"):
+        assert line in log
+    assert [a["Action"] for a in actions][:4] == ["resume", "suspend", "unpause", "pause"]
