@@ -25,6 +25,7 @@ from services.conductor.rpcapi import (
 from services.conductor.tasks.build import CREATE_ACTION
 from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, placement
 from shared.db.pool import Connection
+from shared.objects.instance import Instance
 from shared.objects.states import PowerState, TaskState, VmState
 
 LOG = logging.getLogger(__name__)
@@ -48,6 +49,37 @@ async def _release_if_deleted(conn: Connection, instance_uuid: UUID) -> bool:
     return True
 
 
+async def _built_after_its_deadline(conn: Connection, instance_uuid: UUID) -> bool:
+    """A guest finished building after the build deadline put its server in ERROR: it runs,
+    so the server is ACTIVE again, and its claim (released by the deadline) is recorded
+    again, whatever room is left, since the guest uses it. False if that is not the case.
+    """
+    row = await conn.fetchrow(
+        """UPDATE instances SET vm_state = $2, power_state = $3, launched_at = now(),
+                  fault = NULL, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 AND task_state IS NULL
+              AND launched_at IS NULL AND compute_id IS NOT NULL
+        RETURNING *""",
+        instance_uuid,
+        VmState.ACTIVE.value,
+        int(PowerState.RUNNING),
+        VmState.ERROR.value,
+    )
+    if row is None:
+        return False
+    instance = Instance.from_row(row)
+    assert instance.compute_id is not None
+    await allocations.claim(conn, instance.compute_id, instance.uuid, instance.flavor, force=True)
+    LOG.warning(
+        "instance %s finished building on host %s after its build deadline: it runs, so it "
+        "is ACTIVE again and its claim there recorded again",
+        instance_uuid,
+        instance.host,
+        extra={"instance_uuid": str(instance_uuid), "decision": "built_after_deadline"},
+    )
+    return True
+
+
 async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> None:
     """ACTIVE on success; on failure ERROR with the agent's message and claims released."""
     extra = {"instance_uuid": str(req.instance_uuid)}
@@ -58,6 +90,8 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
             message = req.message or f"Build of instance {req.instance_uuid} failed."
             instance = await instances.set_build_failed(conn, req.instance_uuid, message=message)
         if instance is None:
+            if req.success and await _built_after_its_deadline(conn, req.instance_uuid):
+                return
             if not await _release_if_deleted(conn, req.instance_uuid):
                 LOG.info(
                     "ignoring a build result for instance %s: it is no longer spawning "

@@ -33,10 +33,13 @@ async def claim(
     flavor: FlavorSnapshot,
     *,
     instance_uuid: UUID | None = None,
+    force: bool = False,
 ) -> bool:
     """Claim ``flavor``'s resources on node ``node_id`` for the consumer; False if no room.
 
     ``instance_uuid`` defaults to the consumer (an instance claiming for itself).
+    ``force`` records a claim whatever room is left: for a guest that already runs there
+    (usage must say so, even beyond capacity; the scheduler then avoids the node).
     Idempotent: a consumer that already holds a claim on the node keeps it, and a
     concurrent twin of the same claim waits for the first and then finds it held.
     """
@@ -63,14 +66,15 @@ async def claim(
                       memory_mb_used = memory_mb_used + $3,
                       local_gb_used = local_gb_used + $4
                 WHERE id = $1 AND deleted_at IS NULL
-                  AND vcpus_used + $2 <= vcpus * cpu_allocation_ratio
-                  AND memory_mb_used + $3 <= memory_mb * ram_allocation_ratio
-                  AND local_gb_used + $4 <= local_gb * disk_allocation_ratio
+                  AND ($5 OR (vcpus_used + $2 <= vcpus * cpu_allocation_ratio
+                              AND memory_mb_used + $3 <= memory_mb * ram_allocation_ratio
+                              AND local_gb_used + $4 <= local_gb * disk_allocation_ratio))
             RETURNING id""",
             node_id,
             flavor.vcpus,
             flavor.memory_mb,
             disk,
+            force,
         )
         if updated is None:
             await conn.execute("DELETE FROM allocations WHERE id = $1", held)

@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from services.compute.rpcapi import ComputeAPI, RebuildInstance
+from services.conductor.build_deadline import BuildDeadline
 from services.conductor.deadlines import TaskDeadline
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.rpcapi import ConductorAPI
@@ -313,3 +314,37 @@ async def test_a_power_state_follows_the_hosts_report_once_the_row_is_quiet(
     async with db_pool.acquire() as conn:
         followed = await instances.get(conn, instance_uuid)
     assert (followed.vm_state, followed.power_state) == (VmState.STOPPED, PowerState.SHUTDOWN)
+
+
+async def test_a_build_that_finishes_after_its_deadline_is_active_with_its_claim_again(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 8: a late success used to leave a running guest with no claim."""
+    registration = await register(conductor, "late-a")
+    agent = StandInMover(conductor)
+    agent.report = False
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    await until(lambda: bool(agent.built))
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instances SET created_at = now() - interval '1 hour' WHERE uuid = $1",
+            instance_uuid,
+        )
+    assert await BuildDeadline(db_pool, 600).sweep() == 1
+    assert await claims(db_pool, instance_uuid) == set()
+
+    ctx = RequestContext()
+    await asyncio.gather(
+        *(conductor.instance_build_result(ctx, instance_uuid, success=True) for _ in range(2))
+    )
+
+    async def active() -> bool | None:
+        async with db_pool.acquire() as conn:
+            found = await instances.get(conn, instance_uuid)
+        return True if found.vm_state == VmState.ACTIVE else None
+
+    await eventually(active)
+    await asyncio.sleep(0.5)  # the twin, too, has been handled
+    assert await claims(db_pool, instance_uuid) == {("instance", registration.node_id)}
