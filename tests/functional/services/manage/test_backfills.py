@@ -16,13 +16,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from devkit.servers import PG_SERVER
+from devkit.database import Scratch
 from services.manage.commands.backfills import run_all
 from services.manage.main import build_parser, execute
 from shared.config import Settings
 from shared.db import backfills, schema
 from shared.versions import SERVICE_VERSION
-from tests.functional.services.manage.test_manage import manage, url_for
+from tests.functional.services.manage.test_manage import manage
 
 pytestmark = pytest.mark.functional
 
@@ -37,26 +37,16 @@ FLAVOR = '{"flavorid": "1", "name": "m1.tiny", "vcpus": 1, "memory_mb": 512, "ro
 
 
 @pytest.fixture
-async def release_1_url() -> AsyncIterator[str]:
+async def release_1_url(databases: Scratch) -> AsyncIterator[str]:
     """A database at release 1's schema, holding nothing yet."""
-    name = f"keel_upgrade_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(PG_SERVER)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = url_for(name)
+    url = await databases.empty("upgrade")
     conn = await asyncpg.connect(url)
     try:
         await schema.sync(conn, up_to=RELEASE_1_SCHEMA)
     finally:
         await conn.close()
     yield url
-    admin = await asyncpg.connect(PG_SERVER)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    databases.drop_soon(url)
 
 
 async def _compute(conn: asyncpg.Connection, host: str, hypervisor: str) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from devkit.database import Scratch
 from devkit.servers import PG_SERVER
 from shared.db import services
 from shared.versions import SERVICE_VERSION, release_name
@@ -34,20 +35,12 @@ def manage(database_url: str, *args: str, **env: str) -> subprocess.CompletedPro
     )
 
 
-def url_for(name: str) -> str:
-    return PG_SERVER.rpartition("/")[0] + "/" + name
-
-
 @pytest.fixture
-async def missing_database_url() -> AsyncIterator[str]:
+async def missing_database_url(databases: Scratch) -> AsyncIterator[str]:
     """A database name nobody has created; dropped afterwards if a test created it."""
-    name = f"keel_manage_{uuid.uuid4().hex[:12]}"
-    yield url_for(name)
-    admin = await asyncpg.connect(PG_SERVER)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    url = databases.unborn("manage")
+    yield url
+    databases.drop_soon(url)
 
 
 async def test_db_sync_creates_and_migrates_then_is_idempotent(missing_database_url: str) -> None:
