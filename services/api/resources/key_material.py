@@ -78,8 +78,21 @@ def _private_pem(key: rsa.RSAPrivateKey) -> str:
     ).decode("ascii")
 
 
+#: X.509 bounds a common name to 64 (RFC 5280's ub-common-name); the library counts
+#: its UTF-8 bytes.
+MAX_COMMON_NAME = 64
+#: The subject of a certificate made for a user whose id is empty.
+NAMELESS = "keel-user"
+
+
+def common_name(subject_name: str) -> str:
+    """``subject_name`` as a certificate's common name: 1 to 64 bytes of UTF-8, always."""
+    encoded = subject_name.encode("utf-8", "replace")[:MAX_COMMON_NAME]
+    return encoded.decode("utf-8", "ignore") or NAMELESS
+
+
 def _certificate(key: rsa.RSAPrivateKey, subject_name: str) -> x509.Certificate:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_name)])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name(subject_name))])
     now = datetime.now(UTC)
     return (
         x509.CertificateBuilder()

@@ -168,3 +168,12 @@ async def test_list_pages_from_2_35(client: httpx.AsyncClient) -> None:
     assert [k["keypair"]["name"] for k in rest.json()["keypairs"]] == ["c"]
     unknown = await client.get("/v2.1/os-keypairs?marker=zz", headers=at("2.35", MEMBER))
     assert unknown.status_code == 400
+
+
+@pytest.mark.parametrize("user_id", ["", "u" * 65, "ü" * 40])
+async def test_an_admin_generates_an_x509_pair_for_any_user_id(
+    client: httpx.AsyncClient, user_id: str
+) -> None:
+    made = await create(client, "cert", headers=ADMIN, type="x509", user_id=user_id)
+    assert made.status_code == 201, made.text
+    assert "BEGIN CERTIFICATE" in made.json()["keypair"]["public_key"]

@@ -51,3 +51,12 @@ def test_generated_certificate_names_the_user() -> None:
     assert cert.subject.rfc4514_string() == "CN=alice"
     assert made.fingerprint == fingerprint(KeyPairType.X509, made.public_key)
     assert len(made.fingerprint.split(":")) == 20
+
+
+@pytest.mark.parametrize("user_id", ["", "u" * 65, "u" * 300, "ü" * 70])
+def test_an_x509_certificate_is_made_for_any_user_id(user_id: str) -> None:
+    made = generate(KeyPairType.X509, user_id)
+    cert = x509.load_pem_x509_certificate(made.public_key.encode())
+    [cn] = cert.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)
+    assert 1 <= len(str(cn.value).encode()) <= 64
+    assert user_id.startswith(str(cn.value)) or str(cn.value) == "keel-user"
