@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from shared.db import allocations
-from tests.e2e.cloud import ADMIN, CIRROS_ID, Cloud
+from tests.e2e.cloud import ADMIN, CIRROS_ID, Cloud, CloudConfig
 from tests.faults.proxy import TcpProxy
 from tests.polling import wait_until
 
@@ -28,6 +28,25 @@ async def proxy_to(url: str, default_port: int) -> AsyncIterator[TcpProxy]:
         yield running
     finally:
         await running.close()
+
+
+def boot_cloud(
+    hosts: tuple[str, ...],
+    *,
+    database_address: str | None = None,
+    broker_address: str | None = None,
+) -> CloudConfig:
+    """A cloud for many boots: roomy hosts with the fake driver, every process reaching
+    the database or the broker through a proxy's address."""
+    return CloudConfig(
+        computes=hosts,
+        vcpus=64,
+        memory_mb=65536,
+        local_gb=1000,
+        database_address=database_address,
+        broker_address=broker_address,
+        env=(("KEEL_COMPUTE__DRIVER", "fake"),),
+    )
 
 
 def pids_of(cloud: Cloud) -> dict[str, int]:

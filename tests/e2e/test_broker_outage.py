@@ -19,6 +19,7 @@ from tests.e2e.cloud import Cloud, CloudConfig
 from tests.e2e.outage import (
     assert_nothing_restarted,
     assert_settled_whole,
+    boot_cloud,
     boots_across_an_outage,
     pids_of,
     proxy_to,
@@ -43,14 +44,7 @@ async def proxy() -> AsyncIterator[TcpProxy]:
 
 @pytest.fixture(scope="module")
 def cloud_config(proxy: TcpProxy) -> CloudConfig:
-    return CloudConfig(
-        computes=HOSTS,
-        vcpus=64,
-        memory_mb=65536,
-        local_gb=1000,
-        broker_address=proxy.address,
-        env=(("KEEL_COMPUTE__DRIVER", "fake"),),
-    )
+    return boot_cloud(HOSTS, broker_address=proxy.address)
 
 
 async def test_every_accepted_boot_settles_after_a_broker_outage(

@@ -21,6 +21,7 @@ from tests.e2e.outage import (
     assert_no_tracebacks,
     assert_nothing_restarted,
     assert_settled_whole,
+    boot_cloud,
     boots_across_an_outage,
     pids_of,
     proxy_to,
@@ -47,14 +48,7 @@ async def proxy() -> AsyncIterator[TcpProxy]:
 
 @pytest.fixture(scope="module")
 def cloud_config(proxy: TcpProxy) -> CloudConfig:
-    return CloudConfig(
-        computes=HOSTS,
-        vcpus=64,
-        memory_mb=65536,
-        local_gb=1000,
-        database_address=proxy.address,
-        env=(("KEEL_COMPUTE__DRIVER", "fake"),),
-    )
+    return boot_cloud(HOSTS, database_address=proxy.address)
 
 
 async def test_boots_across_a_database_outage_all_settle(cloud: Cloud, proxy: TcpProxy) -> None:
