@@ -65,7 +65,6 @@ from shared.objects.migration import (
     CONFIRM_ACTION,
     EVACUATION,
     MIGRATION,
-    REVERT_ACTION,
     Migration,
     MigrationStatus,
     MigrationType,
@@ -531,15 +530,3 @@ async def refuse_up_with_unconfirmed_evacuations(conn: Connection, service: Serv
         "forced down meanwhile) so it removes the evacuated servers' copies and completes "
         "them, then try again."
     )
-
-
-__all__ = [
-    "CONFIRM_ACTION",
-    "REVERT_ACTION",
-    "evacuate",
-    "evacuation_target",
-    "finish_resize",
-    "migrate",
-    "migration_target",
-    "refuse_up_with_unconfirmed_evacuations",
-]
