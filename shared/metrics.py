@@ -36,6 +36,12 @@ class Metrics:
             ["topic", "failure"],
             registry=self.registry,
         )
+        self.self_fences = Counter(
+            "keel_self_fences",
+            "Times this compute agent fenced itself (powered its guests off) after going "
+            "KEEL_FENCING__SELF_FENCE_AFTER seconds without a successful heartbeat",
+            registry=self.registry,
+        )
 
     def serve(self, bind: str) -> None:
         """Serve the metrics at ``http://HOST:PORT/`` from a background thread."""
