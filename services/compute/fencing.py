@@ -8,15 +8,15 @@ plane — the heartbeats the conductor answered — and acts on what it sees
 * **Self-fencing.** Once no heartbeat has succeeded for ``KEEL_FENCING__SELF_FENCE_AFTER``
   seconds (twice ``KEEL_SERVICE_DOWN_TIME`` unless set; 0 never), counted from when the
   last successful one was *sent* (so from no later than the heartbeat the database
-  recorded), it powers off every guest on the host — never destroys one — and keeps
-  them off while it stays fenced. Before the first power-off it writes the fencing to
+  recorded), it powers off every running guest on the host — never destroys one — and
+  keeps them off while it stays fenced. Before the first power-off it writes the fencing to
   ``fenced.json`` in its state directory (durably: a crash does not forget it), logs it
   and counts it (``keel_self_fences_total``). keel lets the host's servers be evacuated
   only a down time and a margin later (:mod:`shared.fencing`).
 * **Reconcile on reconnect.** Once no heartbeat has succeeded for twice
   ``KEEL_REPORT_INTERVAL`` (a loss of the broker connection, or of every conductor,
   longer than the report interval), the agent stops serving anything that could start
-  a guest — builds, rebuilds, start, reboot, the end of a revert wait
+  a guest — builds, rebuilds, start, reboot, unpause, resume, the end of a revert wait
   (:meth:`Fencing.wait_serving`) — until a guest report it sent *after* contact came
   back has been answered and acted on: the same reconcile as at start-up, which removes
   the copies evacuated meanwhile and keeps shut down those being evacuated. Only then
@@ -268,7 +268,9 @@ class Fencing:
         stopped = []
         for guest in await self._driver.list_instances():
             try:
-                if await self._driver.guest_power(guest) is PowerState.SHUTDOWN:
+                # Only a running guest: a paused one does not run, and powering off a
+                # suspended one would lose the memory it saved.
+                if await self._driver.guest_power(guest) is not PowerState.RUNNING:
                     continue
                 await self._driver.power_off(guest)
             except GuestNotFound:

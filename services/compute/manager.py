@@ -230,13 +230,17 @@ class ComputeManager:
         await self._power(ctx, req.instance_uuid, PowerAction.PAUSE, self._driver.pause)
 
     async def unpause_instance(self, ctx: RequestContext, req: GuestAction) -> None:
-        await self._power(ctx, req.instance_uuid, PowerAction.UNPAUSE, self._driver.unpause)
+        await self._power(
+            ctx, req.instance_uuid, PowerAction.UNPAUSE, self._driver.unpause, starts=True
+        )
 
     async def suspend_instance(self, ctx: RequestContext, req: GuestAction) -> None:
         await self._power(ctx, req.instance_uuid, PowerAction.SUSPEND, self._driver.suspend)
 
     async def resume_instance(self, ctx: RequestContext, req: GuestAction) -> None:
-        await self._power(ctx, req.instance_uuid, PowerAction.RESUME, self._driver.resume)
+        await self._power(
+            ctx, req.instance_uuid, PowerAction.RESUME, self._driver.resume, starts=True
+        )
 
     async def get_host_uptime(self, ctx: RequestContext, req: GetHostUptime) -> HostUptime:
         """This host's uptime line (read-only: no guest is involved)."""

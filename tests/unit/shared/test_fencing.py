@@ -57,7 +57,7 @@ def test_a_self_fencing_host_is_fenced_past_down_time_window_and_margin() -> Non
     [
         ({"self_fence_after": 0.0}, "KEEL_FENCING__SELF_FENCE_AFTER=0"),
         ({"self_fence_after": None}, "does not fence itself"),
-        ({"version": SELF_FENCING_VERSION - 1}, "release kedge"),
+        ({"version": SELF_FENCING_VERSION - 1}, "release lanyard"),
     ],
 )
 def test_a_host_whose_agent_does_not_fence_itself_never_is_by_time(

@@ -229,3 +229,19 @@ async def test_waiting_to_serve_ends_with_the_reconcile(world: World) -> None:
     world.fencing.reconciled(world.clock.now)
 
     await asyncio.wait_for(waiting, 2)
+
+
+async def test_a_paused_or_suspended_guest_is_left_as_it_is(world: World) -> None:
+    """Neither runs; powering off a suspended guest would lose the memory it saved."""
+    running, paused, suspended = await world.guests(3)
+    await world.driver.pause(paused)
+    await world.driver.suspend(suspended)
+    world.clock.now += FENCE_AFTER
+
+    await world.fencing.tick()
+
+    assert world.running() == set()
+    record = json.loads((world.state_dir / FENCED_FILE).read_text())
+    assert record["powered_off"] == [str(running)]
+    assert (await world.driver.guest_power(suspended)).name == "SUSPENDED"
+    assert (await world.driver.guest_power(paused)).name == "PAUSED"
