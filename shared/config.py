@@ -311,6 +311,19 @@ class FencingSettings(_Group):
     margin: float = Field(default=30.0, ge=0)
 
 
+class RecoverySettings(_Group):
+    """Automatic evacuation of fenced hosts by keel-conductor (instance HA)."""
+
+    #: ``off``; ``tagged``: servers whose metadata has ``HA_Enabled=True``; ``all``.
+    auto_evacuate: Literal["off", "tagged", "all"] = "off"
+    #: Most hosts whose servers the conductors start evacuating in any minute, one host
+    #: at a time.
+    hosts_per_minute: float = Field(default=6.0, gt=0, le=6000)
+    #: No automatic evacuation in an availability zone while more than this fraction of
+    #: its compute hosts is down: that is a network or control-plane failure.
+    max_down_fraction: float = Field(default=0.55, gt=0, le=1)
+
+
 class WorkaroundSettings(_Group):
     #: Start conductor, scheduler and api even while compute services older than this
     #: release supports are registered (a fast-forward upgrade); a warning instead.
@@ -382,6 +395,7 @@ class Settings(BaseSettings):
     upgrade_levels: UpgradeLevelSettings = Field(default_factory=UpgradeLevelSettings)
     workarounds: WorkaroundSettings = Field(default_factory=WorkaroundSettings)
     fencing: FencingSettings = Field(default_factory=FencingSettings)
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
 
     #: The ``--config`` file these settings were read with (not itself a setting).
     _config_file: Path | None = PrivateAttr(default=None)
