@@ -33,6 +33,12 @@ MiB = 1024 * 1024
 #: Test cases per API operation and the seed: bounded, and the same cases every run.
 FUZZ_EXAMPLES = 40
 FUZZ_SEED = 20240613
+#: No server error, every error a fault, and every answer's status, content type and
+#: body as the document says (statuses per microversion, schemas of the answers).
+CHECKS = (
+    "not_a_server_error,nova_fault_body,status_code_conformance,"
+    "response_schema_conformance,content_type_conformance"
+)
 FUZZ_TIMEOUT = 240
 
 
@@ -100,15 +106,18 @@ async def test_text_postgresql_cannot_store_is_a_400(admin: httpx.AsyncClient) -
     assert "\\ud800" in assert_fault(response, 400, "badRequest")
 
 
-def test_fuzzing_the_openapi_document_finds_no_server_error(cloud: Cloud, tmp_path: Path) -> None:
+@pytest.mark.parametrize("microversion", ["latest", "2.1"])
+def test_fuzzing_the_openapi_document_finds_no_server_error_and_no_deviation(
+    cloud: Cloud, tmp_path: Path, microversion: str
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KEEL_", "SCHEMATHESIS_"))}
     env.update(SCHEMATHESIS_HOOKS="tests.e2e.fuzz_hooks", PYTHONPATH=str(ROOT))
     before = cloud.logs()["api"].count(" status ")
     argv = [
         str(BIN / "st"), "run", f"{cloud.api_url}/openapi.json",
         "--header", f"X-Auth-Token: {cloud.admin_token}",
-        "--header", "OpenStack-API-Version: compute latest",
-        "--checks", "not_a_server_error,nova_fault_body",
+        "--header", f"OpenStack-API-Version: compute {microversion}",
+        "--checks", CHECKS,
         "--max-examples", str(FUZZ_EXAMPLES), "--seed", str(FUZZ_SEED),
         "--generation-database", "none", "--no-color",
     ]  # fmt: skip

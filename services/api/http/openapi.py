@@ -2,9 +2,11 @@
 
 ``KEEL_API__OPENAPI`` decides: ``admin`` (the default) serves it to admin tokens,
 ``public`` to anyone, ``off`` to no one (404). The document describes every route's
-parameters and request body, the ``X-Auth-Token`` header, and the one shape of every
-error: a fault, ``{"<faultName>": {"code": N, "message": "..."}}``. That is enough for
-a fuzzer such as schemathesis to exercise the API from the outside.
+parameters and request body, the ``X-Auth-Token`` header, each route's answers (status
+codes per microversion and body schemas, :mod:`services.api.http.response_schemas`) and
+the one shape of every error: a fault, ``{"<faultName>": {"code": N, "message": "..."}}``
+(Neutron's error under ``/network``). A fuzzer such as schemathesis can hold the API to
+it from the outside: statuses, shapes and no server errors.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 
 from services.api.http.auth import authenticate, require_admin
 from services.api.http.faults import ItemNotFound
+from services.api.http.response_schemas import REQUEST_BODIES, RESPONSES
 from shared.config import Settings
 
 router = APIRouter()
@@ -39,18 +42,73 @@ _FAULT_RESPONSE = {
 }
 
 
+NEUTRON_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": 'A Networking API error: {"NeutronError": {"type", "message", "detail"}}',
+    "required": ["NeutronError"],
+    "properties": {
+        "NeutronError": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        }
+    },
+}
+_NEUTRON_ERROR_RESPONSE = {
+    "description": "A Networking API error (a fault when the token is refused)",
+    "content": {
+        "application/json": {
+            "schema": {
+                "anyOf": [
+                    {"$ref": "#/components/schemas/NeutronError"},
+                    {"$ref": "#/components/schemas/Fault"},
+                ]
+            }
+        }
+    },
+}
+
+
 def _describe_faults(document: dict[str, Any]) -> None:
-    """Replace FastAPI's 422 validation answers (keel answers 400) with the fault shape."""
-    for operations in document.get("paths", {}).values():
+    """Replace FastAPI's 422 validation answers (keel answers 400) with the fault shape
+    (Neutron's error shape under ``/network``)."""
+    for path, operations in document.get("paths", {}).items():
+        error = _NEUTRON_ERROR_RESPONSE if path.startswith("/network") else _FAULT_RESPONSE
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
-            responses["4XX"] = _FAULT_RESPONSE
+            responses["4XX"] = error
             responses["5XX"] = _FAULT_RESPONSE
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     schemas["Fault"] = FAULT_SCHEMA
+    schemas["NeutronError"] = NEUTRON_ERROR_SCHEMA
+
+
+def _describe_responses(document: dict[str, Any]) -> None:
+    """Each route's real answers (:mod:`services.api.http.response_schemas`): statuses per
+    microversion and body schemas; and the request bodies handlers read themselves."""
+    paths = document.get("paths", {})
+    for (path, method), answers in RESPONSES.items():
+        operation = paths.get(path, {}).get(method)
+        if operation is None:
+            continue
+        responses = operation.setdefault("responses", {})
+        for status in [s for s in responses if s.startswith("2")]:
+            del responses[status]
+        for status, (description, schema) in answers.items():
+            described: dict[str, Any] = {"description": description}
+            if schema is not None:
+                described["content"] = {"application/json": {"schema": schema}}
+            responses[status] = described
+    for (path, method), body in REQUEST_BODIES.items():
+        operation = paths.get(path, {}).get(method)
+        if operation is not None:
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": body}},
+            }
 
 
 #: What a create returns that names the new resource in later requests:
@@ -58,7 +116,7 @@ def _describe_faults(document: dict[str, Any]) -> None:
 _LINKS = (
     ("/v2.1/servers", "202", "/server/id", "server_id", "/v2.1/servers/{server_id}"),
     ("/v2.1/flavors", "200", "/flavor/id", "flavor_id", "/v2.1/flavors/{flavor_id}"),
-    ("/v2.1/images", "201", "/id", "image_id", "/v2.1/images/{image_id}"),
+    ("/image/v2/images", "201", "/id", "image_id", "/image/v2/images/{image_id}"),
 )
 
 
@@ -103,6 +161,7 @@ def document(app: FastAPI) -> dict[str, Any]:
             routes=app.routes,
         )
         _describe_faults(built)
+        _describe_responses(built)
         _describe_links(built)
         _describe_auth(built)
         app.openapi_schema = built

@@ -202,6 +202,34 @@ async def test_the_openapi_document_is_for_admins_by_default(client: httpx.Async
     assert json.dumps(document)  # serialisable as it is served
 
 
+async def test_the_openapi_document_gives_real_answers_and_statuses(
+    client: httpx.AsyncClient,
+) -> None:
+    document = (await client.get("/openapi.json", headers=ADMIN)).json()
+    paths = document["paths"]
+    keypairs = paths["/v2.1/os-keypairs"]["post"]["responses"]
+    assert {"200", "201"} <= set(keypairs)
+    assert "2.2" in keypairs["201"]["description"]
+    assert {"202", "204"} <= set(paths["/v2.1/os-keypairs/{name}"]["delete"]["responses"])
+    quota_body = paths["/v2.1/os-quota-sets/{project_id}"]["put"]["requestBody"]
+    assert quota_body["content"]["application/json"]["schema"]["required"] == ["quota_set"]
+    server = paths["/v2.1/servers/{server_id}"]["get"]["responses"]["200"]
+    schema = server["content"]["application/json"]["schema"]["properties"]["server"]
+    assert {"id", "status", "addresses", "accessIPv4"} <= set(schema["required"])
+    network_error = paths["/network/v2.0/ports/{port_id}"]["get"]["responses"]["4XX"]
+    assert "NeutronError" in json.dumps(network_error)
+    bare = [
+        (path, method)
+        for path, operations in paths.items()
+        if path.startswith("/v2.1/servers") and "{server_id}/" not in path
+        for method, operation in operations.items()
+        for status, answer in operation["responses"].items()
+        if status.startswith("2")
+        and answer.get("content", {}).get("application/json", {}).get("schema", {}).get("title")
+    ]
+    assert bare == []
+
+
 async def test_the_openapi_document_can_be_public_or_off(
     settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
 ) -> None:
