@@ -62,3 +62,12 @@ def test_pause_unpause_suspend_resume_and_the_console_log(cloud: Cloud) -> None:
     for line in ("paused", "unpaused", "suspended: memory saved", "resumed from its saved memory"):
         assert line in log
     assert [a["Action"] for a in actions][:4] == ["resume", "suspend", "unpause", "pause"]
+
+
+async def test_a_hypervisors_uptime_comes_from_its_agent(cloud: Cloud) -> None:
+    listed = await cloud.get("os-hypervisors", version="2.53")
+    for hypervisor in listed["hypervisors"]:
+        shown = await cloud.get(f"os-hypervisors/{hypervisor['id']}/uptime", version="2.53")
+        assert shown["hypervisor"]["hypervisor_hostname"] == hypervisor["hypervisor_hostname"]
+        assert " up " in shown["hypervisor"]["uptime"]
+        assert "load average" in shown["hypervisor"]["uptime"]

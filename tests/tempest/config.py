@@ -28,13 +28,17 @@ MAX_MICROVERSION = "2.74"
 #: Tempest's [compute-feature-enabled] flags for what keel serves and lacks.
 FEATURES: dict[str, bool] = {
     "cold_migration": True,
+    # Resize (a cold migration with a new flavor) is not built yet: the move workflow
+    # carries no flavor change.
     "resize": False,
     "pause": True,
     "suspend": True,
     "shelve": False,
     "shelve_migrate": False,
     "console_output": True,
+    # changePassword needs an agent inside the guest to set it; keel's guests have none.
     "change_password": False,
+    # OS-DCF:diskConfig is always MANUAL: keel never resizes a guest's partitions.
     "disk_config": False,
     "live_migration": False,
     "live_migrate_back_and_forth": False,
