@@ -17,7 +17,9 @@ from services.compute.rpcapi import ComputeAPI, RebuildInstance
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.deadlines import TaskDeadline
 from services.conductor.moves.deadline import MoveDeadline
+from services.conductor.moves.task import MoveTask
 from services.conductor.rpcapi import ConductorAPI
+from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
 from shared.db import (
     allocations,
@@ -343,3 +345,56 @@ async def test_a_build_that_finishes_after_its_deadline_is_active_with_its_claim
     await eventually(active)
     await asyncio.sleep(0.5)  # the twin, too, has been handled
     assert await claims(db_pool, instance_uuid) == {("instance", registration.node_id)}
+
+
+async def test_a_move_ended_while_its_destination_was_chosen_gives_the_claim_back(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 8: the claim the scheduler just made for a withdrawn move was kept."""
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "lost")
+    registration_b = await register(conductor, "lost-b")
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with db_pool.acquire() as conn, conn.transaction():
+        source = await compute_nodes.get_by_id(conn, node_a)
+        await instances.begin_task(
+            conn, instance_uuid, MIGRATION.choosing, vm_states=MIGRATION.movable
+        )
+        migration = await moves.create(
+            conn,
+            ctx,
+            instance_uuid=instance_uuid,
+            migration_type=MIGRATION.migration_type,
+            status=MigrationStatus.ACCEPTED,
+            source=source,
+        )
+        instance = await instances.get(conn, instance_uuid)
+        # The scheduler claimed on B for the move; then keel-api withdrew it.
+        assert await allocations.claim(
+            conn,
+            registration_b.node_id,
+            migration.uuid,
+            instance.flavor,
+            instance_uuid=instance_uuid,
+        )
+        await moves.swap_status(
+            conn, migration.uuid, expected=[MigrationStatus.ACCEPTED], new=MigrationStatus.ERROR
+        )
+    task = MoveTask(
+        ctx,
+        migration.uuid,
+        pool=db_pool,
+        scheduler=SchedulerAPI(agent_transport, timeout=SOON),
+        compute=ComputeAPI(agent_transport, timeout=SOON),
+        service_down_time=60,
+    )
+    selection = Selection(
+        service_uuid=registration_b.service_uuid,
+        compute_node_id=registration_b.node_id,
+        compute_node_uuid=registration_b.node_uuid,
+        host="lost-b",
+        nodename="lost-b",
+    )
+
+    assert await task._record_destination(migration, selection) is None
+
+    assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
