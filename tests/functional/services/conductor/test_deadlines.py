@@ -16,9 +16,10 @@ import pytest
 from services.compute.rpcapi import ComputeAPI, RebuildInstance
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.deadlines import TaskDeadline
+from services.conductor.moves import arrival
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.task import MoveTask
-from services.conductor.rpcapi import ConductorAPI
+from services.conductor.rpcapi import ConductorAPI, MoveResult
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
 from shared.db import (
@@ -398,3 +399,36 @@ async def test_a_move_ended_while_its_destination_was_chosen_gives_the_claim_bac
     assert await task._record_destination(migration, selection) is None
 
     assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
+
+
+async def test_a_result_and_the_deadline_racing_on_one_move_never_deadlock(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 11: both take the instance, then the record, then the claims."""
+    compute = ComputeAPI(agent_transport, timeout=SOON)
+    for round_ in range(5):
+        async with db_pool.acquire() as conn:  # earlier rounds' hosts take no part
+            await conn.execute("UPDATE services SET disabled = true")
+        instance_uuid, node_a, _ = await placed_on_a(
+            db_pool, conductor, agent_transport, f"race{round_}"
+        )
+        node_b, _ = await silent_host(conductor, agent_transport, f"race{round_}-b")
+        migration = await start_move(db_pool, conductor, MIGRATION, instance_uuid, node_a)
+        pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+        await aged(db_pool, pending)
+        aged_record = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+        result = MoveResult(migration_uuid=migration.uuid, success=True)
+
+        await asyncio.gather(
+            arrival.record_move_result(db_pool, compute, result, 60),
+            move_deadline(db_pool, agent_transport)._expire(aged_record),
+        )
+
+        async with db_pool.acquire() as conn:
+            ended = await moves.get(conn, migration.uuid)
+        assert ended.status in (MigrationStatus.FINISHED, MigrationStatus.ERROR)
+        held = await claims(db_pool, instance_uuid)
+        if ended.status == MigrationStatus.FINISHED:
+            assert held == {("instance", node_a), ("migration", node_b)}
+        else:
+            assert held == {("instance", node_a)}
