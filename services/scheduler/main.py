@@ -10,6 +10,7 @@ them), then closes the transport and the pool.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import asyncpg
@@ -31,9 +32,17 @@ from shared.versions import apis_for
 
 
 async def run_scheduler(
-    settings: Settings, lifecycle: Lifecycle, pool: asyncpg.Pool, transport: Transport
+    settings: Settings,
+    lifecycle: Lifecycle,
+    pool: asyncpg.Pool,
+    transport: Transport,
+    *,
+    rng: random.Random | None = None,
 ) -> None:
-    """Serve until ``lifecycle.stopping`` is set, then drain."""
+    """Serve until ``lifecycle.stopping`` is set, then drain.
+
+    ``rng`` picks among the best hosts (a test passes a seeded one to replay choices).
+    """
     minimums = MinimumVersions(
         pool, ttl=settings.service_version_cache_ttl, metrics=lifecycle.metrics
     )
@@ -43,6 +52,7 @@ async def run_scheduler(
         HostManager(
             service_down_time=settings.service_down_time,
             host_subset_size=settings.scheduler.host_subset_size,
+            rng=rng,
         ),
         FaultPoints(settings.fault_inject),
     )
