@@ -77,7 +77,16 @@ test-unit: $(CHECKOUT_PTH) ## unit tests (no PostgreSQL or RabbitMQ needed)
 # processes driven by the real openstack CLI; test-bench: every benchmark, tiny.
 .PHONY: $(addprefix test-,$(SERVER_TIERS))
 $(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
-	$(BIN)/pytest tests/$* $(PYTEST_ARGS)
+	$(BIN)/pytest $(or $(TIER_DIRS_$*),tests/$*) $(PYTEST_ARGS)
+
+# The functional tier also runs the model-based test (tests/model/: CI's fixed examples).
+TIER_DIRS_functional := tests/functional tests/model
+
+# The model-based test at length: MODEL_EXAMPLES examples, then how many ran per second.
+MODEL_EXAMPLES ?= 5000
+.PHONY: test-model
+test-model: prerequisites ## the model-based test with MODEL_EXAMPLES (5000) examples; prints examples/s
+	KEEL_MODEL_EXAMPLES=$(MODEL_EXAMPLES) $(BIN)/pytest tests/model/test_model.py -s -q $(PYTEST_ARGS)
 
 .PHONY: run
 run: install ## run a local cloud in the foreground; Ctrl-C stops it

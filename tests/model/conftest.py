@@ -1,0 +1,32 @@
+"""The world every model test runs in: a scratch database, one event loop of its own.
+
+Hypothesis drives a state machine from synchronous rules, so the model's tests are
+plain functions; the world gets an event loop of its own (not pytest-asyncio's), on
+which every rule runs its coroutines to completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.config import DatabaseSettings
+from shared.db.pool import create_pool
+from tests.model.runtime import Loop
+from tests.model.world import World, base_settings
+
+
+@pytest.fixture
+def model(database_url: str, tmp_path: Path) -> Iterator[tuple[World, Loop]]:
+    loop = Loop()
+    pool = loop.run(create_pool(database_url, DatabaseSettings(pool_max_size=30)))
+    world = World(pool, base_settings(database_url, tmp_path), tmp_path)
+    loop.run(world.prepare())
+    try:
+        yield world, loop
+    finally:
+        loop.run(world.close())
+        loop.run(pool.close())
+        loop.close()

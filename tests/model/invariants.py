@@ -1,0 +1,354 @@
+"""What must hold after every step of the model, and what must hold once all is quiet.
+
+* **I0** keel-api never answers 5xx; no message is dead-lettered because its handler
+  failed unexpectedly (a poison message is a bug; a cast dead-lettered after its
+  delivery limit is not).
+* **I1** claims: every claim is one its holder may have — an instance's own claim on
+  its node, or on the source or destination of one of its moves that still holds
+  claims; a move's claim only while the move holds claims — and every node's usage is
+  the sum of its claims. At quiescence: a live server (not ERROR) holds exactly one
+  claim, its own, on its node; one in ERROR at most that; a deleted one none.
+* **I2** never two running copies of one server. At quiescence exactly one copy of
+  each live server (not ERROR), on its node; at most that for one in ERROR; none of a
+  deleted one. Guests recorded as orphans, and hosts deleted for good, aside.
+* **I3** a copy keel still needs is never destroyed (judged when the driver is asked,
+  see :func:`protected`).
+* **I4** at quiescence no task state, no server still building, no move that has not
+  ended.
+* **I5** every committed transition is in the state table (:mod:`tests.model.states`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from shared.db import allocations as allocation_queries
+from shared.db.pool import Connection
+from tests.model import states
+from tests.model.hosts import Host
+from tests.model.world import World
+
+
+@dataclass(frozen=True)
+class Row:
+    uuid: UUID
+    vm: str
+    task: str | None
+    node: int | None
+    deleted: bool
+
+
+@dataclass(frozen=True)
+class Move:
+    uuid: UUID
+    instance: UUID
+    kind: str
+    status: str
+    source: int | None
+    dest: int | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    consumer: UUID
+    instance: UUID
+    node: int
+
+
+@dataclass
+class Snapshot:
+    instances: dict[UUID, Row]
+    moves: list[Move]
+    claims: list[Claim]
+    drift: list[Any]
+    orphans: set[tuple[int, UUID]]
+    node_ids: dict[UUID, int]
+    #: Nodes deleted with their service (a host gone for good).
+    gone_nodes: set[int]
+
+    def moves_of(self, instance: UUID) -> list[Move]:
+        return [m for m in self.moves if m.instance == instance]
+
+
+async def snapshot(conn: Connection) -> Snapshot:
+    rows = await conn.fetch(
+        "SELECT uuid, vm_state, task_state, compute_id, deleted_at IS NOT NULL AS deleted "
+        "FROM instances"
+    )
+    moves = await conn.fetch(
+        "SELECT uuid, instance_uuid, migration_type, status, source_compute_id, "
+        "dest_compute_id FROM migrations WHERE deleted_at IS NULL ORDER BY id"
+    )
+    claims = await conn.fetch(
+        "SELECT consumer_uuid, instance_uuid, compute_node_id FROM allocations ORDER BY id"
+    )
+    orphans = await conn.fetch("SELECT compute_node_id, instance_uuid FROM orphaned_guests")
+    nodes = await conn.fetch("SELECT id, uuid, deleted_at IS NOT NULL AS gone FROM compute_nodes")
+    return Snapshot(
+        instances={
+            r["uuid"]: Row(r["uuid"], r["vm_state"], r["task_state"], r["compute_id"], r["deleted"])
+            for r in rows
+        },
+        moves=[Move(*r.values()) for r in moves],
+        claims=[Claim(*r.values()) for r in claims],
+        drift=await allocation_queries.usage_drift(conn),
+        orphans={(r["compute_node_id"], r["instance_uuid"]) for r in orphans},
+        node_ids={r["uuid"]: r["id"] for r in nodes},
+        gone_nodes={r["id"] for r in nodes if r["gone"]},
+    )
+
+
+def claim_problems(snap: Snapshot) -> list[str]:
+    """I1 after any step."""
+    problems = [f"I1 usage is not the sum of claims: {d}" for d in snap.drift]
+    moves = {m.uuid: m for m in snap.moves}
+    for claim in snap.claims:
+        instance = snap.instances.get(claim.instance)
+        if claim.consumer != claim.instance:
+            move = moves.get(claim.consumer)
+            deleting = instance is not None and (instance.deleted or instance.task == "deleting")
+            if deleting:
+                continue  # a cancelled move's claim goes with its server's, at the delete's end
+            if move is None or move.status not in states.CLAIMING.get(move.kind, ()):
+                problems.append(
+                    f"I1 claim of move {claim.consumer} on node {claim.node} while the move is "
+                    f"{move.status if move else 'unknown'}"
+                )
+            elif claim.node not in (move.source, move.dest):
+                problems.append(f"I1 claim of move {move.uuid} on node {claim.node}, not its end")
+            continue
+        if instance is None:
+            problems.append(f"I1 claim on node {claim.node} for unknown instance {claim.instance}")
+            continue
+        if instance.deleted:
+            continue  # released when the delete completes: judged at quiescence
+        allowed = {instance.node}
+        for move in snap.moves_of(instance.uuid):
+            if move.status in states.CLAIMING.get(move.kind, ()):
+                allowed |= {move.source, move.dest}
+        if claim.node not in allowed:
+            problems.append(
+                f"I1 server {instance.uuid} ({instance.vm}/{instance.task}) on node "
+                f"{instance.node} holds a claim on node {claim.node}"
+            )
+    for instance in snap.instances.values():
+        if instance.deleted or instance.node is None or instance.vm in ("error", "building"):
+            continue
+        if instance.task == "deleting":
+            continue
+        if not any(c.node == instance.node and c.instance == instance.uuid for c in snap.claims):
+            problems.append(
+                f"I1 server {instance.uuid} ({instance.vm}/{instance.task}) has no claim on its "
+                f"node {instance.node}"
+            )
+    return problems
+
+
+def running_problems(snap: Snapshot, hosts: Iterable[Host]) -> list[str]:
+    """I2 after any step: never two running copies."""
+    where: dict[UUID, list[str]] = {}
+    for host in hosts:
+        if host.powered and not host.gone:
+            for guest in host.driver.running():
+                where.setdefault(guest, []).append(host.name)
+    return [
+        f"I2 server {guest} runs on {', '.join(names)}"
+        for guest, names in where.items()
+        if len(names) > 1
+    ]
+
+
+def protected(
+    row: Row | None, moves: list[Move], node: int | None, established: bool, own_failure: bool
+) -> str | None:
+    """Why the copy of ``row`` on ``node`` must not be destroyed now (None: it may go).
+
+    Protected are: the copy on the server's node once it ran there (a half-built guest
+    of a build that never finished is not yet the server); the copy a move in flight
+    builds on its destination (unless the build failed and the agent clears its
+    leftovers); and the source copy of a cold migration that a revert may still return
+    to. While a revert runs, the destination's copy is what it removes.
+    """
+    if row is None or row.deleted or row.task == "deleting" or node is None:
+        return None
+    reverting = [
+        m for m in moves if m.kind == "migration" and m.status == "reverting" and m.dest == node
+    ]
+    for move in moves:
+        if move.status in states.IN_FLIGHT and move.dest == node and not own_failure:
+            return f"it is the destination of {move.kind} {move.uuid} ({move.status})"
+        returns = move.status in ("finished", "reverting")
+        if move.kind == "migration" and move.source == node and returns:
+            return f"a revert of migration {move.uuid} ({move.status}) returns to it"
+    if row.node == node and established and not reverting:
+        return f"it is on the server's node ({row.vm}/{row.task})"
+    return None
+
+
+class Observer:
+    """Checks the invariants for a :class:`World`; remembers what it saw between steps."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.last_transition = 0
+        self.api_errors: list[str] = []
+        world.on_destroy = self.destroying
+
+    async def destroying(self, host: Host, instance_uuid: UUID, own_failure: bool) -> None:
+        async with self.world.db.acquire() as conn:
+            node = await conn.fetchval(
+                "SELECT id FROM compute_nodes WHERE uuid = $1", host.node_uuid
+            )
+            snap_row = await conn.fetchrow(
+                "SELECT uuid, vm_state, task_state, compute_id, deleted_at IS NOT NULL AS d "
+                "FROM instances WHERE uuid = $1",
+                instance_uuid,
+            )
+            moves = await conn.fetch(
+                "SELECT uuid, instance_uuid, migration_type, status, source_compute_id, "
+                "dest_compute_id FROM migrations WHERE instance_uuid = $1 AND deleted_at IS NULL "
+                "ORDER BY id",
+                instance_uuid,
+            )
+            established = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM model_transitions WHERE subject = $1 AND "
+                "new_node = $2 AND new_vm IN ('active', 'stopped', 'resized'))",
+                instance_uuid,
+                node,
+            )
+        row = None if snap_row is None else Row(*snap_row.values())
+        why = protected(row, [Move(*m.values()) for m in moves], node, established, own_failure)
+        if why is not None:
+            self.world.i3_violations.append(
+                f"I3 host {host.name} destroyed its copy of server {instance_uuid}, but {why}"
+            )
+
+    async def transition_problems(self, conn: Connection) -> list[str]:
+        rows = await conn.fetch(
+            "SELECT * FROM model_transitions WHERE id > $1 ORDER BY id", self.last_transition
+        )
+        if rows:
+            self.last_transition = rows[-1]["id"]
+        # What another transaction saw: the first old and the last new state of each
+        # subject within one transaction.
+        collapsed: dict[tuple[int, UUID], dict[str, Any]] = {}
+        for r in rows:
+            key = (r["tx"], r["subject"])
+            if key in collapsed:
+                for column in ("new_vm", "new_task", "new_node", "new_deleted", "new_status"):
+                    collapsed[key][column] = r[column]
+            else:
+                collapsed[key] = dict(r)
+        problems = []
+        for t in collapsed.values():
+            if t["kind"] == "migration":
+                if not states.migration_allowed(t["mtype"], t["old_status"], t["new_status"]):
+                    problems.append(
+                        f"I5 {t['mtype']} {t['subject']}: {t['old_status']} → {t['new_status']}"
+                    )
+                continue
+            old = (t["old_vm"], t["old_task"])
+            new: states.State = (
+                ("deleted", None) if t["new_deleted"] else (t["new_vm"], t["new_task"])
+            )
+            if t["old_deleted"]:
+                old = ("deleted", None)
+            if not states.instance_allowed(old, new):
+                problems.append(f"I5 server {t['subject']}: {old} → {new}")
+            elif (
+                t["old_node"] != t["new_node"]
+                and t["old_vm"] is not None
+                and not states.node_change_allowed(
+                    t["old_task"], t["new_task"], bool(t["new_deleted"])
+                )
+            ):
+                problems.append(
+                    f"I5 server {t['subject']} moved from node {t['old_node']} to "
+                    f"{t['new_node']} in {old} → {new}"
+                )
+        return problems
+
+    def message_problems(self) -> list[str]:
+        broker = self.world.rt.broker
+        problems = [
+            f"I0 {dead.topic} message dead-lettered as poison: {dead.detail}"
+            for dead in broker.dead_casts + broker.dead_calls
+            if dead.reason == "rejected" and dead.detail
+        ]
+        return problems + self.api_errors
+
+    async def after_step(self) -> list[str]:
+        async with self.world.db.acquire() as conn:
+            snap = await snapshot(conn)
+            problems = await self.transition_problems(conn)
+        problems += claim_problems(snap)
+        problems += running_problems(snap, self.world.hosts)
+        problems += self.world.i3_violations
+        return problems + self.message_problems()
+
+    async def at_quiescence(self) -> list[str]:
+        problems = await self.after_step()
+        async with self.world.db.acquire() as conn:
+            snap = await snapshot(conn)
+        problems += quiet_problems(snap, self.world.hosts)
+        return problems
+
+
+def quiet_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
+    """I1, I2 and I4 once everything was delivered, every deadline passed and swept."""
+    problems = []
+    node_host = {snap.node_ids.get(h.node_uuid): h for h in hosts if h.node_uuid}
+    for move in snap.moves:
+        # An evacuation away from a host deleted for good stays done: no agent is left to
+        # confirm it (the README's "a host gone for good").
+        gone = (
+            move.kind == "evacuation" and move.status == "done" and move.source in snap.gone_nodes
+        )
+        if move.status not in states.TERMINAL and not gone:
+            problems.append(f"I4 {move.kind} {move.uuid} of {move.instance} is still {move.status}")
+    copies: dict[UUID, set[int]] = {}
+    for node, host in node_host.items():
+        if host.gone or node is None:
+            continue
+        for guest in host.driver.guests():
+            if (node, guest) not in snap.orphans:
+                copies.setdefault(guest, set()).add(node)
+    for row in snap.instances.values():
+        own = [c for c in snap.claims if c.instance == row.uuid]
+        where = copies.get(row.uuid, set())
+        if row.deleted:
+            if own:
+                problems.append(
+                    f"I1 deleted server {row.uuid} holds claims on {[c.node for c in own]}"
+                )
+            if where:
+                problems.append(f"I2 deleted server {row.uuid} still has copies on nodes {where}")
+            continue
+        if row.task is not None or row.vm == "building":
+            problems.append(f"I4 server {row.uuid} is still {row.vm}/{row.task}")
+        if any(c.consumer != row.uuid for c in own):
+            problems.append(f"I1 server {row.uuid} still holds a move's claim")
+        nodes = {c.node for c in own}
+        expected = set() if row.node is None else {row.node}
+        if row.vm == "error":
+            if not nodes <= expected:
+                problems.append(
+                    f"I1 server {row.uuid} in ERROR holds claims on {nodes}, node {row.node}"
+                )
+            if not where <= expected:
+                problems.append(
+                    f"I2 server {row.uuid} in ERROR has copies on {where}, node {row.node}"
+                )
+            continue
+        if nodes != expected or len(own) != len(expected):
+            problems.append(
+                f"I1 server {row.uuid} on node {row.node} holds claims on {sorted(nodes)}"
+            )
+        if where != expected and not (row.node in node_host and node_host[row.node].gone):
+            problems.append(
+                f"I2 server {row.uuid} on node {row.node} has copies on {sorted(where)}"
+            )
+    return problems

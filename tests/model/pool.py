@@ -1,0 +1,204 @@
+"""A process's view of the shared database pool, with a checkpoint before every step.
+
+Every keel process of the model gets its own :class:`ModelPool` over one real asyncpg
+pool. It behaves as the pool (``acquire()``, the connection's query methods and
+``transaction()``), and before each step that may commit something — a statement
+outside a transaction, the start of a transaction — it awaits the world's checkpoint
+for its process. That is where the model pauses a handler or kills its process:
+between two awaits that touch the database, never inside a transaction (a process
+killed inside one loses it to a rollback, which a kill just before it already covers;
+and a handler paused inside one would hold its row locks against everyone else).
+
+It also counts the database operations in flight, so the world knows when every task
+is waiting on something only the model can release (:meth:`World.idle`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+import asyncpg
+
+#: ``checkpoint(what)``: awaited before each step; may pause, or raise CancelledError.
+Checkpoint = Callable[[str], Awaitable[None]]
+
+
+class InFlight:
+    """Database operations started and not yet finished, over every process."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        #: Set while nothing is in flight (what a waiter for quiet waits on).
+        self.none = asyncio.Event()
+        self.none.set()
+        #: Open transactions per task: no checkpoint fires inside one.
+        self.depth: dict[asyncio.Task[Any], int] = {}
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def started(self) -> None:
+        self._count += 1
+        self.none.clear()
+
+    def finished(self) -> None:
+        self._count -= 1
+        if not self._count:
+            self.none.set()
+
+    def in_transaction(self) -> bool:
+        task = asyncio.current_task()
+        return task is not None and self.depth.get(task, 0) > 0
+
+    def enter(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.depth[task] = self.depth.get(task, 0) + 1
+
+    def leave(self) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            return
+        left = self.depth.get(task, 0) - 1
+        if left > 0:
+            self.depth[task] = left
+        else:
+            self.depth.pop(task, None)
+
+
+class _Counted:
+    """``async with`` around an awaitable step, counting it as in flight."""
+
+    def __init__(self, inflight: InFlight) -> None:
+        self.inflight = inflight
+
+    async def run(self, step: Awaitable[Any]) -> Any:
+        self.inflight.started()
+        try:
+            return await step
+        finally:
+            self.inflight.finished()
+
+
+class ModelTransaction:
+    def __init__(self, conn: ModelConnection, inner: Any) -> None:
+        self._conn = conn
+        self._inner = inner
+
+    async def __aenter__(self) -> ModelTransaction:
+        await self._conn.checkpoint("transaction")
+        await self._conn.counted(self._inner.__aenter__())
+        self._conn.inflight.enter()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._conn.inflight.leave()
+        result: bool | None = await self._conn.counted(self._inner.__aexit__(exc_type, exc, tb))
+        return result
+
+
+class ModelConnection:
+    """A pooled connection whose steps pass the process's checkpoint."""
+
+    def __init__(self, inner: Any, checkpoint: Checkpoint, inflight: InFlight) -> None:
+        self._inner = inner
+        self._checkpoint = checkpoint
+        self.inflight = inflight
+
+    async def checkpoint(self, what: str) -> None:
+        if not self.inflight.in_transaction():
+            await self._checkpoint(what)
+
+    async def counted(self, step: Awaitable[Any]) -> Any:
+        return await _Counted(self.inflight).run(step)
+
+    async def _query(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        await self.checkpoint(method)
+        return await self.counted(getattr(self._inner, method)(*args, **kwargs))
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._query("execute", *args, **kwargs)
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._query("executemany", *args, **kwargs)
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._query("fetch", *args, **kwargs)
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._query("fetchrow", *args, **kwargs)
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._query("fetchval", *args, **kwargs)
+
+    async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._query("fetchmany", *args, **kwargs)
+
+    def transaction(self, **kwargs: Any) -> ModelTransaction:
+        return ModelTransaction(self, self._inner.transaction(**kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Acquire:
+    def __init__(self, pool: ModelPool, timeout: float | None) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self._ctx: Any = None
+
+    async def __aenter__(self) -> ModelConnection:
+        pool = self._pool
+        if not pool.inflight.in_transaction():
+            await pool.checkpoint("acquire")
+        self._ctx = pool.inner.acquire(timeout=self._timeout)
+        inner = await _Counted(pool.inflight).run(self._ctx.__aenter__())
+        return ModelConnection(inner, pool.checkpoint, pool.inflight)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await _Counted(self._pool.inflight).run(self._ctx.__aexit__(exc_type, exc, tb))
+
+
+class ModelPool:
+    """One process's pool: the shared asyncpg pool behind that process's checkpoint."""
+
+    def __init__(self, inner: asyncpg.Pool, checkpoint: Checkpoint, inflight: InFlight) -> None:
+        self.inner = inner
+        self.checkpoint = checkpoint
+        self.inflight = inflight
+
+    def acquire(self, *, timeout: float | None = None) -> _Acquire:
+        return _Acquire(self, timeout)
+
+    async def _direct(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        async with self.acquire() as conn:
+            return await getattr(conn, method)(*args, **kwargs)
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._direct("execute", *args, **kwargs)
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._direct("fetch", *args, **kwargs)
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._direct("fetchrow", *args, **kwargs)
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._direct("fetchval", *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

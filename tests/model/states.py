@@ -1,0 +1,157 @@
+"""The documented state table, as data: which transitions an instance or a move may make.
+
+Read from the code that writes them (``shared/db/instances.py`` and its callers, the
+move workflows) and from the README's sections on servers, evacuation and cold
+migration. Invariant I5 checks every committed transition the database triggers
+recorded against these tables. A transition that is missing here is either a bug in
+keel or a gap in this table: decide which from the code and the README before adding
+a row, and say why in the row's comment.
+
+An instance state is ``(vm_state, task_state)``; ``None`` before it exists. A change of
+the instance's node is allowed only by the transitions in :data:`NODE_CHANGES`.
+"""
+
+from __future__ import annotations
+
+State = tuple[str | None, str | None]
+
+CREATED: State = (None, None)
+DELETED: State = ("deleted", None)
+
+#: Power actions: (task, vm_states it starts from, vm_state after success).
+_POWER = {
+    "powering-off": (("active", "error"), "stopped"),
+    "powering-on": (("stopped",), "active"),
+    "rebooting": (("active",), "active"),
+    "rebooting_hard": (("active", "stopped", "error"), "active"),
+}
+
+
+def _instance_transitions() -> set[tuple[State, State]]:
+    allowed: set[tuple[State, State]] = set()
+
+    def add(old: State, *new: State) -> None:
+        allowed.update((old, n) for n in new)
+
+    # A create: building, then scheduled, then built, failed, or past its deadline.
+    add(CREATED, ("building", "scheduling"))
+    add(("building", "scheduling"), ("building", "spawning"), ("error", None))
+    add(("building", "spawning"), ("active", None), ("error", None))
+    # A build whose success arrives after the build deadline put it in ERROR: the guest
+    # runs, so the server is ACTIVE again, its claim recorded (instance_events.py).
+    add(("error", None), ("active", None))
+    for task, (starts, success) in _POWER.items():
+        for vm in starts:
+            # Started by keel-api; ended by the agent's result (success or failure), or
+            # withdrawn by keel-api when the message could not be sent.
+            add((vm, None), (vm, task))
+            add((vm, task), (success, None), (vm, None))
+    # A hard reboot may replace a soft one in progress (Nova's rule).
+    for vm in ("active",):
+        add((vm, "rebooting"), (vm, "rebooting_hard"))
+    # Evacuation: from ACTIVE, SHUTOFF or ERROR; done (as it was, on the destination),
+    # failed or no valid host (ERROR), withdrawn (as it was).
+    for vm in ("active", "stopped", "error"):
+        add((vm, None), (vm, "rebuilding"))
+        add((vm, "rebuilding"), ("active" if vm != "stopped" else "stopped", None))
+        add((vm, "rebuilding"), ("error", None), (vm, None))
+    # Cold migration: prepare, copy, then VERIFY_RESIZE; failed → ERROR; no valid host or
+    # withdrawn → as it was.
+    for vm in ("active", "stopped"):
+        add((vm, None), (vm, "resize_prep"))
+        add((vm, "resize_prep"), (vm, "resize_migrating"), ("error", None), (vm, None))
+        add((vm, "resize_migrating"), ("resized", None), ("error", None), (vm, None))
+    # Confirm and revert of a VERIFY_RESIZE server (by its owner or the auto-confirm).
+    for task in ("resize_confirming", "resize_reverting"):
+        add(("resized", None), ("resized", task))
+        add(("resized", task), ("active", None), ("stopped", None), ("error", None))
+        add(("resized", task), ("resized", None))  # withdrawn by keel-api
+    return allowed
+
+
+INSTANCE: frozenset[tuple[State, State]] = frozenset(_instance_transitions())
+
+
+def instance_allowed(old: State, new: State) -> bool:
+    if old == new:
+        return True
+    if old[0] == "deleted":
+        return False  # nothing comes back from the dead
+    if new == DELETED:
+        return True  # a delete (local, or once the agent removed the guest) from any state
+    if new[1] == "deleting":
+        return old[0] == new[0]  # keel-api marks any live server deleting, state unchanged
+    return (old, new) in INSTANCE
+
+
+#: Transitions that may change the instance's node: being scheduled, a move's end, a
+#: revert's return to the source, and deletion.
+NODE_CHANGES: frozenset[tuple[str | None, str | None]] = frozenset(
+    {
+        ("scheduling", "spawning"),
+        ("rebuilding", None),
+        ("resize_migrating", None),
+        ("resize_reverting", "resize_reverting"),
+    }
+)
+
+
+def node_change_allowed(old_task: str | None, new_task: str | None, deleted: bool) -> bool:
+    return deleted or (old_task, new_task) in NODE_CHANGES
+
+
+#: Statuses a move never leaves.
+TERMINAL = frozenset({"completed", "confirmed", "reverted", "error", "failed", "cancelled"})
+#: Statuses in which a move holds claims on its source and its destination.
+CLAIMING = {
+    "evacuation": frozenset({"accepted", "pre-migrating", "done"}),
+    "migration": frozenset({"accepted", "pre-migrating", "finished", "confirming", "reverting"}),
+}
+#: Statuses in which a move is still being carried out (a destination may be building).
+IN_FLIGHT = frozenset({"accepted", "pre-migrating", "migrating"})
+#: Statuses that may remain at quiescence: a cold migration may wait for its owner.
+RESTING = frozenset({"finished"})
+
+MIGRATION: dict[str, frozenset[tuple[str | None, str]]] = {
+    "evacuation": frozenset(
+        {
+            (None, "accepted"),
+            ("accepted", "pre-migrating"),
+            ("accepted", "error"),  # no valid host, or withdrawn by keel-api
+            ("accepted", "failed"),
+            ("pre-migrating", "done"),
+            ("pre-migrating", "failed"),  # the destination could not rebuild
+            ("pre-migrating", "error"),
+            ("done", "completed"),  # the source removed its copy
+        }
+    ),
+    "migration": frozenset(
+        {
+            (None, "accepted"),
+            ("accepted", "pre-migrating"),
+            ("accepted", "error"),
+            ("accepted", "failed"),
+            ("pre-migrating", "finished"),
+            ("pre-migrating", "failed"),
+            ("pre-migrating", "error"),
+            ("finished", "confirming"),
+            ("finished", "reverting"),
+            ("confirming", "confirmed"),
+            ("confirming", "error"),
+            ("reverting", "reverted"),
+            ("reverting", "error"),
+            # Deleting a server that awaits confirmation confirms it, as in Nova.
+            ("finished", "confirmed"),
+        }
+    ),
+}
+
+
+def migration_allowed(kind: str, old: str | None, new: str) -> bool:
+    if old == new:
+        return True
+    if old in TERMINAL:
+        return False
+    if new == "cancelled":
+        return old is not None
+    return (old, new) in MIGRATION.get(kind, frozenset())

@@ -1,0 +1,191 @@
+"""The findings of issue 21 (and what the search found since), as explicit examples.
+
+Each test runs the model's own steps in order — the same rules Hypothesis draws — with
+every invariant checked after each step and at quiescence (the machine's teardown), plus
+what the finding is about, asserted at the end. A finding still open is marked with
+:func:`tests.model.known.xfail_until_fixed` (strict: its fix must remove the mark).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.model.machine import KeelMachine
+from tests.model.runtime import Loop
+from tests.model.world import World
+
+pytestmark = pytest.mark.functional
+
+A, B, C = 0, 1, 2
+
+
+@pytest.fixture
+def m(model: tuple[World, Loop]) -> KeelMachine:
+    """A fresh cloud; each test ends with ``m.teardown()``: settle, then quiescence."""
+    world, loop = model
+    KeelMachine.world, KeelMachine.runner = world, loop
+    return KeelMachine()
+
+
+class Steps:
+    """Runs machine steps and checks the per-step invariants after each."""
+
+    def __init__(self, machine: KeelMachine) -> None:
+        self.m = machine
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        step = getattr(self.m, name)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = step(*args, **kwargs)
+            self.m.every_step()
+            return result
+
+        return run
+
+
+def on_a_then_evacuated_to_b(s: Steps) -> None:
+    """A server built on A; A crashes and the server is evacuated to B; A comes back."""
+    s.create(on=A)
+    s.deliver_all()
+    s.crash(A, force_down=True)
+    s.evacuate(0, to=B)
+    s.deliver_all()
+    assert s.m.state_of(0) == ("active", None, "host1")
+    s.start_agent(A)  # its first guest report removes the evacuated copy
+    s.force_down(A, down=False)
+    s.deliver_all()
+
+
+def test_finding_1_evacuated_back_to_the_first_host_keeps_its_copy(m: KeelMachine) -> None:
+    """Finding 1: evacuate A→B, A returns, then B→A; A's guest report must keep the copy."""
+    s = Steps(m)
+    on_a_then_evacuated_to_b(s)
+    s.crash(B, force_down=True)
+    s.evacuate(0, to=A)
+    assert s.deliver_named("evacuate_instance")
+    assert s.deliver_named("rebuild_instance", A)  # A builds it; its result is held
+    s.guest_report(A)  # while the move is in flight: the new copy must stay
+    s.deliver_all()
+    s.guest_report(A)
+    assert m.state_of(0) == ("active", None, "host0")
+    m.teardown()
+
+
+def test_finding_1_migrated_back_to_the_first_host_keeps_its_copy(m: KeelMachine) -> None:
+    """Finding 1, cold migration: evacuate A→B, A returns, migrate B→A, confirm."""
+    s = Steps(m)
+    on_a_then_evacuated_to_b(s)
+    s.migrate(0, to=A)
+    assert s.deliver_named("migrate_instance")
+    s.deliver_named("prepare_migration")
+    assert s.deliver_named("rebuild_instance", A)
+    s.guest_report(A)
+    s.deliver_all()
+    assert m.state_of(0)[0] == "resized"
+    s.finish_resize(0, confirm=True)
+    s.deliver_all()
+    s.guest_report(A)
+    s.guest_report(B)
+    assert m.state_of(0) == ("active", None, "host0")
+    m.teardown()
+
+
+def test_finding_3_a_host_gone_for_good_is_deleted(m: KeelMachine) -> None:
+    """Finding 3: once its servers are evacuated, a dead host's service can be deleted."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.crash(A, force_down=True)
+    s.evacuate(0, to=B)
+    s.deliver_all()
+    s.advance(61.0)  # its last heartbeat is older than the service down time
+    s.delete_service(A)
+    assert ("service delete", 204) in m.answers
+    assert m.w.hosts[A].gone
+    m.teardown()  # I1 at quiescence: nothing stays claimed on A
+
+
+def test_finding_4_delete_during_a_cold_migration_ends_it(m: KeelMachine) -> None:
+    """Finding 4: a delete during a move ends the move, both copies and both claims."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.migrate(0, to=B)
+    assert s.deliver_named("migrate_instance")
+    s.delete(0)
+    s.deliver_all()  # the move's late result finds the server deleted
+    m.teardown()  # I4: no record left pre-migrating; I1, I2: no claim, no copy
+
+
+def test_finding_4_delete_while_the_destination_builds(m: KeelMachine) -> None:
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.migrate(0, to=B)
+    assert s.deliver_named("migrate_instance")
+    s.deliver_named("prepare_migration")
+    assert s.deliver_named("rebuild_instance", B, pause_at=1)  # B stops mid-rebuild
+    s.delete(0)
+    s.resume(0)
+    s.deliver_all()
+    m.teardown()
+
+
+def test_finding_4_a_destination_killed_mid_move_is_past_its_deadline(m: KeelMachine) -> None:
+    """Finding 4: the destination dies mid-rebuild and never returns: the move's deadline."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.crash(A, force_down=True)
+    s.evacuate(0, to=B)
+    assert s.deliver_named("evacuate_instance")
+    assert s.deliver_named("rebuild_instance", B, kill_at=1)  # B dies as it starts
+    s.crash(B, force_down=True)
+    s.advance(3601.0)
+    s.sweep()
+    assert m.state_of(0)[1] is None  # the move's deadline cleared the task
+    m.teardown()
+
+
+def test_finding_8_a_build_finishing_after_its_deadline_keeps_a_claim(m: KeelMachine) -> None:
+    """Finding 8: a late build success after the build deadline leaves no claimless guest."""
+    s = Steps(m)
+    s.create(on=A)
+    assert s.deliver_named("build_instances")
+    assert s.deliver_named("build_and_run_instance", A)  # built; its result is held
+    s.advance(601.0)
+    s.sweep()  # the build deadline: ERROR, claims released
+    s.deliver_all()  # the late result
+    m.teardown()  # I1 and I2: a server with a copy holds its claim
+
+
+@pytest.mark.parametrize("delivered", [False, True])
+def test_finding_9_a_delete_whose_cast_may_have_gone(m: KeelMachine, delivered: bool) -> None:
+    """Finding 9: a delete whose publish failed, perhaps after the broker took it."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.cast_fails("api", delivered=delivered)
+    s.delete(0)
+    s.deliver_all()
+    m.teardown()  # I2: a live server keeps its copy; a deleted one has none
+
+
+@pytest.mark.parametrize("delivered", [False, True])
+def test_finding_9_a_stop_whose_cast_may_have_gone(m: KeelMachine, delivered: bool) -> None:
+    """Finding 9: a power action is never undone behind a message that was acted on."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.cast_fails("api", delivered=delivered)
+    s.power(0, "os-stop")
+    s.deliver_all()
+    state = m.state_of(0)
+    running = m.w.hosts[A].driver.running()
+    # Whatever the API answered, the database and the host agree once all is delivered.
+    assert (state[0] == "active") == bool(running), (state, running)
+    m.teardown()
