@@ -78,6 +78,10 @@ class KeelMachine(RuleBasedStateMachine):
         self.steps = 0
         #: (what, status) of every API request answered, in order.
         self.answers: list[tuple[str, int]] = []
+        #: Servers whose create was answered 202; the last answer to each server's delete.
+        self.created: set[UUID] = set()
+        self.creates_sent = 0
+        self.deletes: dict[UUID, int] = {}
         KeelMachine.examples += 1
 
     # -- plumbing ----------------------------------------------------------------------
@@ -125,10 +129,16 @@ class KeelMachine(RuleBasedStateMachine):
             assert self.w.http is not None
             headers = {"OpenStack-API-Version": f"compute {version}"} if version else {}
             response = await self.w.http.request(method, path, json=body, headers=headers)
-            self.answers.append((what, response.status_code))
-            if response.status_code >= 500:
+            status = response.status_code
+            self.answers.append((what, status))
+            if what == "create" and status == 202:
+                self.created.add(UUID(response.json()["server"]["id"]))
+            if what == "delete":
+                self.deletes[UUID(path.rsplit("/", 1)[1])] = status
+            # 503 is an answer ("nothing will happen", checked at quiescence); 5xx else never.
+            if status >= 500 and status != 503:
                 self.observer.api_errors.append(
-                    f"I0 {what} answered {response.status_code}: {response.text[:300]}"
+                    f"I0 {what} answered {status}: {response.text[:300]}"
                 )
             return response
 
@@ -195,6 +205,7 @@ class KeelMachine(RuleBasedStateMachine):
         }
         if on is not None:
             server["host"] = self.host(on).name  # a requested host (2.74): still filtered
+        self.creates_sent += 1
         self.api(
             "create", "POST", "/v2.1/servers", body={"server": server}, version="2.74", plan=plan
         )
@@ -542,11 +553,31 @@ class KeelMachine(RuleBasedStateMachine):
         try:
             self.run(self.settle())
             problems = self.run(self.observer.at_quiescence())
+            problems += self.run(self.answered_problems())
             if problems and TRACE:
                 print("model: at quiescence:", *problems, sep="\n  ")
             assert not problems, "at quiescence:\n" + "\n".join(problems)
         finally:
             self.run(self.w.stop())
+
+    async def answered_problems(self) -> list[str]:
+        """I0 at quiescence: 503 meant nothing happened, 202 that it did."""
+        async with self.w.db.acquire() as conn:
+            rows = await conn.fetch("SELECT uuid, deleted_at IS NOT NULL AS gone FROM instances")
+        deleted = {r["uuid"] for r in rows if r["gone"]}
+        live = {r["uuid"] for r in rows} - deleted
+        creates = sum(1 for what, _ in self.answers if what == "create")
+        cut = self.creates_sent - creates  # no answer: the client cannot tell
+        problems = []
+        unasked = live - self.created
+        if len(unasked) > cut:
+            problems.append(f"I0 servers exist that no create was answered 202 for: {unasked}")
+        for server, status in self.deletes.items():
+            if status == 503 and server in deleted:
+                problems.append(f"I0 server {server} was deleted although its delete got 503")
+            if status in (202, 204) and server not in deleted:
+                problems.append(f"I0 server {server} lives although its delete got {status}")
+        return problems
 
     async def settle(self) -> None:
         """Everything delivered and resumed, every host back, every deadline passed."""
