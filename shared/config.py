@@ -298,6 +298,32 @@ class UpgradeLevelSettings(_Group):
         return _pin(value)
 
 
+class FencingSettings(_Group):
+    """A compute host cut off from the control plane stops its own guests in time."""
+
+    #: Seconds an agent may go without a successful heartbeat before it powers off its
+    #: guests (never destroys them); unset: twice ``KEEL_SERVICE_DOWN_TIME``; ``0``: the
+    #: agent never fences itself (its host is then evacuated only once forced down).
+    self_fence_after: float | None = Field(default=None, ge=0)
+    #: Seconds keel-api and keel-conductor add to a self-fencing host's down time and
+    #: fence window before they let its servers be evacuated (the agent's time to power
+    #: its guests off, and clocks that drift).
+    margin: float = Field(default=30.0, ge=0)
+
+
+class RecoverySettings(_Group):
+    """Automatic evacuation of fenced hosts by keel-conductor (instance HA)."""
+
+    #: ``off``; ``tagged``: servers whose metadata has ``HA_Enabled=True``; ``all``.
+    auto_evacuate: Literal["off", "tagged", "all"] = "off"
+    #: Most hosts whose servers the conductors start evacuating in any minute, one host
+    #: at a time.
+    hosts_per_minute: float = Field(default=6.0, gt=0, le=6000)
+    #: No automatic evacuation in an availability zone while more than this fraction of
+    #: its compute hosts is down: that is a network or control-plane failure.
+    max_down_fraction: float = Field(default=0.55, gt=0, le=1)
+
+
 class WorkaroundSettings(_Group):
     #: Start conductor, scheduler and api even while compute services older than this
     #: release supports are registered (a fast-forward upgrade); a warning instead.
@@ -368,6 +394,8 @@ class Settings(BaseSettings):
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
     upgrade_levels: UpgradeLevelSettings = Field(default_factory=UpgradeLevelSettings)
     workarounds: WorkaroundSettings = Field(default_factory=WorkaroundSettings)
+    fencing: FencingSettings = Field(default_factory=FencingSettings)
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
 
     #: The ``--config`` file these settings were read with (not itself a setting).
     _config_file: Path | None = PrivateAttr(default=None)
@@ -419,6 +447,23 @@ class Settings(BaseSettings):
                 "would look down between two heartbeats"
             )
         return self
+
+    @model_validator(mode="after")
+    def _fence_after_several_beats(self) -> Settings:
+        fence = self.self_fence_after
+        if 0 < fence <= 2 * self.report_interval:
+            raise ValueError(
+                f"KEEL_FENCING__SELF_FENCE_AFTER ({fence:g}s) must be longer than twice "
+                f"KEEL_REPORT_INTERVAL ({self.report_interval:g}s), or an agent would fence "
+                "itself between two heartbeats; 0 disables self-fencing"
+            )
+        return self
+
+    @property
+    def self_fence_after(self) -> float:
+        """Seconds without a successful heartbeat before an agent fences itself; 0: never."""
+        configured = self.fencing.self_fence_after
+        return 2 * self.service_down_time if configured is None else configured
 
     @property
     def service_version(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 LOG = logging.getLogger(__name__)
 
@@ -34,6 +34,31 @@ class Metrics:
             "keel_rpc_dead_lettered",
             "RPC messages this process dead-lettered, by topic and kind of failure",
             ["topic", "failure"],
+            registry=self.registry,
+        )
+        self.self_fences = Counter(
+            "keel_self_fences",
+            "Times this compute agent fenced itself (powered its guests off) after going "
+            "KEEL_FENCING__SELF_FENCE_AFTER seconds without a successful heartbeat",
+            registry=self.registry,
+        )
+
+        self.hosts_fenced = Gauge(
+            "keel_hosts_fenced",
+            "Compute hosts down and fenced (forced down, or silent past their agent's "
+            "self-fence window), as the last recovery sweep of this conductor saw them",
+            registry=self.registry,
+        )
+        self.auto_evacuations_started = Counter(
+            "keel_auto_evacuations_started",
+            "Evacuations this conductor started on its own (KEEL_RECOVERY__AUTO_EVACUATE)",
+            registry=self.registry,
+        )
+        self.auto_evacuations_refused = Counter(
+            "keel_auto_evacuations_refused",
+            "Automatic evacuations this conductor did not start, by reason (per host or "
+            "server and sweep)",
+            ["reason"],
             registry=self.registry,
         )
 

@@ -42,6 +42,9 @@ History:
 * 13 (``lanyard``) — pause and suspend: compute 1.8 (``pause_instance``,
   ``unpause_instance``, ``suspend_instance``, ``resume_instance``, ``get_host_uptime``),
   conductor 1.8 (``instance_action_result`` reports those four actions too).
+* 14 (``marline``) — self-fencing agents: conductor 1.9 (``register_compute`` and
+  ``service_heartbeat`` carry the agent's ``self_fence_after``: how long it goes
+  without a heartbeat before it powers its guests off; 0 if it never does).
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.7", conductor="1.6", scheduler="1.2"),
     ReleaseApis(compute="1.7", conductor="1.7", scheduler="1.2"),
     ReleaseApis(compute="1.8", conductor="1.8", scheduler="1.2"),
+    ReleaseApis(compute="1.8", conductor="1.9", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -105,6 +109,7 @@ RELEASE_NAMES: dict[str, int] = {
     "hawser": 11,
     "kedge": 12,
     "lanyard": 13,
+    "marline": 14,
 }
 
 #: The first release whose agents never register without an identity file the
@@ -112,6 +117,10 @@ RELEASE_NAMES: dict[str, int] = {
 #: may belong to an agent that kept no identity file: on upgrade, an agent without one
 #: adopts its host's node UUID when that host has exactly one node.
 STABLE_IDENTITY_VERSION = 4
+
+#: The first release whose agents report their self-fencing setting: a host whose agent
+#: runs an older release never counts as fenced until an operator forces it down.
+SELF_FENCING_VERSION = 14
 
 
 def apis_for(service_version: int) -> ReleaseApis:

@@ -22,6 +22,11 @@ Start-up (:func:`start_agent`):
    scheduler never picks a host whose queue does not exist yet or whose guests are not
    settled.
 
+From the first step to the last the agent watches its contact with the control plane
+(:mod:`services.compute.fencing`): a host silent for ``KEEL_FENCING__SELF_FENCE_AFTER``
+seconds powers its guests off, and after any loss of contact it reconciles its guests
+again before it starts one.
+
 Shutdown (:meth:`Agent.stop`): stop taking messages, let in-flight operations finish
 for up to ``settings.compute.drain_timeout`` seconds, stop heartbeats, disconnect.
 """
@@ -46,6 +51,7 @@ from tenacity import (
 )
 
 from services.compute import identity
+from services.compute.fencing import Fencing
 from services.compute.manager import ComputeManager
 from services.compute.reconcile import GuestReconciler
 from services.compute.resources import node_resources
@@ -72,7 +78,12 @@ from shared.rpc.server import RPCServer
 from shared.rpc.settlement import RetryPolicy
 from shared.rpc.transport import Transport
 from shared.runtime import Lifecycle, repeat
-from shared.versions import SERVICE_VERSION, STABLE_IDENTITY_VERSION, apis_for
+from shared.versions import (
+    SELF_FENCING_VERSION,
+    SERVICE_VERSION,
+    STABLE_IDENTITY_VERSION,
+    apis_for,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -94,12 +105,16 @@ class Agent:
         driver: Driver,
         registration: Registration,
         service_version: int,
+        fencing: Fencing,
+        watchdog: Watchdog,
         on_refused: Callable[[KeelError], None] | None = None,
     ) -> None:
         self.settings = settings
         self.registration = registration
         self.service_version = service_version
         self.manager = manager
+        self.fencing = fencing
+        self._watchdog = watchdog
         self._transport = transport
         self._conductor = conductor
         self._server = server
@@ -109,7 +124,7 @@ class Agent:
         self._heartbeats: asyncio.Task[None] | None = None
         self._reconciling: asyncio.Task[None] | None = None
         #: The periodic guest report (set once it runs): tests run it at a time they choose.
-        self.reconciler: GuestReconciler | None = None
+        self.guest_report: Callable[[], Awaitable[None]] | None = None
         self._stopped = False
 
     @property
@@ -121,11 +136,12 @@ class Agent:
         return self._server.topic
 
     def start_reconciling(self, reconciler: GuestReconciler) -> None:
-        self.reconciler = reconciler
         interval = self.settings.compute.reconcile_interval
+        report = reconciled_by(reconciler, self.fencing)
+        self.fencing.attach(report)
+        self.guest_report = report
         self._reconciling = asyncio.create_task(
-            repeat("guest report", reconciler.reconcile, interval, self._beats),
-            name="keel-reconcile",
+            repeat("guest report", report, interval, self._beats), name="keel-reconcile"
         )
 
     def start_heartbeats(self) -> None:
@@ -143,6 +159,7 @@ class Agent:
         except Exception:
             LOG.exception("could not measure resources; sending the heartbeat without them")
             resources = None
+        sent = self.fencing.now()
         try:
             await self._conductor.service_heartbeat(
                 RequestContext.internal(),
@@ -150,7 +167,11 @@ class Agent:
                 version=self.service_version,
                 node_uuid=self.registration.node_uuid,
                 resources=resources,
+                self_fence_after=fencing_reported(self.settings, self.service_version),
+                # A heartbeat later than the down time is worth nothing: send the next.
+                timeout=min(self.settings.rpc.call_timeout, self.settings.service_down_time),
             )
+            self.fencing.heartbeat_succeeded(sent)
         except ServiceTooOld as exc:
             self._refused(exc)
         except ServiceNotFound:
@@ -190,6 +211,7 @@ class Agent:
             await self._server.stop(drain)
         finally:
             self._beats.stopping.set()
+            await self._watchdog.stop()
             for task in (self._heartbeats, self._reconciling):
                 if task is not None:
                     task.cancel()
@@ -200,6 +222,47 @@ class Agent:
 
 
 T = TypeVar("T")
+
+
+class Watchdog:
+    """The agent's :class:`Fencing` watching, in a task, from start-up to shutdown."""
+
+    def __init__(self, fencing: Fencing) -> None:
+        self._stopping = asyncio.Event()
+        self._task = asyncio.create_task(fencing.run(self._stopping), name="keel-fencing")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await self._task
+
+
+def fencing_reported(settings: Settings, service_version: int) -> float | None:
+    """The self-fencing setting the agent reports; ``None`` for a release before it."""
+    if service_version < SELF_FENCING_VERSION:
+        return None
+    return settings.self_fence_after
+
+
+def new_fencing(settings: Settings, driver: Driver, metrics: Metrics | None) -> Fencing:
+    """The agent's fencing: its window, and contact lost after two report intervals."""
+    return Fencing(
+        driver,
+        settings.state_dir,
+        fence_after=settings.self_fence_after,
+        lost_after=2 * settings.report_interval,
+        metrics=metrics,
+    )
+
+
+def reconciled_by(reconciler: GuestReconciler, fencing: Fencing) -> Callable[[], Awaitable[None]]:
+    """A guest report that tells ``fencing`` when it was answered and acted on."""
+
+    async def report() -> None:
+        started = fencing.now()
+        await reconciler.reconcile()
+        fencing.reconciled(started)
+
+    return report
 
 
 async def until_answered(settings: Settings, what: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -306,6 +369,7 @@ async def register(
             node_uuid=node_uuid,
             version=service_version,
             resources=resources,
+            self_fence_after=fencing_reported(settings, service_version),
         )
 
     registration = await until_answered(settings, "registration", call)
@@ -339,7 +403,13 @@ async def start_agent(
     found = await asyncio.to_thread(
         identity.read_identity, settings.state_dir, settings.config_file
     )
-    await transport.connect()
+    fencing = new_fencing(settings, driver, metrics)
+    watchdog = Watchdog(fencing)
+    try:
+        await transport.connect()
+    except BaseException:
+        await watchdog.stop()
+        raise
     try:
         conductor = ConductorAPI(
             transport, version_cap=apis.conductor, timeout=settings.rpc.call_timeout
@@ -358,9 +428,10 @@ async def start_agent(
             conductor,
             node_uuid=registration.node_uuid,
             faults=FaultPoints(settings.fault_inject),
+            gate=fencing,
         )
         reconciler = GuestReconciler(driver, conductor, manager, registration.node_uuid)
-        await first_reconcile(reconciler)
+        await first_reconcile(reconciled_by(reconciler, fencing))
         server = RPCServer(
             transport,
             topic_for(registration.service_uuid),
@@ -372,6 +443,7 @@ async def start_agent(
         )
         await server.start(prefetch=settings.rpc.prefetch)
     except BaseException:
+        await watchdog.stop()
         await transport.close()
         raise
     agent = Agent(
@@ -383,6 +455,8 @@ async def start_agent(
         driver=driver,
         registration=registration,
         service_version=service_version,
+        fencing=fencing,
+        watchdog=watchdog,
         on_refused=on_refused,
     )
     agent.start_heartbeats()
@@ -390,7 +464,7 @@ async def start_agent(
     return agent
 
 
-async def first_reconcile(reconciler: GuestReconciler) -> None:
+async def first_reconcile(report: Callable[[], Awaitable[None]]) -> None:
     """Settle the guests on this host before serving: evacuated copies go, others wait.
 
     Until the conductor has answered one guest report, the agent neither consumes its
@@ -404,7 +478,7 @@ async def first_reconcile(reconciler: GuestReconciler) -> None:
         wait=wait_random_exponential(multiplier=0.5, max=RECONCILE_MAX_PAUSE),
         before_sleep=_log_reconcile_retry,
     )
-    await retrying(reconciler.reconcile)
+    await retrying(report)
 
 
 #: Longest pause between two attempts of the first guest report.

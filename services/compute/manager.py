@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol
 from uuid import UUID
 
 from services.compute.inflight import InFlight
@@ -68,6 +70,14 @@ def tail_lines(log: bytes, count: int | None) -> bytes:
     return b"\n".join(log.split(b"\n")[-count:])
 
 
+class Gate(Protocol):
+    """Whether the agent may start guests now (:class:`~services.compute.fencing.Fencing`)."""
+
+    def serving(self) -> bool: ...
+
+    async def wait_serving(self, what: str, instance_uuid: UUID) -> None: ...
+
+
 class ComputeManager:
     def __init__(
         self,
@@ -76,13 +86,31 @@ class ComputeManager:
         *,
         node_uuid: UUID,
         faults: FaultPoints | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._driver = driver
         self._conductor = conductor
         self._node_uuid = node_uuid
         self._faults = faults or FaultPoints()
+        self._gate = gate
         #: One operation at a time per guest; others that touch guests hold it too.
         self.operations = InFlight()
+
+    @asynccontextmanager
+    async def _may_start(self, instance_uuid: UUID, operation: str) -> AsyncIterator[None]:
+        """Hold the guest's slot for an operation that may start it, once the agent serves.
+
+        After a loss of contact the agent starts nothing before its guests are reconciled
+        (:mod:`services.compute.fencing`); the wait is outside the slot, which the
+        reconcile itself may need, and the gate is looked at again once the slot is held.
+        """
+        while True:
+            if self._gate is not None:
+                await self._gate.wait_serving(operation, instance_uuid)
+            async with self.operations.hold(instance_uuid, operation):
+                if self._gate is None or self._gate.serving():
+                    yield
+                    return
 
     def in_flight(self) -> dict[UUID, str]:
         """Guest → the operation running on it now (what a stopping agent drains)."""
@@ -90,7 +118,7 @@ class ComputeManager:
 
     async def build_and_run_instance(self, ctx: RequestContext, req: BuildAndRunInstance) -> None:
         spec = req.instance
-        async with self.operations.hold(spec.uuid, "build"):
+        async with self._may_start(spec.uuid, "build"):
             existed = spec.uuid in await self._driver.list_instances()
             verdict = await self._verdict(ctx, spec.uuid, "before building")
             if verdict is BuildVerdict.ABANDON and existed:
@@ -194,19 +222,25 @@ class ComputeManager:
         await self._power(ctx, req.instance_uuid, PowerAction.STOP, self._driver.power_off)
 
     async def start_instance(self, ctx: RequestContext, req: StartInstance) -> None:
-        await self._power(ctx, req.instance_uuid, PowerAction.START, self._driver.power_on)
+        await self._power(
+            ctx, req.instance_uuid, PowerAction.START, self._driver.power_on, starts=True
+        )
 
     async def pause_instance(self, ctx: RequestContext, req: GuestAction) -> None:
         await self._power(ctx, req.instance_uuid, PowerAction.PAUSE, self._driver.pause)
 
     async def unpause_instance(self, ctx: RequestContext, req: GuestAction) -> None:
-        await self._power(ctx, req.instance_uuid, PowerAction.UNPAUSE, self._driver.unpause)
+        await self._power(
+            ctx, req.instance_uuid, PowerAction.UNPAUSE, self._driver.unpause, starts=True
+        )
 
     async def suspend_instance(self, ctx: RequestContext, req: GuestAction) -> None:
         await self._power(ctx, req.instance_uuid, PowerAction.SUSPEND, self._driver.suspend)
 
     async def resume_instance(self, ctx: RequestContext, req: GuestAction) -> None:
-        await self._power(ctx, req.instance_uuid, PowerAction.RESUME, self._driver.resume)
+        await self._power(
+            ctx, req.instance_uuid, PowerAction.RESUME, self._driver.resume, starts=True
+        )
 
     async def get_host_uptime(self, ctx: RequestContext, req: GetHostUptime) -> HostUptime:
         """This host's uptime line (read-only: no guest is involved)."""
@@ -222,7 +256,7 @@ class ComputeManager:
         async def reboot(instance_uuid: UUID) -> None:
             await self._driver.reboot(instance_uuid, hard=hard)
 
-        await self._power(ctx, req.instance_uuid, PowerAction.REBOOT, reboot)
+        await self._power(ctx, req.instance_uuid, PowerAction.REBOOT, reboot, starts=True)
 
     async def _power(
         self,
@@ -230,9 +264,12 @@ class ComputeManager:
         instance_uuid: UUID,
         action: PowerAction,
         operation: Callable[[UUID], Awaitable[None]],
+        *,
+        starts: bool = False,
     ) -> None:
         """Run a power operation on the guest and tell the conductor how it went."""
-        async with self.operations.hold(instance_uuid, action.value):
+        slot = self._may_start if starts else self.operations.hold
+        async with slot(instance_uuid, action.value):
             try:
                 await operation(instance_uuid)
             except KeelError as exc:
@@ -258,7 +295,7 @@ class ComputeManager:
         says which, and the conductor finishes the move from this result.
         """
         spec = req.instance
-        async with self.operations.hold(spec.uuid, "rebuild"):
+        async with self._may_start(spec.uuid, "rebuild"):
             existed = spec.uuid in await self._driver.list_instances()
             message: str | None = None
             if existed:
@@ -385,7 +422,7 @@ class ComputeManager:
 
     async def finish_revert(self, ctx: RequestContext, req: FinishRevert) -> None:
         """The instance is this (source) guest again: start it if it was running."""
-        async with self.operations.hold(req.instance_uuid, "finish revert"):
+        async with self._may_start(req.instance_uuid, "finish revert"):
             if req.power_on:
                 await self._driver.power_on(req.instance_uuid)
             elif req.instance_uuid not in await self._driver.list_instances():

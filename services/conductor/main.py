@@ -6,7 +6,8 @@ database every report interval, and serves the conductor RPC API on the ``conduc
 topic as one of possibly many competing consumers, with scheduler and compute clients
 on the same transport. It also runs the deadline sweep (:mod:`services.conductor.deadlines`):
 builds, moves and tasks that overran their deadlines, cold migrations left unconfirmed
-or stalled while confirming or reverting.
+or stalled while confirming or reverting; and the automatic evacuation of fenced hosts
+(:mod:`services.conductor.recovery`, when ``KEEL_RECOVERY__AUTO_EVACUATE`` asks for it).
 On SIGTERM it stops consuming, lets work in flight finish (bounded), then closes the
 transport and the pool.
 """
@@ -22,7 +23,8 @@ from services.conductor.agent_guard import AgentGuard
 from services.conductor.boot_images import BootImages
 from services.conductor.deadlines import Deadlines
 from services.conductor.manager import ConductorManager
-from services.conductor.rpcapi import TOPIC
+from services.conductor.recovery import Recovery
+from services.conductor.rpcapi import TOPIC, ConductorAPI
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.config import Settings
 from shared.faults import FaultPoints
@@ -66,7 +68,11 @@ async def run_conductor(
     )
     lifecycle.on_reload(pins.reload)
     deadlines = Deadlines(pool, compute, settings)
-    periodic = [Periodic("deadlines", deadlines.sweep, deadlines.interval)]
+    recovery = Recovery(pool, ConductorAPI(transport, timeout=timeout), settings, lifecycle.metrics)
+    periodic = [
+        Periodic("deadlines", deadlines.sweep, deadlines.interval),
+        Periodic("recovery", recovery.sweep, recovery.interval),
+    ]
     # A build waits at most one scheduler call; give it that long, and a little more.
     await serve_until_stopped(
         record, server, lifecycle, drain_timeout=timeout + 5.0, periodic=periodic

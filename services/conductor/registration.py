@@ -153,6 +153,7 @@ class ComputeRegistry:
                 down_time=self.service_down_time,
                 new_uuid=named,
                 registering=True,
+                self_fence_after=req.self_fence_after,
             )
             await compute_identity.resolve(conn, check, self.service_down_time)
             before = await compute_nodes.find_by_uuid(conn, req.node_uuid)
@@ -197,7 +198,13 @@ class ComputeRegistry:
         """
         refuse_if_unsupported(req.version)
         async with self.pool.acquire() as conn, conn.transaction():
-            await services.heartbeat(conn, req.service_uuid, req.version)
+            await services.heartbeat(
+                conn,
+                req.service_uuid,
+                req.version,
+                agent=True,
+                self_fence_after=req.self_fence_after,
+            )
             if req.resources is None:
                 return
             if req.node_uuid is None:

@@ -21,6 +21,9 @@ Conductor RPC API history:
   that stopped by itself).
 * 1.8 — instance_action_result may report ``pause``, ``unpause``, ``suspend`` and
   ``resume`` (sent at 1.8 only for those).
+* 1.9 — register_compute and service_heartbeat carry ``self_fence_after``: the seconds
+  the agent goes without a successful heartbeat before it powers its guests off (0: it
+  never does), recorded with its service; sent at 1.9 only when it is set.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ RPC_VERSION = apis_for(SERVICE_VERSION).conductor
 
 #: The conductor RPC version that carries a requested destination with a build.
 DESTINATION_VERSION = "1.6"
+#: The conductor RPC version whose registrations and heartbeats carry the agent's
+#: self-fencing setting.
+FENCING_VERSION = "1.9"
 
 
 class BuildInstances(KeelModel):
@@ -64,11 +70,24 @@ class BuildInstances(KeelModel):
         return data
 
 
+def _without_unset_fencing(data: Any, fence: float | None) -> Any:
+    """Leave out an unset ``self_fence_after``, so a message reads as its older version."""
+    if isinstance(data, dict) and fence is None:
+        data.pop("self_fence_after", None)
+    return data
+
+
 class RegisterCompute(KeelModel):
     host: str = Field(min_length=1, max_length=255)
     node_uuid: UUID
     version: int = Field(ge=0)
     resources: NodeResources
+    #: Seconds without a heartbeat before the agent fences itself; 0: never (1.9).
+    self_fence_after: float | None = Field(default=None, ge=0, le=10**7)
+
+    @model_serializer(mode="wrap")
+    def _compat(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_unset_fencing(handler(self), self.self_fence_after)
 
 
 class ResolveCompute(KeelModel):
@@ -111,6 +130,12 @@ class ServiceHeartbeat(KeelModel):
     version: int = Field(ge=0)
     node_uuid: UUID | None = None
     resources: NodeResources | None = None
+    #: As in :class:`RegisterCompute` (1.9).
+    self_fence_after: float | None = Field(default=None, ge=0, le=10**7)
+
+    @model_serializer(mode="wrap")
+    def _compat(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_unset_fencing(handler(self), self.self_fence_after)
 
 
 class InstanceBuildResult(KeelModel):
@@ -295,11 +320,26 @@ class ConductorAPI:
         node_uuid: UUID,
         version: int,
         resources: NodeResources,
+        self_fence_after: float | None = None,
     ) -> Registration:
-        req = RegisterCompute(host=host, node_uuid=node_uuid, version=version, resources=resources)
-        return await self.client.call(
-            ctx, "register_compute", req, version="1.0", returns=Registration
+        """Register an agent; its self-fencing setting travels only where 1.9 may be sent."""
+        fence, at = await self._fencing(self_fence_after)
+        req = RegisterCompute(
+            host=host,
+            node_uuid=node_uuid,
+            version=version,
+            resources=resources,
+            self_fence_after=fence,
         )
+        return await self.client.call(
+            ctx, "register_compute", req, version=at, returns=Registration
+        )
+
+    async def _fencing(self, self_fence_after: float | None) -> tuple[float | None, str]:
+        """The setting to send and the version to send it at (1.0 without it)."""
+        if self_fence_after is None or not await self.client.can_send_version(FENCING_VERSION):
+            return None, "1.0"
+        return self_fence_after, FENCING_VERSION
 
     async def resolve_compute(
         self,
@@ -331,11 +371,18 @@ class ConductorAPI:
         version: int,
         node_uuid: UUID | None = None,
         resources: NodeResources | None = None,
+        self_fence_after: float | None = None,
+        timeout: float | None = None,
     ) -> None:
+        fence, at = await self._fencing(self_fence_after)
         req = ServiceHeartbeat(
-            service_uuid=service_uuid, version=version, node_uuid=node_uuid, resources=resources
+            service_uuid=service_uuid,
+            version=version,
+            node_uuid=node_uuid,
+            resources=resources,
+            self_fence_after=fence,
         )
-        await self.client.call(ctx, "service_heartbeat", req, version="1.0")
+        await self.client.call(ctx, "service_heartbeat", req, version=at, timeout=timeout)
 
     async def instance_build_result(
         self, ctx: RequestContext, instance_uuid: UUID, *, success: bool, message: str = ""

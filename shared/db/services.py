@@ -28,21 +28,26 @@ async def get_or_create(
     down_time: float,
     new_uuid: UUID | None = None,
     registering: bool = False,
+    self_fence_after: float | None = None,
 ) -> Service:
     """The live service row for (host, binary), created if absent; version stamped.
 
     A new row gets ``new_uuid`` (the one an agent's broker user names), else a fresh one.
     The row stays locked until the caller's transaction ends, so checks made after this
     call see every registration and rename that committed before it. ``registering``
-    stamps ``registered_at`` (an agent starting: see :mod:`shared.db.service_maintenance`).
+    stamps ``registered_at`` (an agent starting: see :mod:`shared.db.service_maintenance`)
+    and records the agent's ``self_fence_after`` (``None``: its release does not say).
     """
     await conn.execute(
-        """INSERT INTO services (uuid, host, "binary", topic, version, registered_at)
-           VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN now() END)
+        """INSERT INTO services (uuid, host, "binary", topic, version, registered_at,
+                                 self_fence_after)
+           VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN now() END, $7)
            ON CONFLICT (host, "binary") WHERE deleted_at IS NULL
            DO UPDATE SET version = EXCLUDED.version, topic = EXCLUDED.topic,
                          registered_at = COALESCE(EXCLUDED.registered_at,
                                                   services.registered_at),
+                         self_fence_after = CASE WHEN $6 THEN EXCLUDED.self_fence_after
+                                                 ELSE services.self_fence_after END,
                          updated_at = now()""",
         new_uuid or uuid.uuid4(),
         host,
@@ -50,6 +55,7 @@ async def get_or_create(
         topic,
         version,
         registering,
+        self_fence_after,
     )
     row = await conn.fetchrow(
         SELECT + ' WHERE s.host = $2 AND s."binary" = $3 AND s.deleted_at IS NULL',
@@ -61,14 +67,28 @@ async def get_or_create(
     return Service.from_row(row)
 
 
-async def heartbeat(conn: Connection, service_uuid: UUID, version: int) -> None:
-    """Record that the service is alive, and the version it runs."""
+async def heartbeat(
+    conn: Connection,
+    service_uuid: UUID,
+    version: int,
+    *,
+    agent: bool = False,
+    self_fence_after: float | None = None,
+) -> None:
+    """Record that the service is alive, and the version it runs.
+
+    A compute ``agent``'s heartbeat also records its ``self_fence_after`` (``None``: its
+    release does not report one).
+    """
     status = await conn.execute(
         """UPDATE services SET last_seen_up = now(), report_count = report_count + 1,
-                  version = $2, updated_at = now()
+                  version = $2, updated_at = now(),
+                  self_fence_after = CASE WHEN $3 THEN $4 ELSE self_fence_after END
             WHERE uuid = $1 AND deleted_at IS NULL""",
         service_uuid,
         version,
+        agent,
+        self_fence_after,
     )
     if status == "UPDATE 0":
         raise ServiceNotFound(f"service {service_uuid} does not exist or was deleted")

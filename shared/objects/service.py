@@ -46,5 +46,8 @@ class Service(KeelModel):
     report_count: int
     created_at: datetime
     updated_at: datetime | None
+    #: A compute agent's self-fencing window as it last reported it (0: it never fences
+    #: itself; ``None``: its release does not say).
+    self_fence_after: float | None = None
     #: Computed by the query against the database clock: heartbeat recent and not forced down.
     is_up: bool = False

@@ -82,6 +82,9 @@ class CloudConfig:
     database_password: str | None = None
     #: Extra ``KEEL_*`` settings of every process.
     env: tuple[tuple[str, str], ...] = ()
+    #: Agents' ``KEEL_FENCING__SELF_FENCE_AFTER``: long, so the outage tests' cuts of a
+    #: few seconds never fence a host (the partitions tier tests fencing).
+    self_fence_after: float = 60.0
 
 
 @dataclass
@@ -348,7 +351,10 @@ def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[s
         vcpus=config.vcpus,
         memory_mb=config.memory_mb,
         local_gb=config.local_gb,
-        extra=dict(config.env),
+        extra={
+            "KEEL_FENCING__SELF_FENCE_AFTER": f"{config.self_fence_after:g}",
+            **dict(config.env),
+        },
     )
 
 

@@ -138,3 +138,24 @@ async def test_a_guest_without_an_image_to_boot_is_refused(
     with pytest.raises(Exception, match="carries no image to boot from"):
         await driver.spawn(spec)
     assert await driver.list_instances() == []
+
+
+async def test_guests_slow_to_shut_down_do_not_hold_up_other_libvirt_calls(
+    driver: LibvirtDriver, served: Served
+) -> None:
+    spec = spec_for(served)
+    await driver.spawn(spec)
+    # Just started, the guest cannot hear its power button yet: each shutdown waits.
+    stopping = [asyncio.create_task(driver.power_off(spec.uuid)) for _ in range(6)]
+    await asyncio.sleep(1)
+
+    began = time.monotonic()
+    resources = await driver.resources()
+    took = time.monotonic() - began
+    still_waiting = sum(not task.done() for task in stopping)
+    await asyncio.gather(*stopping)
+
+    assert still_waiting == 6
+    assert took < 2.0
+    assert resources.running_vms == 1
+    assert not await driver.is_running(spec.uuid)

@@ -412,9 +412,9 @@ class World:
     def reconcile(self, host: Host, **plan: Any) -> None:
         process = self.agent(host)
         if process is not None:
-            reconciler = self.agent_objects[host.index].reconciler
-            assert reconciler is not None
-            self.rt.start(process, f"guest report of {host.name}", reconciler.reconcile, **plan)
+            report = self.agent_objects[host.index].guest_report
+            assert report is not None
+            self.rt.start(process, f"guest report of {host.name}", report, **plan)
 
     def sweep(self, **plan: Any) -> None:
         """Run the conductor's deadline sweep once (builds, moves, tasks...)."""

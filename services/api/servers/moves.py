@@ -6,9 +6,11 @@ One workflow with two kinds (:data:`~shared.objects.migration.EVACUATION` and
 1. checks the body as Nova's schema does, the server's state (no task; ACTIVE, SHUTOFF,
    or for an evacuation also ERROR: 409 otherwise), the RPC caps (a deployment with a
    conductor or compute service too old for the move: 409 naming them, nothing
-   written) and the source: an **evacuation** needs the server's compute service
-   *down* (forced down or its heartbeat stale: 400 ``Compute service of <host> is
-   still in use.`` otherwise), a **cold migration** needs it *up* (409). A named
+   written) and the source: an **evacuation** needs the server's host *fenced*
+   (:mod:`shared.fencing`: forced down, or silent past its agent's self-fence window;
+   400 ``Compute service of <host> is still in use.`` while it is up, and 400 naming
+   the seconds left, or what to do, while it is down but not fenced), a **cold
+   migration** needs it *up* (409). A named
    ``host`` must be a compute host other than the source; it is a requested
    destination, still checked by every scheduler filter;
 2. records the move in one transaction: the task (``rebuilding`` or ``resize_prep``),
@@ -53,9 +55,18 @@ from services.api.http.faults import (
 from services.api.http.microversion import APIVersion
 from services.compute.rpcapi import SINCE, ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
+from shared import fencing
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import compute_nodes, instance_actions, instances, moves, placement, services
+from shared.db import (
+    compute_nodes,
+    instance_actions,
+    instances,
+    move_requests,
+    moves,
+    placement,
+    services,
+)
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import ComputeNodeNotFound, MessagingError
@@ -65,7 +76,6 @@ from shared.objects.migration import (
     CONFIRM_ACTION,
     EVACUATION,
     MIGRATION,
-    REVERT_ACTION,
     Migration,
     MigrationStatus,
     MigrationType,
@@ -192,16 +202,19 @@ async def _check_caps(
 
 
 async def _source(
-    pool: asyncpg.Pool, kind: MoveKind, instance: Instance, down_time: float
+    pool: asyncpg.Pool, kind: MoveKind, instance: Instance, down_time: float, margin: float
 ) -> HostState:
     async with pool.acquire() as conn:
         source = await placement.host_of(conn, instance, down_time)
+        silent = None if source is None else await fencing.silent_for(conn, source.service.id)
     if source is None:
         raise ConflictingRequest(
             f"Cannot '{kind.action}' instance {instance.uuid} while it has no compute host"
         )
-    if kind is EVACUATION and source.service.is_up:
-        raise BadRequest(f"Compute service of {source.service.host} is still in use.")
+    if kind is EVACUATION:
+        fenced = fencing.fence_state(source.service, silent, down_time=down_time, margin=margin)
+        if not fenced.fenced:
+            raise BadRequest(fenced.why)
     if kind is MIGRATION and not source.service.is_up:
         raise ConflictingRequest(
             f"Cannot 'migrate' instance {instance.uuid}: the compute service of its host "
@@ -260,52 +273,24 @@ async def _start_move(
     await _check_caps(
         pool, conductor, compute, kind=kind, action=action, instance=instance, down_time=down_time
     )
-    source = await _source(pool, kind, instance, down_time)
+    source = await _source(pool, kind, instance, down_time, settings.fencing.margin)
     await _check_target(
         pool, kind, instance=instance, target=target, source=source, down_time=down_time
     )
 
-    async def record(conn: Connection) -> Migration | None:
-        started = await instances.begin_task(
-            conn, instance.uuid, kind.choosing, vm_states=kind.movable
-        )
-        if started is None:
-            return None
-        await instance_actions.start(conn, ctx, instance.uuid, action)
-        return await moves.create(
-            conn,
-            ctx,
-            instance_uuid=instance.uuid,
-            migration_type=kind.migration_type,
-            status=MigrationStatus.ACCEPTED,
-            source=source.node,
-            dest_host=target,
-        )
-
-    migration = await in_transaction(
-        pool, record, what=f"recording {kind.migration_type} of {instance.uuid}"
+    migration = await move_requests.record(
+        pool, ctx, kind, instance_uuid=instance.uuid, source=source.node, target=target
     )
     if migration is None:
         raise ConflictingRequest(
             f"Cannot '{action}' instance {instance.uuid}: its state changed; try again"
         )
     cast = conductor.evacuate_instance if kind is EVACUATION else conductor.migrate_instance
-    try:
-        await cast(ctx, migration.uuid)
-    except MessagingError as exc:
-        if await _withdraw(pool, kind, migration, exc.message):
-            raise ServiceUnavailable(
-                f"The server was not moved: keel-conductor could not be reached "
-                f"({exc.message}). Retry once it is available."
-            ) from None
-        LOG.warning(
-            "%s %s of server %s could not be cast (%s), but a conductor has already taken "
-            "it: it goes on",
-            kind.migration_type,
-            migration.uuid,
-            instance.uuid,
-            exc.message,
-            extra={"instance_uuid": str(instance.uuid), "migration_uuid": str(migration.uuid)},
+    outcome, error = await move_requests.cast_or_withdraw(pool, ctx, kind, migration, cast)
+    if outcome is move_requests.Outcome.WITHDRAWN:
+        raise ServiceUnavailable(
+            f"The server was not moved: keel-conductor could not be reached "
+            f"({error}). Retry once it is available."
         )
     LOG.info(
         "%s %s of server %s from %s accepted%s",
@@ -318,28 +303,6 @@ async def _start_move(
             "instance_uuid": str(instance.uuid),
             "decision": f"{kind.migration_type}_accepted",
         },
-    )
-
-
-async def _withdraw(pool: asyncpg.Pool, kind: MoveKind, migration: Migration, why: str) -> bool:
-    """Withdraw a move no conductor has taken; False if one already has."""
-
-    async def withdraw(conn: Connection) -> bool:
-        ended = await moves.swap_status(
-            conn,
-            migration.uuid,
-            expected=[MigrationStatus.ACCEPTED],
-            new=MigrationStatus.ERROR,
-            only_untaken=True,
-        )
-        if ended is None:
-            return False
-        await instances.finish_task(conn, migration.instance_uuid, (kind.choosing,))
-        await instance_actions.finish(conn, migration.instance_uuid, kind.action, why)
-        return True
-
-    return await in_transaction(
-        pool, withdraw, what=f"withdrawing {kind.migration_type} {migration.uuid}"
     )
 
 
@@ -531,15 +494,3 @@ async def refuse_up_with_unconfirmed_evacuations(conn: Connection, service: Serv
         "forced down meanwhile) so it removes the evacuated servers' copies and completes "
         "them, then try again."
     )
-
-
-__all__ = [
-    "CONFIRM_ACTION",
-    "REVERT_ACTION",
-    "evacuate",
-    "evacuation_target",
-    "finish_resize",
-    "migrate",
-    "migration_target",
-    "refuse_up_with_unconfirmed_evacuations",
-]

@@ -60,6 +60,8 @@ GIB = 1024**3
 INSTANCES_DIR = "instances"
 #: Seconds between two presses of the power button while a shutdown is awaited.
 SHUTDOWN_NUDGE = 3.0
+#: Seconds between two looks at a guest that is shutting down.
+SHUTDOWN_POLL = 0.2
 _BUILDING = ".building-"
 _DELETING = ".deleting-"
 
@@ -378,14 +380,17 @@ class LibvirtDriver:
 
     async def power_off(self, instance_uuid: UUID) -> None:
         dom = await self._domain(instance_uuid)
-        await self._conn.run(lambda _conn: self._shut_down(dom, instance_uuid))
+        await self._shut_down(dom, instance_uuid)
 
-    def _shut_down(self, dom: Any, instance_uuid: UUID) -> None:
-        """Press the power button until the guest is off; force it after the timeout."""
-        libvirt = self._conn.libvirt
+    async def _shut_down(self, dom: Any, instance_uuid: UUID) -> None:
+        """Press the power button until the guest is off; force it after the timeout.
+
+        The wait is on the event loop, between short libvirt calls: a guest slow to shut
+        down never holds one of the libvirt threads heartbeats need.
+        """
         deadline = time.monotonic() + self.shutdown_timeout
         nudged = 0.0
-        while dom.isActive():
+        while await self._conn.run(lambda _conn: bool(dom.isActive())):
             now = time.monotonic()
             if now >= deadline:
                 LOG.warning(
@@ -394,50 +399,52 @@ class LibvirtDriver:
                     self.shutdown_timeout,
                     extra={"instance_uuid": str(instance_uuid)},
                 )
-                try:
-                    dom.destroy()
-                except libvirt.libvirtError:
-                    if dom.isActive():
-                        raise
+                await self._conn.run(lambda _conn: self._force_off(dom))
                 return
             if now - nudged >= SHUTDOWN_NUDGE:
-                try:
-                    dom.shutdown()
-                except libvirt.libvirtError:
-                    if dom.isActive():
-                        raise
+                await self._conn.run(lambda _conn: self._press_power_button(dom))
                 nudged = now
-            time.sleep(0.2)
+            await asyncio.sleep(SHUTDOWN_POLL)
+
+    def _press_power_button(self, dom: Any) -> None:
+        try:
+            dom.shutdown()
+        except self._conn.libvirt.libvirtError:
+            if dom.isActive():
+                raise
+
+    def _force_off(self, dom: Any) -> None:
+        try:
+            dom.destroy()
+        except self._conn.libvirt.libvirtError:
+            if dom.isActive():
+                raise
 
     async def power_on(self, instance_uuid: UUID) -> None:
         dom = await self._domain(instance_uuid)
         await self._conn.run(lambda _conn: self._start(dom))
 
     def _start(self, dom: Any) -> None:
-        libvirt = self._conn.libvirt
         if dom.isActive():
             return
         try:
             dom.create()
-        except libvirt.libvirtError:
+        except self._conn.libvirt.libvirtError:
             if not dom.isActive():
                 raise
 
     async def reboot(self, instance_uuid: UUID, *, hard: bool) -> None:
         dom = await self._domain(instance_uuid)
-
-        def reboot(_conn: Any) -> None:
-            if hard:
-                if dom.isActive():
-                    dom.destroy()
-            elif not dom.isActive():
-                LOG.info("guest %s is off: a soft reboot leaves it off", instance_uuid)
-                return
-            else:
-                self._shut_down(dom, instance_uuid)
-            self._start(dom)
-
-        await self._conn.run(reboot)
+        active = await self._conn.run(lambda _conn: bool(dom.isActive()))
+        if hard:
+            if active:
+                await self._conn.run(lambda _conn: self._force_off(dom))
+        elif not active:
+            LOG.info("guest %s is off: a soft reboot leaves it off", instance_uuid)
+            return
+        else:
+            await self._shut_down(dom, instance_uuid)
+        await self._conn.run(lambda _conn: self._start(dom))
 
     async def pause(self, instance_uuid: UUID) -> None:
         """libvirt's ``suspend``: the domain's vCPUs stop, its memory stays."""

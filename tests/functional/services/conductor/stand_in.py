@@ -23,6 +23,7 @@ from shared.db import instance_actions, instances, request_specs
 from shared.objects.compute_node import NodeResources
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import RequestSpec
+from shared.objects.states import VmState
 from shared.rpc.server import RPCServer
 from shared.rpc.transport import Transport
 from shared.versions import SERVICE_VERSION
@@ -138,3 +139,14 @@ async def until(predicate: Callable[[], bool]) -> None:
         return True if predicate() else None
 
     await eventually(check)
+
+
+async def until_active(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
+    """Until the instance is ACTIVE (its build reported)."""
+
+    async def active() -> bool | None:
+        async with pool.acquire() as conn:
+            found = await instances.find(conn, instance_uuid)
+        return True if found is not None and found.vm_state == VmState.ACTIVE else None
+
+    await eventually(active)

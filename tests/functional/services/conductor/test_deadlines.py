@@ -41,6 +41,7 @@ from tests.functional.services.conductor.stand_in import (
     register,
     serve_stand_in,
     until,
+    until_active,
 )
 from tests.functional.services.conductor.test_migrations import (
     StandInMover,
@@ -75,13 +76,7 @@ async def placed_on_a(
     reg_a, agent_a = await host(conductor, transport, f"{prefix}-a")
     instance_uuid = await create_instance(pool)
     await conductor.build_instances(RequestContext(), instance_uuid)
-
-    async def active() -> bool | None:
-        async with pool.acquire() as conn:
-            found = await instances.find(conn, instance_uuid)
-        return True if found is not None and found.vm_state == VmState.ACTIVE else None
-
-    await eventually(active)
+    await until_active(pool, instance_uuid)
     return instance_uuid, reg_a.node_id, agent_a
 
 

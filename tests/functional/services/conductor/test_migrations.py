@@ -38,6 +38,7 @@ from tests.functional.services.conductor.stand_in import (
     register,
     serve_stand_in,
     until,
+    until_active,
 )
 
 pytestmark = pytest.mark.functional
@@ -121,13 +122,7 @@ async def migrated(
     reg_a, agent_a = await host(conductor, transport, "mig-a")
     instance_uuid = await create_instance(pool)
     await conductor.build_instances(RequestContext(), instance_uuid)
-
-    async def active() -> bool | None:
-        async with pool.acquire() as conn:
-            found = await instances.find(conn, instance_uuid)
-        return True if found is not None and found.vm_state == VmState.ACTIVE else None
-
-    await eventually(active)
+    await until_active(pool, instance_uuid)
     reg_b, agent_b = await host(conductor, transport, "mig-b")
     ctx = RequestContext(user_id="u", project_id="p")
     async with pool.acquire() as conn, conn.transaction():
@@ -255,13 +250,7 @@ async def test_failed_rebuild_reported_twice_at_once_fails_once(
     reg_a, _ = await host(conductor, agent_transport, "fail-a")
     instance_uuid = await create_instance(db_pool)
     await conductor.build_instances(RequestContext(), instance_uuid)
-
-    async def placed() -> bool | None:
-        async with db_pool.acquire() as conn:
-            found = await instances.find(conn, instance_uuid)
-        return True if found is not None and found.vm_state == VmState.ACTIVE else None
-
-    await eventually(placed)
+    await until_active(db_pool, instance_uuid)
     _, agent_b = await host(conductor, agent_transport, "fail-b")
     agent_b.rebuild_fails = "disk full"
     ctx = RequestContext(user_id="u", project_id="p")

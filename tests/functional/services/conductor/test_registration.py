@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import asyncpg
@@ -11,7 +12,7 @@ from services.conductor.rpcapi import ConductorAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, services
 from shared.exceptions import DuplicateComputeNode, HostRenameDetected, ServiceNotFound
-from shared.versions import SERVICE_VERSION
+from shared.versions import SELF_FENCING_VERSION, SERVICE_VERSION
 from tests.functional.services.conductor.stand_in import SMALL, resources
 
 pytestmark = pytest.mark.functional
@@ -183,3 +184,43 @@ async def test_conductor_and_scheduler_keep_their_own_rows_up(
         ("keel-conductor", "conductor", True),
         ("keel-scheduler", "scheduler", True),
     ]
+
+
+async def fence_window(pool: asyncpg.Pool, host: str) -> float | None:
+    async with pool.acquire() as conn:
+        window: float | None = await conn.fetchval(
+            """SELECT self_fence_after FROM services
+                WHERE host = $1 AND "binary" = 'keel-compute' AND deleted_at IS NULL""",
+            host,
+        )
+    return window
+
+
+async def test_the_agents_self_fence_window_is_recorded_as_it_last_reported_it(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    node_uuid = uuid.uuid4()
+    registered = await conductor.register_compute(
+        CTX,
+        host="cn-f",
+        node_uuid=node_uuid,
+        version=SERVICE_VERSION,
+        resources=resources("cn-f"),
+        self_fence_after=12.5,
+    )
+    assert await fence_window(db_pool, "cn-f") == 12.5
+
+    beats = [
+        conductor.service_heartbeat(
+            CTX, service_uuid=registered.service_uuid, version=SERVICE_VERSION, self_fence_after=0
+        )
+        for _ in range(2)
+    ]
+    await asyncio.gather(*beats)
+    assert await fence_window(db_pool, "cn-f") == 0
+
+    # The same host restarted as a release that does not report it: unknown again.
+    await conductor.service_heartbeat(
+        CTX, service_uuid=registered.service_uuid, version=SELF_FENCING_VERSION - 1
+    )
+    assert await fence_window(db_pool, "cn-f") is None

@@ -80,6 +80,12 @@ class StandInConductor:
         #: The migration a ``moved`` (or other) verdict names, per guest.
         self.moves: dict[UUID, UUID] = {}
         self.copies_removed: list[CopyRemoved] = []
+        #: Cleared, the stand-in stops answering heartbeats, guest reports and build
+        #: checks (as a conductor cut off from the agent), until set again.
+        self.answering = asyncio.Event()
+        self.answering.set()
+        #: (what, instance) of the answers it gave to those, in order.
+        self.answered: list[tuple[str, UUID | None]] = []
 
     async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
         self.resolutions.append(req)
@@ -114,7 +120,12 @@ class StandInConductor:
             node_id=node.node_id,
         )
 
+    async def _answer(self, what: str, instance_uuid: UUID | None = None) -> None:
+        await self.answering.wait()
+        self.answered.append((what, instance_uuid))
+
     async def service_heartbeat(self, ctx: RequestContext, req: ServiceHeartbeat) -> None:
+        await self._answer("heartbeat")
         self.heartbeats.append(req)
         if req.service_uuid in self.deleted_services:
             raise ServiceNotFound(f"service {req.service_uuid} does not exist or was deleted")
@@ -130,6 +141,7 @@ class StandInConductor:
 
     async def report_guests(self, ctx: RequestContext, req: ReportGuests) -> GuestsReport:
         """Every guest stays unless a test says otherwise (``fates``/``confirmations``)."""
+        await self._answer("report")
         self.reports.append(req)
         verdicts = [
             GuestVerdict(
@@ -154,6 +166,7 @@ class StandInConductor:
         self.copies_removed.append(req)
 
     async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
+        await self._answer("check_build", req.instance_uuid)
         self.checks.append(req)
         answers = self.verdicts.get(req.instance_uuid, [BuildVerdict.BUILD])
         verdict = answers.pop(0) if len(answers) > 1 else answers[0]

@@ -15,7 +15,7 @@ from services.compute.agent import Agent, start_agent
 from services.compute.rpcapi import ComputeAPI, topic_for
 from services.compute.virt.fake import FakeDriver
 from services.conductor.rpcapi import ComputeResolution
-from shared.config import ComputeSettings, RpcSettings, Settings
+from shared.config import ComputeSettings, FencingSettings, RpcSettings, Settings
 from shared.context import RequestContext
 from shared.exceptions import (
     ConfigError,
@@ -28,7 +28,12 @@ from shared.exceptions import (
     ServiceTooOld,
 )
 from shared.rpc.fake import FakeBroker, FakeTransport
-from shared.versions import SERVICE_VERSION, STABLE_IDENTITY_VERSION, apis_for
+from shared.versions import (
+    SELF_FENCING_VERSION,
+    SERVICE_VERSION,
+    STABLE_IDENTITY_VERSION,
+    apis_for,
+)
 from tests.unit.services.compute.standin import (
     Node,
     StandInConductor,
@@ -331,14 +336,13 @@ async def test_the_first_guest_report_is_retried_until_a_conductor_answers(
     monkeypatch.setattr(agent_module, "RECONCILE_MAX_PAUSE", 0.01)
     attempts: list[int] = []
 
-    class Flaky:
-        async def reconcile(self) -> None:
-            attempts.append(1)
-            if len(attempts) < 3:
-                raise MessagingTimeout("no conductor yet")
+    async def flaky() -> None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise MessagingTimeout("no conductor yet")
 
     with caplog.at_level("WARNING"):
-        await agent_module.first_reconcile(Flaky())  # type: ignore[arg-type]
+        await agent_module.first_reconcile(flaky)
 
     assert len(attempts) == 3
     waiting = [r for r in caplog.records if getattr(r, "decision", "") == "reconcile_waiting"]
@@ -350,11 +354,86 @@ async def test_a_refused_first_guest_report_is_not_retried() -> None:
 
     attempts: list[int] = []
 
-    class Refusing:
-        async def reconcile(self) -> None:
-            attempts.append(1)
-            raise Conflict("refused")
+    async def refusing() -> None:
+        attempts.append(1)
+        raise Conflict("refused")
 
     with pytest.raises(Conflict):
-        await agent_module.first_reconcile(Refusing())  # type: ignore[arg-type]
+        await agent_module.first_reconcile(refusing)
     assert attempts == [1]
+
+
+def _fencing_settings(state_dir: Path, fence_after: float = 0.5) -> Settings:
+    return _settings(state_dir).model_copy(
+        update={
+            "service_down_time": 1.0,
+            "fencing": FencingSettings(self_fence_after=fence_after),
+        }
+    )
+
+
+async def test_registration_and_heartbeats_report_the_self_fence_window(
+    world: World, tmp_path: Path
+) -> None:
+    agent = await world.start(_fencing_settings(tmp_path, fence_after=7.5))
+    try:
+        await eventually(lambda: bool(world.conductor.heartbeats))
+        assert world.conductor.registrations[0].self_fence_after == 7.5
+        assert world.conductor.heartbeats[-1].self_fence_after == 7.5
+    finally:
+        await agent.stop()
+
+
+async def test_an_agent_of_an_older_release_reports_no_fencing(
+    world: World, tmp_path: Path
+) -> None:
+    agent = await start_agent(
+        _fencing_settings(tmp_path),
+        world.transport(),
+        FakeDriver("host1"),
+        service_version=SELF_FENCING_VERSION - 1,
+    )
+    try:
+        await eventually(lambda: bool(world.conductor.heartbeats))
+        assert world.conductor.registrations[0].self_fence_after is None
+        assert world.conductor.heartbeats[-1].self_fence_after is None
+    finally:
+        await agent.stop()
+
+
+async def test_a_cut_off_agent_fences_itself_and_reconciles_before_it_builds_again(
+    world: World, tmp_path: Path
+) -> None:
+    driver = FakeDriver("host1")
+    agent = await world.start(_fencing_settings(tmp_path), driver)
+    compute = ComputeAPI(world.conductor_side)
+    ctx = RequestContext()
+    try:
+        first = make_spec()
+        await compute.build_and_run_instance(ctx, agent.service_uuid, first)
+        await eventually(lambda: bool(world.conductor.results_for(first.uuid)))
+        assert driver.is_running(first.uuid)
+
+        world.conductor.answering.clear()  # cut off
+        await eventually(
+            lambda: (tmp_path / "fenced.json").exists() and not driver.is_running(first.uuid)
+        )
+        second = make_spec()
+        await compute.build_and_run_instance(ctx, agent.service_uuid, second)
+        await asyncio.sleep(0.3)
+        assert driver.guest(second.uuid) is None
+
+        healed_at = len(world.conductor.answered)
+        world.conductor.answering.set()
+        await eventually(lambda: bool(world.conductor.results_for(second.uuid)))
+
+        after = world.conductor.answered[healed_at:]
+        building = after.index(("check_build", second.uuid))
+        assert ("report", None) in after[:building]
+        assert not (tmp_path / "fenced.json").exists()
+        assert driver.guest(first.uuid) is not None, "a fenced guest is kept"
+        assert not driver.is_running(first.uuid), "and is not started again"
+        assert driver.is_running(second.uuid)
+    finally:
+        world.conductor.answering.set()
+        await agent.stop()

@@ -13,7 +13,14 @@ import pytest
 
 from services.compute.manager import ComputeManager
 from services.compute.reconcile import GuestReconciler
-from services.compute.rpcapi import RPC_VERSION, ComputeAPI, GuestDisk, InstanceSpec, topic_for
+from services.compute.rpcapi import (
+    RPC_VERSION,
+    ComputeAPI,
+    GuestDisk,
+    InstanceSpec,
+    RebootType,
+    topic_for,
+)
 from services.compute.virt.local import LocalDriver
 from services.conductor.rpcapi import RPC_VERSION as RPC_CAP
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, GuestFate
@@ -66,8 +73,26 @@ class Rig:
         await self.compute.terminate_instance(RequestContext(), self.service_uuid, instance_uuid)
 
 
+class Gate:
+    """A stand-in for the agent's fencing: open or shut by the test."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.waited: list[tuple[str, uuid.UUID]] = []
+
+    def serving(self) -> bool:
+        return self.opened.is_set()
+
+    async def wait_serving(self, what: str, instance_uuid: uuid.UUID) -> None:
+        if not self.serving():
+            self.waited.append((what, instance_uuid))
+        await self.opened.wait()
+
+
 @asynccontextmanager
-async def _rig(driver: LocalDriver, *, conductor_version: str | None = None) -> AsyncIterator[Rig]:
+async def _rig(
+    driver: LocalDriver, *, conductor_version: str | None = None, gate: Gate | None = None
+) -> AsyncIterator[Rig]:
     broker = FakeBroker()
     transports = [FakeTransport(broker) for _ in range(3)]
     for transport in transports:
@@ -77,7 +102,7 @@ async def _rig(driver: LocalDriver, *, conductor_version: str | None = None) -> 
     await serve_standin(conductor_side, standin)
     service_uuid = uuid.uuid4()
     conductor = ConductorAPI(agent_side, timeout=5, version_cap=conductor_version or RPC_CAP)
-    manager = ComputeManager(driver, conductor, node_uuid=uuid.uuid4())
+    manager = ComputeManager(driver, conductor, node_uuid=uuid.uuid4(), gate=gate)
     server = RPCServer(agent_side, topic_for(service_uuid), manager, version=RPC_VERSION)
     await server.start(prefetch=8)
     try:
@@ -421,3 +446,41 @@ async def test_remove_moved_guest_keeps_a_copy_another_move_made(rig: Rig) -> No
         ctx, rig.service_uuid, spec.uuid, built_by, only_origin=built_by
     )
     assert not rig.guest_dir(spec).exists()
+
+
+async def test_while_the_agent_does_not_serve_nothing_starts_but_removals_go_on(
+    tmp_path: Path,
+) -> None:
+    """After a loss of contact, builds, starts and reboots wait for the reconcile."""
+    gate = Gate()
+    gate.opened.set()
+    async with _rig(LocalDriver(tmp_path, "host1"), gate=gate) as rig:
+        kept, doomed, waiting = make_spec(), make_spec(), make_spec()
+        for spec in (kept, doomed):
+            await rig.build(spec)
+        await eventually(lambda: len(rig.conductor.build_results) == 2)
+        ctx = RequestContext()
+        await rig.compute.stop_instance(ctx, rig.service_uuid, kept.uuid)
+        await eventually(lambda: "shutdown" in _power(rig, kept))
+
+        gate.opened.clear()
+        await rig.build(waiting)
+        await rig.compute.start_instance(ctx, rig.service_uuid, kept.uuid)
+        await rig.compute.reboot_instance(ctx, rig.service_uuid, kept.uuid, RebootType.HARD)
+        await rig.terminate(doomed.uuid)
+        await eventually(lambda: doomed.uuid in rig.conductor.deleted)
+        await eventually(lambda: len(gate.waited) == 3)
+        assert not rig.guest_dir(waiting).exists()
+        assert "shutdown" in _power(rig, kept)
+
+        gate.opened.set()
+        await eventually(lambda: bool(rig.conductor.results_for(waiting.uuid)))
+        await eventually(lambda: "running" in _power(rig, kept))
+        assert {what for what, _ in gate.waited} == {"build", "start", "reboot"}
+
+
+def _power(rig: Rig, spec: InstanceSpec) -> str:
+    try:
+        return (rig.guest_dir(spec) / "power").read_text()
+    except FileNotFoundError:
+        return "running"

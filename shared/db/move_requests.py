@@ -1,0 +1,135 @@
+"""Asking for a move: record it, cast it, withdraw it if it cannot be cast.
+
+keel-api (``evacuate``, ``migrate``) and keel-conductor (automatic evacuation of fenced
+hosts, :mod:`services.conductor.recovery`) ask for moves the same way:
+
+1. :func:`record` writes, in one transaction, the instance's task (a compare-and-swap
+   that succeeds only while the instance has no task and is in one of the kind's
+   movable states), the instance action and the migration record (``accepted``). Of two
+   requests for one instance at once, one records the move and the other gets ``None``;
+2. the move is cast to the conductors (the caller's cast, e.g.
+   ``ConductorAPI.evacuate_instance``);
+3. if the cast cannot be sent, :func:`withdraw` ends the record ``accepted`` →
+   ``error`` and clears the task — a compare-and-swap that succeeds only while no
+   conductor has acted on the move — so nothing is left behind that nobody will carry
+   out. When a conductor already took it (an earlier attempt reached the broker after
+   all), the move goes on.
+
+:func:`cast_or_withdraw` does 2 and 3 and says which happened.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from uuid import UUID
+
+import asyncpg
+
+from shared.context import RequestContext
+from shared.db import instance_actions, instances, moves
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
+from shared.exceptions import MessagingError
+from shared.objects.compute_node import ComputeNode
+from shared.objects.migration import Migration, MigrationStatus, MoveKind
+
+LOG = logging.getLogger(__name__)
+
+#: Sends a recorded move to the conductors (``ConductorAPI.evacuate_instance`` ...).
+Cast = Callable[[RequestContext, UUID], Awaitable[None]]
+
+
+class Outcome(enum.Enum):
+    #: The broker took the cast.
+    SENT = "sent"
+    #: The cast failed, but a conductor had already taken the move: it goes on.
+    TAKEN = "taken"
+    #: The cast failed and the move was withdrawn: nothing will happen.
+    WITHDRAWN = "withdrawn"
+
+
+async def record(
+    pool: asyncpg.Pool,
+    ctx: RequestContext,
+    kind: MoveKind,
+    *,
+    instance_uuid: UUID,
+    source: ComputeNode,
+    target: str | None = None,
+) -> Migration | None:
+    """Record a move of ``kind`` of the instance from ``source``; ``None`` if the instance
+    has a task or left the kind's movable states meanwhile (nothing written)."""
+
+    async def write(conn: Connection) -> Migration | None:
+        started = await instances.begin_task(
+            conn, instance_uuid, kind.choosing, vm_states=kind.movable
+        )
+        if started is None:
+            return None
+        await instance_actions.start(conn, ctx, instance_uuid, kind.action)
+        return await moves.create(
+            conn,
+            ctx,
+            instance_uuid=instance_uuid,
+            migration_type=kind.migration_type,
+            status=MigrationStatus.ACCEPTED,
+            source=source,
+            dest_host=target,
+        )
+
+    return await in_transaction(
+        pool, write, what=f"recording {kind.migration_type} of {instance_uuid}"
+    )
+
+
+async def withdraw(pool: asyncpg.Pool, kind: MoveKind, migration: Migration, why: str) -> bool:
+    """Withdraw a move no conductor has taken; False if one already has."""
+
+    async def end(conn: Connection) -> bool:
+        ended = await moves.swap_status(
+            conn,
+            migration.uuid,
+            expected=[MigrationStatus.ACCEPTED],
+            new=MigrationStatus.ERROR,
+            only_untaken=True,
+        )
+        if ended is None:
+            return False
+        await instances.finish_task(conn, migration.instance_uuid, (kind.choosing,))
+        await instance_actions.finish(conn, migration.instance_uuid, kind.action, why)
+        return True
+
+    return await in_transaction(
+        pool, end, what=f"withdrawing {kind.migration_type} {migration.uuid}"
+    )
+
+
+async def cast_or_withdraw(
+    pool: asyncpg.Pool,
+    ctx: RequestContext,
+    kind: MoveKind,
+    migration: Migration,
+    cast: Cast,
+) -> tuple[Outcome, str]:
+    """Cast the recorded move; withdraw it if that fails. The outcome, and the error."""
+    try:
+        await cast(ctx, migration.uuid)
+    except MessagingError as exc:
+        if await withdraw(pool, kind, migration, exc.message):
+            return Outcome.WITHDRAWN, exc.message
+        LOG.warning(
+            "%s %s of server %s could not be cast (%s), but a conductor has already taken "
+            "it: it goes on",
+            kind.migration_type,
+            migration.uuid,
+            migration.instance_uuid,
+            exc.message,
+            extra={
+                "instance_uuid": str(migration.instance_uuid),
+                "migration_uuid": str(migration.uuid),
+            },
+        )
+        return Outcome.TAKEN, exc.message
+    return Outcome.SENT, ""

@@ -1,0 +1,208 @@
+"""``evacuate`` only of a fenced host: forced down, or silent past its agent's fence window.
+
+keel-api in-process against real PostgreSQL and RabbitMQ; the compute services' rows are
+set as their agents would have left them (release, self-fence window, last heartbeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from uuid import UUID
+
+import asyncpg
+import httpx
+import pytest
+
+from shared.config import FencingSettings, Settings
+from shared.context import RequestContext
+from shared.db import compute_nodes, instances, move_requests, moves
+from shared.exceptions import MessagingTimeout
+from shared.objects.migration import EVACUATION, MigrationStatus
+from shared.objects.states import TaskState
+from shared.versions import SERVICE_VERSION
+from tests.functional.services.api.conftest import (
+    ADMIN,
+    Recorder,
+    add_compute,
+    add_image,
+    at,
+    place_on,
+)
+from tests.functional.services.api.test_servers import server_body
+
+pytestmark = pytest.mark.functional
+
+DOWN, FENCE, MARGIN = 4.0, 8.0, 2.0
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={"service_down_time": DOWN, "fencing": FencingSettings(margin=MARGIN)}
+    )
+
+
+async def agent_left(
+    pool: asyncpg.Pool, host: str, *, silent: float, fence: float | None = FENCE
+) -> None:
+    """``host``'s agent, of this release, last heartbeat ``silent`` seconds ago."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET version = $2, self_fence_after = $3,
+                      last_seen_up = now() - make_interval(secs => $4)
+                WHERE host = $1 AND "binary" = 'keel-compute'""",
+            host,
+            SERVICE_VERSION,
+            fence,
+            silent,
+        )
+
+
+async def active_on(client: httpx.AsyncClient, pool: asyncpg.Pool, host: str, name: str) -> str:
+    _, node = await add_compute(pool, host)
+    response = await client.post("/v2.1/servers", headers=ADMIN, json=server_body(name=name))
+    assert response.status_code == 202, response.text
+    server_id: str = response.json()["server"]["id"]
+    await place_on(pool, server_id, node)
+    async with pool.acquire() as conn:
+        await instances.set_active(conn, UUID(server_id))
+    return server_id
+
+
+async def evacuate(client: httpx.AsyncClient, server_id: str) -> httpx.Response:
+    return await client.post(
+        f"/v2.1/servers/{server_id}/action", headers=at("2.29"), json={"evacuate": {}}
+    )
+
+
+async def moves_of(pool: asyncpg.Pool, server_id: str) -> int:
+    async with pool.acquire() as conn:
+        found: int = await conn.fetchval(
+            "SELECT count(*) FROM migrations WHERE instance_uuid = $1", UUID(server_id)
+        )
+    return found
+
+
+@pytest.fixture
+async def world(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> dict[str, str]:
+    await add_image(db_pool)
+    servers = {
+        host: await active_on(client, db_pool, host, f"on-{host}")
+        for host in ("cut", "no-fence", "old", "spare")
+    }
+    for host in servers:
+        await agent_left(db_pool, host, silent=0)
+    return servers
+
+
+async def test_a_host_silent_less_than_its_window_is_refused_naming_the_seconds_left(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str]
+) -> None:
+    server = world["cut"]
+    up = await evacuate(client, server)
+    assert up.status_code == 400
+    assert up.json()["badRequest"]["message"] == "Compute service of cut is still in use."
+
+    await agent_left(db_pool, "cut", silent=DOWN + 1)
+    early = await evacuate(client, server)
+    assert early.status_code == 400
+    message = early.json()["badRequest"]["message"]
+    found = re.search(r"may be evacuated (\d+)s from now", message)
+    assert found is not None, message
+    assert 1 <= int(found[1]) <= FENCE + MARGIN
+    assert await moves_of(db_pool, server) == 0
+
+    await agent_left(db_pool, "cut", silent=DOWN + FENCE + MARGIN + 1)
+    assert (await evacuate(client, server)).status_code == 200
+    assert await moves_of(db_pool, server) == 1
+
+
+NOT_FENCING = {
+    "no-fence": (0.0, "KEEL_FENCING__SELF_FENCE_AFTER=0"),
+    "old": (None, "does not fence itself"),
+}
+
+
+@pytest.mark.parametrize("host", sorted(NOT_FENCING))
+async def test_a_host_whose_agent_does_not_fence_itself_needs_forcing_down(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str], host: str
+) -> None:
+    fence, says = NOT_FENCING[host]
+    server = world[host]
+    await agent_left(db_pool, host, silent=3600, fence=fence)
+
+    refused = await evacuate(client, server)
+    assert refused.status_code == 400
+    assert says in refused.json()["badRequest"]["message"]
+    assert await moves_of(db_pool, server) == 0
+
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET forced_down = true
+                WHERE host = $1 AND "binary" = 'keel-compute'""",
+            host,
+        )
+    assert (await evacuate(client, server)).status_code == 200
+    assert await moves_of(db_pool, server) == 1
+
+
+async def test_two_evacuations_of_one_server_at_once_record_one_move(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str]
+) -> None:
+    server = world["cut"]
+    await agent_left(db_pool, "cut", silent=DOWN + FENCE + MARGIN + 1)
+
+    answers = await asyncio.gather(evacuate(client, server), evacuate(client, server))
+
+    assert sorted(a.status_code for a in answers) == [200, 409]
+    assert await moves_of(db_pool, server) == 1
+
+
+async def test_a_move_whose_cast_fails_is_withdrawn_unless_a_conductor_took_it(
+    db_pool: asyncpg.Pool, world: dict[str, str]
+) -> None:
+    """The recording path keel-api and the conductors' automatic evacuation share."""
+    ctx = RequestContext.internal()
+    async with db_pool.acquire() as conn:
+        source = await compute_nodes.get_by_id(
+            conn, await conn.fetchval("SELECT id FROM compute_nodes WHERE host = 'cut'")
+        )
+
+    async def lost(_ctx: RequestContext, _migration: UUID) -> None:
+        raise MessagingTimeout("the broker did not confirm the message")
+
+    server = UUID(world["cut"])
+
+    async def attempt(taken: bool) -> tuple[move_requests.Outcome, str, str | None]:
+        migration = await move_requests.record(
+            db_pool, ctx, EVACUATION, instance_uuid=server, source=source
+        )
+        assert migration is not None
+        if taken:  # a conductor claimed a destination before the answer was lost
+            async with db_pool.acquire() as conn:
+                await moves.swap_status(
+                    conn,
+                    migration.uuid,
+                    expected=[MigrationStatus.ACCEPTED],
+                    new=MigrationStatus.PRE_MIGRATING,
+                )
+        outcome, _ = await move_requests.cast_or_withdraw(db_pool, ctx, EVACUATION, migration, lost)
+        async with db_pool.acquire() as conn:
+            record = await moves.get(conn, migration.uuid)
+            instance = await instances.get(conn, server)
+        return outcome, record.status, instance.task_state
+
+    # Withdrawn, nothing is left: the server may be moved again at once.
+    assert await attempt(taken=False) == (
+        move_requests.Outcome.WITHDRAWN,
+        MigrationStatus.ERROR,
+        None,
+    )
+    assert await attempt(taken=True) == (
+        move_requests.Outcome.TAKEN,
+        MigrationStatus.PRE_MIGRATING,
+        TaskState.REBUILDING,
+    )
