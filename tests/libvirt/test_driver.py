@@ -159,3 +159,37 @@ async def test_guests_slow_to_shut_down_do_not_hold_up_other_libvirt_calls(
     assert took < 2.0
     assert resources.running_vms == 1
     assert not await driver.is_running(spec.uuid)
+
+
+async def test_a_guest_pauses_and_is_suspended_and_resumed_from_its_saved_memory(
+    driver: LibvirtDriver, served: Served
+) -> None:
+    spec = spec_for(served)
+    await driver.spawn(spec)
+    await console_shows(driver, spec.uuid, 1)
+
+    await driver.pause(spec.uuid)
+    await driver.pause(spec.uuid)
+    paused = await driver.guest_power(spec.uuid)
+    await driver.unpause(spec.uuid)
+    await driver.unpause(spec.uuid)
+    unpaused = await driver.guest_power(spec.uuid)
+    await driver.suspend(spec.uuid)
+    await driver.suspend(spec.uuid)
+    suspended = await driver.guest_power(spec.uuid)
+    await driver.resume(spec.uuid)
+    resumed = await driver.guest_power(spec.uuid)
+    console = (await driver.console_output(spec.uuid)).decode(errors="replace")
+    await driver.suspend(spec.uuid)
+    await driver.destroy(spec.uuid)
+
+    assert [p.name for p in (paused, unpaused, suspended, resumed)] == [
+        "PAUSED",
+        "RUNNING",
+        "SUSPENDED",
+        "RUNNING",
+    ]
+    # Resumed from its saved memory, not booted again.
+    assert console.count(f"keel-guest-up {spec.uuid}") == 1
+    # A suspended guest is removed with its saved memory.
+    assert await driver.list_instances() == []

@@ -345,7 +345,10 @@ class LibvirtDriver:
             try:
                 if dom.isActive():
                     dom.destroy()
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+                # A suspended guest's saved memory goes with it.
+                dom.undefineFlags(
+                    libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+                )
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                     raise
@@ -487,8 +490,17 @@ class LibvirtDriver:
         return await asyncio.to_thread(read_tail, self.guest_dir(instance_uuid) / disks.CONSOLE_LOG)
 
     async def guest_power(self, instance_uuid: UUID) -> PowerState:
-        running = await self.is_running(instance_uuid)
-        return PowerState.RUNNING if running else PowerState.SHUTDOWN
+        """RUNNING, PAUSED (vCPUs stopped), SUSPENDED (memory saved, domain off) or SHUTDOWN."""
+        dom = await self._domain(instance_uuid)
+        libvirt = self._conn.libvirt
+
+        def power(_conn: Any) -> PowerState:
+            if dom.isActive():
+                paused = dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+                return PowerState.PAUSED if paused else PowerState.RUNNING
+            return PowerState.SUSPENDED if dom.hasManagedSaveImage(0) else PowerState.SHUTDOWN
+
+        return await self._conn.run(power)
 
     async def is_running(self, instance_uuid: UUID) -> bool:
         dom = await self._domain(instance_uuid)
