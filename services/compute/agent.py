@@ -38,7 +38,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from tenacity import (
@@ -62,6 +62,7 @@ from shared.config import Settings
 from shared.context import RequestContext
 from shared.exceptions import (
     KeelError,
+    MessagingError,
     MessagingTimeout,
     NoSuchMethod,
     ServiceNotFound,
@@ -137,7 +138,7 @@ class Agent:
 
     def start_reconciling(self, reconciler: GuestReconciler) -> None:
         interval = self.settings.compute.reconcile_interval
-        report = reconciled_by(reconciler, self.fencing)
+        report = reconciled_by(reconciler, self.fencing, report_limit(self.settings))
         self.fencing.attach(report)
         self.guest_report = report
         self._reconciling = asyncio.create_task(
@@ -146,6 +147,7 @@ class Agent:
 
     def start_heartbeats(self) -> None:
         interval = self.settings.report_interval
+        self.fencing.heartbeats_begin()
         self._heartbeats = asyncio.create_task(
             repeat("heartbeat", self.heartbeat, interval, self._beats), name="keel-heartbeat"
         )
@@ -160,17 +162,19 @@ class Agent:
             LOG.exception("could not measure resources; sending the heartbeat without them")
             resources = None
         sent = self.fencing.now()
+        # A heartbeat later than the down time is worth nothing: the next one is sent.
+        limit = min(self.settings.rpc.call_timeout, self.settings.service_down_time)
+        call = self._conductor.service_heartbeat(
+            RequestContext.internal(),
+            service_uuid=self.service_uuid,
+            version=self.service_version,
+            node_uuid=self.registration.node_uuid,
+            resources=resources,
+            self_fence_after=fencing_reported(self.settings, self.service_version),
+            timeout=limit,
+        )
         try:
-            await self._conductor.service_heartbeat(
-                RequestContext.internal(),
-                service_uuid=self.service_uuid,
-                version=self.service_version,
-                node_uuid=self.registration.node_uuid,
-                resources=resources,
-                self_fence_after=fencing_reported(self.settings, self.service_version),
-                # A heartbeat later than the down time is worth nothing: send the next.
-                timeout=min(self.settings.rpc.call_timeout, self.settings.service_down_time),
-            )
+            await bounded(call, limit + 1.0, "heartbeat")
             self.fencing.heartbeat_succeeded(sent)
         except ServiceTooOld as exc:
             self._refused(exc)
@@ -224,6 +228,30 @@ class Agent:
 T = TypeVar("T")
 
 
+async def bounded(call: Awaitable[T], seconds: float, what: str) -> T:
+    """Await ``call`` for at most ``seconds``, even if it ignores its cancellation.
+
+    A call begun while the broker connection was being lost must never stop heartbeats
+    for good: one that outlives its own timeout is cancelled and left to finish on its
+    own, and one the transport cancelled from inside is a failure like any other.
+    """
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise MessagingTimeout(f"the {what} did not end within {seconds:g}s; abandoned")
+    if task.cancelled():
+        # Not by this task: the transport cancelled what the call waited for.
+        raise MessagingError(f"the {what} was cancelled: the broker connection was lost")
+    return task.result()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class Watchdog:
     """The agent's :class:`Fencing` watching, in a task, from start-up to shutdown."""
 
@@ -234,6 +262,11 @@ class Watchdog:
     async def stop(self) -> None:
         self._stopping.set()
         await self._task
+
+
+def report_limit(settings: Settings) -> float:
+    """Seconds a guest report may take: its calls, and what the agent does meanwhile."""
+    return 3 * settings.rpc.call_timeout
 
 
 def fencing_reported(settings: Settings, service_version: int) -> float | None:
@@ -254,12 +287,15 @@ def new_fencing(settings: Settings, driver: Driver, metrics: Metrics | None) -> 
     )
 
 
-def reconciled_by(reconciler: GuestReconciler, fencing: Fencing) -> Callable[[], Awaitable[None]]:
-    """A guest report that tells ``fencing`` when it was answered and acted on."""
+def reconciled_by(
+    reconciler: GuestReconciler, fencing: Fencing, limit: float
+) -> Callable[[], Awaitable[None]]:
+    """A guest report, abandoned after ``limit`` seconds, that tells ``fencing`` when it
+    was answered and acted on."""
 
     async def report() -> None:
         started = fencing.now()
-        await reconciler.reconcile()
+        await bounded(reconciler.reconcile(), limit, "guest report")
         fencing.reconciled(started)
 
     return report
@@ -431,7 +467,7 @@ async def start_agent(
             gate=fencing,
         )
         reconciler = GuestReconciler(driver, conductor, manager, registration.node_uuid)
-        await first_reconcile(reconciled_by(reconciler, fencing))
+        await first_reconcile(reconciled_by(reconciler, fencing, report_limit(settings)))
         server = RPCServer(
             transport,
             topic_for(registration.service_uuid),

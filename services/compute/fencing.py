@@ -84,9 +84,11 @@ class Fencing:
         #: When the last heartbeat that succeeded was sent (the agent's start before one):
         #: what the fencing counts from.
         self._last_ok = clock()
-        #: When the last call that succeeded was sent, a heartbeat or a guest report: what
-        #: "contact lost" counts from.
+        #: When the last heartbeat that succeeded was sent, or heartbeats began: what
+        #: "contact lost" counts from. Before heartbeats begin (start-up) contact is never
+        #: lost: the first guest report decides.
         self._contact = self._last_ok
+        self._beating = False
         #: Whether a reconcile must run before the agent serves (until the first one).
         self._must_reconcile = True
         #: When contact was last found lost: a reconcile counts only if it began after.
@@ -110,6 +112,11 @@ class Fencing:
     def now(self) -> float:
         return self._clock()
 
+    def heartbeats_begin(self) -> None:
+        """The agent starts heartbeating (after start-up's first guest report)."""
+        self._contact = max(self._contact, self._clock())
+        self._beating = True
+
     def heartbeat_succeeded(self, sent_at: float) -> None:
         """A heartbeat sent at ``sent_at`` (:meth:`now`) was answered."""
         if sent_at - self._contact > self.lost_after:
@@ -120,16 +127,21 @@ class Fencing:
         self._changed.set()
 
     def reconciled(self, started_at: float) -> None:
-        """A guest report begun at ``started_at`` was answered and acted on."""
-        self._contact = max(self._contact, started_at)
-        if not self._must_reconcile or started_at < self._lost_at:
+        """A guest report begun at ``started_at`` was answered and acted on.
+
+        It counts if it began after contact was lost and heartbeats are answered again: a
+        report answered while heartbeats are not (their outcome is what the database and
+        so the evacuation rule see) lifts nothing.
+        """
+        if not self._must_reconcile or started_at < self._lost_at or self.lost():
             return
         self._must_reconcile = False
         self._failures = 0
-        LOG.info(
-            "guests reconciled after contact with the control plane came back: serving again",
-            extra={"decision": "serving_after_reconcile"},
-        )
+        if self._reconcile is not None:  # not start-up's first report
+            LOG.info(
+                "guests reconciled after contact with the control plane came back: serving again",
+                extra={"decision": "serving_after_reconcile"},
+            )
         if self.fenced:
             self._lift()
         self._changed.set()
@@ -145,8 +157,8 @@ class Fencing:
         return self._clock() - self._last_ok
 
     def lost(self) -> bool:
-        """Whether no call to the conductor has succeeded for longer than ``lost_after``."""
-        return self._clock() - self._contact > self.lost_after
+        """Whether heartbeats go unanswered for longer than ``lost_after``."""
+        return self._beating and self._clock() - self._contact > self.lost_after
 
     def serving(self) -> bool:
         """Whether the agent may start guests now (contact, and reconciled since)."""

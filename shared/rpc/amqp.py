@@ -389,6 +389,16 @@ class AmqpTransport(Transport):
             raise MessagingError(f"RabbitMQ refused a message for {topic!r}: {exc}") from None
         except _CHANNEL_ERRORS as exc:
             raise MessagingError(f"cannot publish to {topic!r}: {exc}") from None
+        except asyncio.CancelledError:
+            # A channel that closes cancels the confirmations it still owes: that is a
+            # lost connection, not a cancellation of this task (which would leave, say,
+            # a heartbeat loop dead for good).
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise MessagingError(
+                f"cannot publish to {topic!r}: the channel closed before RabbitMQ confirmed it"
+            ) from None
 
     async def call(self, topic: str, body: bytes, *, message_id: str, timeout: float) -> bytes:
         correlation_id = str(uuid.uuid4())

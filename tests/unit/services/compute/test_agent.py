@@ -437,3 +437,23 @@ async def test_a_cut_off_agent_fences_itself_and_reconciles_before_it_builds_aga
     finally:
         world.conductor.answering.set()
         await agent.stop()
+
+
+async def test_a_call_that_ignores_its_cancellation_is_abandoned_in_time() -> None:
+    """A heartbeat begun while the connection was being lost must not stop the next."""
+    release = asyncio.Event()
+
+    async def stubborn() -> str:
+        while True:
+            try:
+                await release.wait()
+                return "late"
+            except asyncio.CancelledError:
+                continue  # as a library that retries after a cancellation would
+
+    began = asyncio.get_running_loop().time()
+    with pytest.raises(MessagingTimeout, match=r"heartbeat did not end within 0\.2s"):
+        await agent_module.bounded(stubborn(), 0.2, "heartbeat")
+    assert asyncio.get_running_loop().time() - began < 1
+    release.set()
+    assert await agent_module.bounded(asyncio.sleep(0, "fine"), 1, "heartbeat") == "fine"

@@ -76,6 +76,7 @@ class World:
 async def world(tmp_path: Path) -> World:
     started = World(tmp_path)
     started.fencing.reconciled(started.clock.now)  # start-up's first reconcile
+    started.fencing.heartbeats_begin()
     return started
 
 
@@ -214,6 +215,7 @@ async def test_a_fencing_survives_a_restart_until_the_first_reconcile(world: Wor
     assert restarted.fenced
     assert not restarted.serving()
     restarted.reconciled(world.clock.now)
+    restarted.heartbeats_begin()
 
     assert restarted.serving()
     assert not (world.state_dir / FENCED_FILE).exists()
@@ -245,3 +247,17 @@ async def test_a_paused_or_suspended_guest_is_left_as_it_is(world: World) -> Non
     assert record["powered_off"] == [str(running)]
     assert (await world.driver.guest_power(suspended)).name == "SUSPENDED"
     assert (await world.driver.guest_power(paused)).name == "PAUSED"
+
+
+async def test_a_report_answered_while_heartbeats_are_not_lifts_nothing(world: World) -> None:
+    """The database sees heartbeats, not reports: a host it may evacuate stays fenced."""
+    await world.guests(1)
+    world.clock.now += FENCE_AFTER + 1
+    await world.fencing.tick()
+
+    world.fencing.reconciled(world.clock.now)
+    await world.fencing.tick()
+
+    assert world.fencing.fenced
+    assert not world.fencing.serving()
+    assert world.reports == [], "no report while heartbeats go unanswered"

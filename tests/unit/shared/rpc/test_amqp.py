@@ -5,9 +5,11 @@ Its behaviour against a broker is covered by tests/functional/shared/test_rpc_co
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from shared.exceptions import MessagingError
+from shared.exceptions import MessagingError, MessagingTimeout
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.transport import IncomingMessage, Settlement
 
@@ -46,3 +48,35 @@ async def test_closing_an_unconnected_transport_is_harmless() -> None:
     transport = AmqpTransport(URL, "keel-a")
     await transport.close()
     await transport.close()
+
+
+class _ClosingExchange:
+    """An exchange whose channel closes while a publish waits for its confirmation."""
+
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+
+    async def publish(self, message: object, routing_key: str, mandatory: bool) -> None:
+        if self.hang:
+            await asyncio.sleep(3600)
+        raise asyncio.CancelledError  # what aiormq does to confirmations it still owes
+
+
+async def test_a_channel_closing_under_a_publish_is_a_messaging_error_not_a_cancellation() -> None:
+    """Leaked, the cancellation ended the heartbeat loop of an agent for good."""
+    transport = AmqpTransport(URL, "keel-a")
+    transport._exchange = _ClosingExchange()  # type: ignore[assignment]
+
+    with pytest.raises(MessagingError, match="channel closed before RabbitMQ confirmed"):
+        await transport.cast("conductor", b"{}", message_id="m1")
+    current = asyncio.current_task()
+    assert current is not None
+    assert current.cancelling() == 0
+
+
+async def test_a_call_that_times_out_while_publishing_still_times_out() -> None:
+    transport = AmqpTransport(URL, "keel-a")
+    transport._exchange = _ClosingExchange(hang=True)  # type: ignore[assignment]
+
+    with pytest.raises(MessagingTimeout, match=r"no reply from conductor within 0\.1s"):
+        await transport.call("conductor", b"{}", message_id="m1", timeout=0.1)
