@@ -289,3 +289,13 @@ async def held_addresses(conn: Connection, project_id: str | None) -> list[HeldA
         project_id,
     )
     return [HeldAddress.from_row(row) for row in rows]
+
+
+async def count_for_project(conn: Connection, project_id: str) -> int:
+    """How many addresses the project's live servers hold (its ports, to Neutron clients)."""
+    count: int = await conn.fetchval(
+        """SELECT count(*) FROM fixed_ips f JOIN instances i ON i.uuid = f.instance_uuid
+            WHERE i.project_id = $1 AND i.deleted_at IS NULL""",
+        project_id,
+    )
+    return count

@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, DbPool, RequestLinks
 from services.api.network.views import network_view, port_view, subnet_view
+from shared.context import RequestContext
 from shared.db import fixed_ips
 
 router = APIRouter(prefix="/network")
@@ -208,4 +209,84 @@ async def list_floating_ips(ctx: Context) -> dict[str, Any]:
 async def show_floating_ip(floating_ip_id: str, ctx: Context) -> JSONResponse:
     return NeutronError(
         404, "FloatingIPNotFound", f"Floating IP {floating_ip_id} could not be found"
+    ).response()
+
+
+#: Networking quotas as keel has them: no network, subnet, router, floating IP, subnet
+#: pool or RBAC policy can be created (0); ports (one per server address) and security
+#: groups are bounded by the compute quotas, not here (-1, unlimited).
+QUOTAS = {
+    "network": 0,
+    "subnet": 0,
+    "subnetpool": 0,
+    "router": 0,
+    "floatingip": 0,
+    "rbac_policy": 0,
+    "port": -1,
+    "security_group": -1,
+    "security_group_rule": -1,
+}
+
+
+def _others_quota(ctx: RequestContext, project_id: str) -> JSONResponse | None:
+    """403 for a member asking about another project's quota; ``None`` when allowed."""
+    if ctx.is_admin or project_id == ctx.project_id:
+        return None
+    return NeutronError(
+        403, "HTTPForbidden", "Not authorized to see another project's quota"
+    ).response()
+
+
+@router.get("/v2.0/quotas", response_model=None)
+async def list_quotas(ctx: Context) -> dict[str, Any]:
+    """Only projects with quotas set differ from the defaults: none do here."""
+    return {"quotas": []}
+
+
+@router.get("/v2.0/quotas/{project_id}/default", response_model=None)
+@router.get("/v2.0/quotas/{project_id}/default.json", response_model=None)
+async def default_quota(project_id: str, ctx: Context) -> dict[str, Any]:
+    return {"quota": dict(QUOTAS)}
+
+
+@router.get("/v2.0/quotas/{project_id}/details", response_model=None)
+@router.get("/v2.0/quotas/{project_id}/details.json", response_model=None)
+async def quota_details(
+    project_id: str, ctx: Context, pool: DbPool
+) -> dict[str, Any] | JSONResponse:
+    if (refused := _others_quota(ctx, project_id)) is not None:
+        return refused
+    async with pool.acquire() as conn:
+        ports = await fixed_ips.count_for_project(conn, project_id)
+    used = {name: 0 for name in QUOTAS} | {"port": ports}
+    return {
+        "quota": {
+            name: {"limit": limit, "used": used[name], "reserved": 0}
+            for name, limit in QUOTAS.items()
+        }
+    }
+
+
+@router.get("/v2.0/quotas/{project_id}", response_model=None)
+@router.get("/v2.0/quotas/{project_id}.json", response_model=None)
+async def show_quota(project_id: str, ctx: Context) -> dict[str, Any] | JSONResponse:
+    if (refused := _others_quota(ctx, project_id)) is not None:
+        return refused
+    return {"quota": dict(QUOTAS)}
+
+
+@router.delete("/v2.0/quotas/{project_id}", response_model=None, status_code=204)
+async def reset_quota(project_id: str, ctx: Context) -> Response | JSONResponse:
+    """Nothing to reset: every project has the defaults. Admins only, as in Neutron."""
+    if not ctx.is_admin:
+        return NeutronError(403, "HTTPForbidden", "Only admins may reset quotas").response()
+    return Response(status_code=204)
+
+
+@router.put("/v2.0/quotas/{project_id}", response_model=None)
+async def update_quota(project_id: str, ctx: Context) -> JSONResponse:
+    return NeutronError(
+        400,
+        "HTTPBadRequest",
+        "keel's network is configured, not managed: its quotas cannot be changed",
     ).response()

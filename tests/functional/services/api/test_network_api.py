@@ -104,3 +104,29 @@ async def test_bad_requests_are_refused(client: httpx.AsyncClient) -> None:
     assert (await client.get(f"{BASE}/networks")).status_code == 401
     refused = await client.post(f"{BASE}/networks", headers=ADMIN, json={"network": {}})
     assert refused.status_code == 405
+
+
+async def test_quotas_are_shown_and_cannot_be_changed(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    """`openstack quota show/delete` ask the Networking API too once it is in the catalog."""
+    await add_image(db_pool)
+    await create(client)
+
+    quota = (await get(client, "quotas/team"))["quota"]
+    assert (quota["network"], quota["port"]) == (0, -1)
+    assert (await get(client, "quotas/team.json"))["quota"] == quota
+    details = (await get(client, "quotas/team/details.json"))["quota"]
+    assert details["port"] == {"limit": -1, "used": 1, "reserved": 0}
+    assert (await get(client, "quotas/elsewhere/details", OTHER_MEMBER))["quota"]["port"][
+        "used"
+    ] == 0
+
+    others = await client.get(f"{BASE}/quotas/team", headers=OTHER_MEMBER)
+    assert others.status_code == 403
+    assert others.json()["NeutronError"]["type"] == "HTTPForbidden"
+    assert (await client.delete(f"{BASE}/quotas/team", headers=MEMBER)).status_code == 403
+    assert (await client.delete(f"{BASE}/quotas/team", headers=ADMIN)).status_code == 204
+    changed = await client.put(f"{BASE}/quotas/team", headers=ADMIN, json={"quota": {"network": 5}})
+    assert changed.status_code == 400
+    assert (await get(client, "quotas/team", ADMIN))["quota"] == quota
