@@ -45,6 +45,8 @@ History:
 * 14 (``marline``) — self-fencing agents: conductor 1.9 (``register_compute`` and
   ``service_heartbeat`` carry the agent's ``self_fence_after``: how long it goes
   without a heartbeat before it powers its guests off; 0 if it never does).
+* 15 (``norman``) — resize: conductor 1.10 (``resize_instance``: a cold migration with a
+  new flavor).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.7", conductor="1.7", scheduler="1.2"),
     ReleaseApis(compute="1.8", conductor="1.8", scheduler="1.2"),
     ReleaseApis(compute="1.8", conductor="1.9", scheduler="1.2"),
+    ReleaseApis(compute="1.8", conductor="1.10", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -110,6 +113,7 @@ RELEASE_NAMES: dict[str, int] = {
     "kedge": 12,
     "lanyard": 13,
     "marline": 14,
+    "norman": 15,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -35,6 +35,7 @@ from services.conductor.rpcapi import (
     RegisterCompute,
     Registration,
     ReportGuests,
+    ResizeInstance,
     ResolveCompute,
     RevertMigration,
     ServiceHeartbeat,
@@ -108,6 +109,9 @@ class ConductorManager:
         return await instance_events.check_build(self._pool, req)
 
     async def evacuate_instance(self, ctx: RequestContext, req: EvacuateInstance) -> None:
+        await self._move(ctx, req.migration_uuid)
+
+    async def resize_instance(self, ctx: RequestContext, req: ResizeInstance) -> None:
         await self._move(ctx, req.migration_uuid)
 
     async def migrate_instance(self, ctx: RequestContext, req: MigrateInstance) -> None:

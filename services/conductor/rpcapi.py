@@ -24,6 +24,9 @@ Conductor RPC API history:
 * 1.9 — register_compute and service_heartbeat carry ``self_fence_after``: the seconds
   the agent goes without a successful heartbeat before it powers its guests off (0: it
   never does), recorded with its service; sent at 1.9 only when it is set.
+* 1.10 — resize_instance (cast, from keel-api): a cold migration with a new flavor (its
+  record carries both flavors: the destination is claimed and built with the new one,
+  a revert restores the old one).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from shared.versions import SERVICE_VERSION, apis_for
 TOPIC = "conductor"
 #: The newest conductor RPC version this release speaks.
 RPC_VERSION = apis_for(SERVICE_VERSION).conductor
+#: The first conductor RPC version that carries out a resize.
+RESIZE_VERSION = "1.10"
 
 
 #: The conductor RPC version that carries a requested destination with a build.
@@ -261,6 +266,10 @@ class MigrateInstance(KeelModel):
     migration_uuid: UUID
 
 
+class ResizeInstance(KeelModel):
+    migration_uuid: UUID
+
+
 class ConfirmMigration(KeelModel):
     migration_uuid: UUID
 
@@ -464,6 +473,14 @@ class ConductorAPI:
     async def migrate_instance(self, ctx: RequestContext, migration_uuid: UUID) -> None:
         req = MigrateInstance(migration_uuid=migration_uuid)
         await self.client.cast(ctx, "migrate_instance", req, version="1.5")
+
+    async def can_resize(self) -> bool:
+        """Whether the conductor cap allows a resize (1.10)."""
+        return await self.client.can_send_version(RESIZE_VERSION)
+
+    async def resize_instance(self, ctx: RequestContext, migration_uuid: UUID) -> None:
+        req = ResizeInstance(migration_uuid=migration_uuid)
+        await self.client.cast(ctx, "resize_instance", req, version=RESIZE_VERSION)
 
     async def confirm_migration(self, ctx: RequestContext, migration_uuid: UUID) -> None:
         req = ConfirmMigration(migration_uuid=migration_uuid)

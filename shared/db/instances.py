@@ -256,14 +256,17 @@ async def move_to(
     node: ComputeNode,
     vm_state: VmState,
     power_state: PowerState,
+    flavor: FlavorSnapshot | None = None,
 ) -> Instance | None:
-    """End ``task`` with the instance now on ``node`` (names and id in one statement).
+    """End ``task`` with the instance now on ``node`` (names and id in one statement),
+    and with ``flavor`` if given (a resize).
 
     ``None`` if lost: the instance is gone, or not in that task any more.
     """
     row = await conn.fetchrow(
         """UPDATE instances SET host = $3, node = $4, compute_id = $5, vm_state = $6,
-                  power_state = $7, task_state = NULL, updated_at = now()
+                  power_state = $7, task_state = NULL, updated_at = now(),
+                  flavor = COALESCE($8, flavor)
             WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2
         RETURNING *""",
         instance_uuid,
@@ -273,19 +276,27 @@ async def move_to(
         node.id,
         vm_state.value,
         int(power_state),
+        None if flavor is None else flavor.model_dump(mode="json"),
     )
     return None if row is None else Instance.from_row(row)
 
 
 async def relink(
-    conn: Connection, instance_uuid: UUID, *, task: TaskState, node: ComputeNode
+    conn: Connection,
+    instance_uuid: UUID,
+    *,
+    task: TaskState,
+    node: ComputeNode,
+    flavor: FlavorSnapshot | None = None,
 ) -> Instance | None:
-    """Link the instance to ``node`` during ``task``, which goes on.
+    """Link the instance to ``node`` during ``task``, which goes on; with ``flavor`` if
+    given (a reverted resize gets its old flavor back).
 
     ``None`` if lost: the instance is gone, or not in that task any more.
     """
     row = await conn.fetchrow(
-        """UPDATE instances SET host = $3, node = $4, compute_id = $5, updated_at = now()
+        """UPDATE instances SET host = $3, node = $4, compute_id = $5, updated_at = now(),
+                  flavor = COALESCE($6, flavor)
             WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2
         RETURNING *""",
         instance_uuid,
@@ -293,6 +304,7 @@ async def relink(
         node.host,
         node.hypervisor_hostname,
         node.id,
+        None if flavor is None else flavor.model_dump(mode="json"),
     )
     return None if row is None else Instance.from_row(row)
 

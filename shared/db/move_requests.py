@@ -33,6 +33,7 @@ from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import MessagingError
 from shared.objects.compute_node import ComputeNode
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.migration import Migration, MigrationStatus, MoveKind
 
 LOG = logging.getLogger(__name__)
@@ -58,17 +59,26 @@ async def record(
     instance_uuid: UUID,
     source: ComputeNode,
     target: str | None = None,
+    flavors: tuple[FlavorSnapshot, FlavorSnapshot] | None = None,
+    check: Callable[[Connection], Awaitable[None]] | None = None,
 ) -> Migration | None:
     """Record a move of ``kind`` of the instance from ``source``; ``None`` if the instance
-    has a task or left the kind's movable states meanwhile (nothing written)."""
+    has a task or left the kind's movable states meanwhile (nothing written).
+
+    ``flavors``: a resize's old and new flavor. ``check`` runs first in the same
+    transaction (a quota check); what it raises refuses the move, nothing written.
+    """
 
     async def write(conn: Connection) -> Migration | None:
+        if check is not None:
+            await check(conn)
         started = await instances.begin_task(
             conn, instance_uuid, kind.choosing, vm_states=kind.movable
         )
         if started is None:
             return None
         await instance_actions.start(conn, ctx, instance_uuid, kind.action)
+        old, new = flavors if flavors is not None else (None, None)
         return await moves.create(
             conn,
             ctx,
@@ -77,6 +87,8 @@ async def record(
             status=MigrationStatus.ACCEPTED,
             source=source,
             dest_host=target,
+            old_flavor=old,
+            new_flavor=new,
         )
 
     return await in_transaction(

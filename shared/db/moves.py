@@ -21,6 +21,7 @@ from shared.context import RequestContext
 from shared.db.pool import Connection
 from shared.exceptions import NotFound
 from shared.objects.compute_node import ComputeNode
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.migration import Migration
 
 
@@ -33,12 +34,15 @@ async def create(
     status: str,
     source: ComputeNode | None,
     dest_host: str | None = None,
+    old_flavor: FlavorSnapshot | None = None,
+    new_flavor: FlavorSnapshot | None = None,
 ) -> Migration:
     row = await conn.fetchrow(
         """INSERT INTO migrations (uuid, instance_uuid, migration_type, status,
                                    source_compute, source_node, source_compute_id,
-                                   dest_host, user_id, project_id, updated_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) RETURNING *""",
+                                   dest_host, user_id, project_id, updated_at,
+                                   old_flavor, new_flavor)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $11, $12) RETURNING *""",
         uuid.uuid4(),
         instance_uuid,
         migration_type,
@@ -49,6 +53,8 @@ async def create(
         dest_host,
         ctx.user_id,
         ctx.project_id,
+        None if old_flavor is None else old_flavor.model_dump(mode="json"),
+        None if new_flavor is None else new_flavor.model_dump(mode="json"),
     )
     assert row is not None
     return Migration.from_row(row)
@@ -144,10 +150,11 @@ async def unconfirmed_evacuations(conn: Connection, service_id: int) -> list[Mig
 
 
 async def unconfirmed_moves(conn: Connection, older_than: float) -> list[Migration]:
-    """Cold migrations ``finished`` (awaiting confirm or revert) for ``older_than`` seconds."""
+    """Cold migrations and resizes ``finished`` (awaiting confirm or revert) for
+    ``older_than`` seconds."""
     rows = await conn.fetch(
         """SELECT * FROM migrations
-            WHERE migration_type = 'migration' AND status = 'finished'
+            WHERE migration_type IN ('migration', 'resize') AND status = 'finished'
               AND deleted_at IS NULL AND updated_at < now() - make_interval(secs => $1)
             ORDER BY id""",
         older_than,
@@ -156,10 +163,12 @@ async def unconfirmed_moves(conn: Connection, older_than: float) -> list[Migrati
 
 
 async def stalled_endings(conn: Connection, older_than: float) -> list[Migration]:
-    """Cold migrations ``confirming`` or ``reverting`` unchanged for ``older_than`` seconds."""
+    """Cold migrations and resizes ``confirming`` or ``reverting`` unchanged for
+    ``older_than`` seconds."""
     rows = await conn.fetch(
         """SELECT * FROM migrations
-            WHERE migration_type = 'migration' AND status IN ('confirming', 'reverting')
+            WHERE migration_type IN ('migration', 'resize')
+              AND status IN ('confirming', 'reverting')
               AND deleted_at IS NULL AND updated_at < now() - make_interval(secs => $1)
             ORDER BY id""",
         older_than,
@@ -204,7 +213,7 @@ async def cancel_for_delete(conn: Connection, instance_uuid: UUID) -> list[Migra
     )
     await conn.execute(
         """UPDATE migrations SET status = 'confirmed', updated_at = now()
-            WHERE instance_uuid = $1 AND migration_type = 'migration'
+            WHERE instance_uuid = $1 AND migration_type IN ('migration', 'resize')
               AND status = 'finished' AND deleted_at IS NULL""",
         instance_uuid,
     )

@@ -33,12 +33,26 @@ async def lock_project(conn: Connection, project_id: str) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK_CLASS, project_id)
 
 
+#: What resizes still on their way take beyond their servers' current flavors: a server
+#: being resized up counts at its larger flavor from the request on (its instance row
+#: takes the new flavor only once the destination has built it).
+_RESIZING = """
+    (SELECT coalesce(sum(greatest((m.new_flavor->>'{field}')::int
+                                  - (m.old_flavor->>'{field}')::int, 0)), 0)
+       FROM migrations m JOIN instances r ON r.uuid = m.instance_uuid
+      WHERE r.project_id = $1 AND r.deleted_at IS NULL {user}
+        AND m.migration_type = 'resize' AND m.deleted_at IS NULL
+        AND m.status IN ('accepted', 'pre-migrating'))"""
+
+
 async def usage(conn: Connection, project_id: str) -> ProjectUsage:
+    cores = _RESIZING.format(field="vcpus", user="")
+    ram = _RESIZING.format(field="memory_mb", user="")
     row = await conn.fetchrow(
-        """SELECT count(*) AS instances,
-                  coalesce(sum((flavor->>'vcpus')::int), 0) AS cores,
-                  coalesce(sum((flavor->>'memory_mb')::int), 0) AS ram
-             FROM instances WHERE project_id = $1 AND deleted_at IS NULL""",
+        f"""SELECT count(*) AS instances,
+                   coalesce(sum((flavor->>'vcpus')::int), 0) + {cores} AS cores,
+                   coalesce(sum((flavor->>'memory_mb')::int), 0) + {ram} AS ram
+              FROM instances WHERE project_id = $1 AND deleted_at IS NULL""",
         project_id,
     )
     assert row is not None
@@ -47,12 +61,14 @@ async def usage(conn: Connection, project_id: str) -> ProjectUsage:
 
 async def user_usage(conn: Connection, project_id: str, user_id: str) -> ProjectUsage:
     """What one user's live servers in the project take."""
+    cores = _RESIZING.format(field="vcpus", user="AND r.user_id = $2")
+    ram = _RESIZING.format(field="memory_mb", user="AND r.user_id = $2")
     row = await conn.fetchrow(
-        """SELECT count(*) AS instances,
-                  coalesce(sum((flavor->>'vcpus')::int), 0) AS cores,
-                  coalesce(sum((flavor->>'memory_mb')::int), 0) AS ram
-             FROM instances
-            WHERE project_id = $1 AND user_id = $2 AND deleted_at IS NULL""",
+        f"""SELECT count(*) AS instances,
+                   coalesce(sum((flavor->>'vcpus')::int), 0) + {cores} AS cores,
+                   coalesce(sum((flavor->>'memory_mb')::int), 0) + {ram} AS ram
+              FROM instances
+             WHERE project_id = $1 AND user_id = $2 AND deleted_at IS NULL""",
         project_id,
         user_id,
     )

@@ -12,10 +12,13 @@ from enum import StrEnum
 from uuid import UUID
 
 from shared.objects.base import KeelModel
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import TaskState, VmState
 
 
 class MigrationType(StrEnum):
+    """Nova's move types; keel has evacuation, cold migration and resize."""
+
     MIGRATION = "migration"
     RESIZE = "resize"
     LIVE_MIGRATION = "live-migration"
@@ -64,6 +67,14 @@ class Migration(KeelModel):
     created_at: datetime
     updated_at: datetime | None
     deleted_at: datetime | None
+    #: A resize's flavors: the server's before, and the one it is resized to.
+    old_flavor: FlavorSnapshot | None = None
+    new_flavor: FlavorSnapshot | None = None
+
+    @property
+    def is_cold(self) -> bool:
+        """A cold migration or a resize (both end with confirm or revert)."""
+        return self.migration_type in (MigrationType.MIGRATION, MigrationType.RESIZE)
 
 
 #: Instance-action names (Nova's) of the end of a cold migration.
@@ -103,5 +114,16 @@ MIGRATION = MoveKind(
     TaskState.RESIZE_MIGRATING,
     False,
 )
+#: A cold migration with a new flavor (Nova's instance action and record type ``resize``).
+RESIZE = MoveKind(
+    MigrationType.RESIZE,
+    "resize",
+    (VmState.ACTIVE, VmState.STOPPED),
+    TaskState.RESIZE_PREP,
+    TaskState.RESIZE_MIGRATING,
+    False,
+)
 #: ``migration_type`` → its kind.
-KINDS = {kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION)}
+KINDS = {kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION, RESIZE)}
+#: The record types that end with confirm or revert.
+COLD = (MigrationType.MIGRATION.value, MigrationType.RESIZE.value)

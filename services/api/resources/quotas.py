@@ -133,6 +133,34 @@ async def check_new_server(
         _check({**limits, **own}, await quotas.user_usage(conn, project_id, user_id), wanted)
 
 
+async def check_resize(
+    conn: Connection,
+    project_id: str,
+    settings: QuotaSettings,
+    old: FlavorSnapshot,
+    new: FlavorSnapshot,
+    *,
+    user_id: str | None = None,
+) -> None:
+    """Raise :class:`OverQuota` unless the project (and ``user_id``, where a limit is set
+    for them) has room for what resizing one server from ``old`` to ``new`` adds.
+
+    Call it inside the transaction that records the resize: it takes the project's lock.
+    """
+    await quotas.lock_project(conn, project_id)
+    wanted = {
+        "cores": max(0, new.vcpus - old.vcpus),
+        "ram": max(0, new.memory_mb - old.memory_mb),
+    }
+    limits = await project_limits(conn, project_id, settings)
+    _check(limits, await quotas.usage(conn, project_id), wanted)
+    if user_id is None:
+        return
+    own = await quotas.user_limits(conn, project_id, user_id)
+    if own.keys() & wanted.keys():
+        _check({**limits, **own}, await quotas.user_usage(conn, project_id, user_id), wanted)
+
+
 def check_metadata_items(limits: dict[str, int], count: int) -> None:
     """Raise :class:`OverQuota` if one server would have more metadata items than allowed."""
     limit = limits["metadata_items"]

@@ -17,7 +17,7 @@ from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Version
 from services.api.http.faults import BadRequest
 from services.api.http.microversion import APIVersion
-from services.api.servers import console, reset_state
+from services.api.servers import console, reset_state, resize
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
@@ -132,6 +132,19 @@ async def _evacuate(call: ActionCall) -> Response | None:
     )
 
 
+async def _resize(call: ActionCall) -> Response | None:
+    await resize.resize(
+        call.pool,
+        call.conductor,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
 async def _migrate(call: ActionCall) -> Response | None:
     await migrate(
         call.pool,
@@ -196,6 +209,7 @@ ACTIONS: dict[str, Handler] = {
     "reboot": _reboot,
     "evacuate": _evacuate,
     "migrate": _migrate,
+    resize.ACTION: _resize,
     CONFIRM_ACTION: _confirm_resize,
     REVERT_ACTION: _revert_resize,
     console.ACTION: _console_output,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -54,7 +55,7 @@ from services.api.http.faults import (
 )
 from services.api.http.microversion import APIVersion
 from services.compute.rpcapi import SINCE, ComputeAPI
-from services.conductor.rpcapi import ConductorAPI
+from services.conductor.rpcapi import RESIZE_VERSION, ConductorAPI
 from shared import fencing
 from shared.config import Settings
 from shared.context import RequestContext
@@ -71,14 +72,15 @@ from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import ComputeNodeNotFound, MessagingError
 from shared.objects.compute_node import HostState
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Instance
 from shared.objects.migration import (
     CONFIRM_ACTION,
     EVACUATION,
     MIGRATION,
+    RESIZE,
     Migration,
     MigrationStatus,
-    MigrationType,
     MoveKind,
 )
 from shared.objects.service import Binary, Service
@@ -90,9 +92,13 @@ LOG = logging.getLogger(__name__)
 _HOSTNAME = re.compile(r"^[a-zA-Z0-9-._]{1,255}$")
 
 #: The compute RPC method the destination's agent needs for each kind of move.
-_COMPUTE_METHOD = {EVACUATION: "rebuild_instance", MIGRATION: "prepare_migration"}
+_COMPUTE_METHOD = {
+    EVACUATION: "rebuild_instance",
+    MIGRATION: "prepare_migration",
+    RESIZE: "prepare_migration",
+}
 #: The conductor RPC version each kind of move needs.
-_CONDUCTOR_VERSION = {EVACUATION: "1.4", MIGRATION: "1.5"}
+_CONDUCTOR_VERSION = {EVACUATION: "1.4", MIGRATION: "1.5", RESIZE: RESIZE_VERSION}
 
 
 # --- the bodies --------------------------------------------------------------------
@@ -215,10 +221,10 @@ async def _source(
         fenced = fencing.fence_state(source.service, silent, down_time=down_time, margin=margin)
         if not fenced.fenced:
             raise BadRequest(fenced.why)
-    if kind is MIGRATION and not source.service.is_up:
+    if kind is not EVACUATION and not source.service.is_up:
         raise ConflictingRequest(
-            f"Cannot 'migrate' instance {instance.uuid}: the compute service of its host "
-            f"{source.service.host} is down. Evacuate it instead, or start that agent."
+            f"Cannot '{kind.action}' instance {instance.uuid}: the compute service of its "
+            f"host {source.service.host} is down. Evacuate it instead, or start that agent."
         )
     return source
 
@@ -255,7 +261,7 @@ async def _check_target(
 # --- record, cast, withdraw ------------------------------------------------------------
 
 
-async def _start_move(
+async def start_move(
     pool: asyncpg.Pool,
     conductor: ConductorAPI,
     compute: ComputeAPI,
@@ -265,8 +271,14 @@ async def _start_move(
     ctx: RequestContext,
     instance: Instance,
     target: str | None,
+    flavors: tuple[FlavorSnapshot, FlavorSnapshot] | None = None,
+    check: Callable[[Connection], Awaitable[None]] | None = None,
 ) -> None:
-    """Check, record and cast a move of ``kind``; 503 (withdrawn) if it cannot be cast."""
+    """Check, record and cast a move of ``kind``; 503 (withdrawn) if it cannot be cast.
+
+    ``flavors`` and ``check``: a resize's old and new flavor, and its quota check (run in
+    the transaction that records the move).
+    """
     action = kind.action
     _check_state(instance, action, kind.movable)
     down_time = settings.service_down_time
@@ -279,13 +291,25 @@ async def _start_move(
     )
 
     migration = await move_requests.record(
-        pool, ctx, kind, instance_uuid=instance.uuid, source=source.node, target=target
+        pool,
+        ctx,
+        kind,
+        instance_uuid=instance.uuid,
+        source=source.node,
+        target=target,
+        flavors=flavors,
+        check=check,
     )
     if migration is None:
         raise ConflictingRequest(
             f"Cannot '{action}' instance {instance.uuid}: its state changed; try again"
         )
-    cast = conductor.evacuate_instance if kind is EVACUATION else conductor.migrate_instance
+    casts = {
+        EVACUATION: conductor.evacuate_instance,
+        MIGRATION: conductor.migrate_instance,
+        RESIZE: conductor.resize_instance,
+    }
+    cast = casts[kind]
     outcome, error = await move_requests.cast_or_withdraw(pool, ctx, kind, migration, cast)
     if outcome is move_requests.Outcome.WITHDRAWN:
         raise ServiceUnavailable(
@@ -320,7 +344,7 @@ async def evacuate(
     if not ctx.is_admin:
         raise Forbidden("Policy doesn't allow os_compute_api:os-evacuate to be performed.")
     target = evacuation_target(value, version)
-    await _start_move(
+    await start_move(
         pool,
         conductor,
         compute,
@@ -351,7 +375,7 @@ async def migrate(
             "Policy doesn't allow os_compute_api:os-migrate-server:migrate to be performed."
         )
     target = migration_target(value, version)
-    await _start_move(
+    await start_move(
         pool,
         conductor,
         compute,
@@ -380,11 +404,7 @@ async def _finished_migration(pool: asyncpg.Pool, instance: Instance, action: st
     _check_state(instance, action, (VmState.RESIZED,))
     async with pool.acquire() as conn:
         migration = await moves.in_progress(conn, instance.uuid)
-    if (
-        migration is None
-        or migration.migration_type != MigrationType.MIGRATION
-        or migration.status != MigrationStatus.FINISHED
-    ):
+    if migration is None or not migration.is_cold or migration.status != MigrationStatus.FINISHED:
         raise BadRequest(f"Instance {instance.uuid} has not been resized.")
     return migration
 

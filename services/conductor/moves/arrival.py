@@ -4,7 +4,8 @@ One handler for both kinds. The move must be ``pre-migrating``; then, in one
 transaction that locks the instance, then the record, then the claims
 (:func:`shared.db.moves.lock`):
 
-* **success**: the instance's compute link moves to the destination and its task ends.
+* **success**: the instance's compute link moves to the destination and its task ends
+  (a resized one takes its new flavor).
   An evacuation's record becomes ``done`` and the migration's claim there becomes the
   instance's (the instance keeps its claim on the source until that host confirms it
   removed its copy, or the host is deleted for good). A cold migration's record becomes
@@ -36,6 +37,7 @@ from shared.exceptions import ComputeNodeNotFound
 from shared.objects.migration import (
     EVACUATION,
     KINDS,
+    RESIZE,
     Migration,
     MigrationStatus,
     MoveKind,
@@ -107,6 +109,7 @@ async def _arrived(pool: asyncpg.Pool, kind: MoveKind, migration: Migration) -> 
             node=dest,
             vm_state=vm_state,
             power_state=PowerState.SHUTDOWN if stopped else PowerState.RUNNING,
+            flavor=migration.new_flavor,
         )
         if moved is None:
             await _end(conn, migration, MigrationStatus.ERROR)
@@ -149,13 +152,15 @@ async def _arrived(pool: asyncpg.Pool, kind: MoveKind, migration: Migration) -> 
         )
     else:
         LOG.info(
-            "server %s was migrated from %s to %s (migration %s is finished): it waits for "
-            "confirm or revert, holding claims on both hosts",
+            "server %s was %s from %s to %s (%s %s is finished): it waits for confirm or "
+            "revert, holding claims on both hosts",
             migration.instance_uuid,
+            "resized" if kind is RESIZE else "migrated",
             migration.source_compute,
             dest.host,
+            kind.migration_type,
             migration.uuid,
-            extra={**extra(migration), "decision": "migration_finished"},
+            extra={**extra(migration), "decision": f"{kind.migration_type}_finished"},
         )
     return _Arrival.ARRIVED
 

@@ -170,7 +170,11 @@ async def finish_revert(
         source = await compute_nodes.host_state_by_id(conn, migration.source_compute_id, down_time)
         await allocations.release(conn, migration.uuid, migration.dest_compute_id)
         instance = await instances.relink(
-            conn, migration.instance_uuid, task=TaskState.RESIZE_REVERTING, node=source.node
+            conn,
+            migration.instance_uuid,
+            task=TaskState.RESIZE_REVERTING,
+            node=source.node,
+            flavor=migration.old_flavor,
         )
         if instance is None:
             await moves.swap_status(

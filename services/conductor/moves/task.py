@@ -50,7 +50,7 @@ from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoVal
 from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance, RequestedDestination
-from shared.objects.migration import EVACUATION, KINDS, MIGRATION, Migration, MigrationStatus
+from shared.objects.migration import EVACUATION, KINDS, Migration, MigrationStatus
 from shared.objects.states import VmState
 
 LOG = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class MoveTask(TaskBase):
         if destination is None:
             return
         source_disk = None
-        if self.kind is MIGRATION:
+        if self.kind is not EVACUATION:
             source_disk = await self._stop_source(migration, instance)
         await self._send_build(instance, destination, source_disk)
 
@@ -201,6 +201,8 @@ class MoveTask(TaskBase):
                 "ignore_nodes": ignore,
                 "consumer_uuid": migration.uuid,
                 "requested_destination": destination,
+                # A resize is claimed, and built, with the flavor it resizes to.
+                "flavor": migration.new_flavor or spec.flavor,
             }
         )
         return await self.scheduler.select_destinations(self.ctx, spec)
@@ -278,6 +280,8 @@ class MoveTask(TaskBase):
             boot = None
             if self.boot_images is not None:
                 boot = await self.boot_images.source(conn, instance.image_ref)
+        if self.migration is not None and self.migration.new_flavor is not None:
+            instance = instance.model_copy(update={"flavor": self.migration.new_flavor})
         spec = instance_spec(
             instance,
             destination.node.hypervisor_hostname,
