@@ -268,3 +268,32 @@ async def test_a_destination_killed_mid_move_is_ended_by_the_move_deadline(
         come_back(cloud, "mv-b")
     await cloud.wait_for_service("mv-b", up=True)
     await cloud.delete_server(sid)
+
+
+async def test_resize_with_the_cli_confirm_and_revert(cloud: Cloud, restored: None) -> None:
+    """`openstack server resize --flavor`, then `resize confirm`; again, then `revert`."""
+    sid = str((await on(cloud, "mv-a", "mv-resized"))["id"])
+
+    cloud.openstack("server", "resize", "--flavor", "m1.small", sid, as_json=False)
+    waiting = await until_server(cloud, sid, "VERIFY_RESIZE")
+    assert waiting["flavor"]["original_name"] == "m1.small"
+    moved_to = waiting["OS-EXT-SRV-ATTR:host"]
+    assert moved_to != "mv-a"
+    assert (await until_record(cloud, sid, "finished"))["migration_type"] == "resize"
+    cloud.openstack("server", "resize", "confirm", sid, as_json=False)
+    await until_record(cloud, sid, "confirmed")
+    confirmed = await until_server(cloud, sid, "ACTIVE")
+    assert confirmed["flavor"]["original_name"] == "m1.small"
+    assert await claimed_on(cloud, sid) == [moved_to]
+    assert not guest(cloud, "mv-a", sid).exists()
+
+    cloud.openstack("server", "resize", "--flavor", "m1.medium", sid, as_json=False)
+    await until_server(cloud, sid, "VERIFY_RESIZE")
+    cloud.openstack("server", "resize", "revert", sid, as_json=False)
+    await until_record(cloud, sid, "reverted")
+    reverted = await until_server(cloud, sid, "ACTIVE")
+    assert reverted["flavor"]["original_name"] == "m1.small"
+    assert reverted["OS-EXT-SRV-ATTR:host"] == moved_to
+    assert await claimed_on(cloud, sid) == [moved_to]
+    assert guest(cloud, moved_to, sid).is_dir()
+    await cloud.delete_server(sid)

@@ -28,9 +28,7 @@ MAX_MICROVERSION = "2.74"
 #: Tempest's [compute-feature-enabled] flags for what keel serves and lacks.
 FEATURES: dict[str, bool] = {
     "cold_migration": True,
-    # Resize (a cold migration with a new flavor) is not built yet: the move workflow
-    # carries no flavor change.
-    "resize": False,
+    "resize": True,
     "pause": True,
     "suspend": True,
     "shelve": False,
