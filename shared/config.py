@@ -34,6 +34,7 @@ from pydantic_settings import (
 
 from shared.exceptions import ConfigError
 from shared.faults import POINTS
+from shared.rpc.broker_url import node_urls
 from shared.versions import SERVICE_VERSION, parse_version, release_number
 
 ENV_PREFIX = "KEEL_"
@@ -72,8 +73,11 @@ class RpcSettings(_Group):
     #: Seconds a handler meeting transient failures is retried within one delivery before
     #: its message is returned to the queue.
     handler_retry_timeout: float = Field(default=10.0, gt=0)
+    #: Replicas of a topic's quorum queue when it is created (RabbitMQ's
+    #: ``x-quorum-initial-group-size``; it places ``min(this, cluster nodes)``).
+    quorum_group_size: int = Field(default=3, ge=1, le=255)
     #: RabbitMQ's management API, for ``keel-manage agent``; unset, port 15672 of the
-    #: transport URL's host, as the transport URL's user.
+    #: transport URL's first host, as the transport URL's user.
     management_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
 
@@ -403,8 +407,7 @@ class Settings(BaseSettings):
     @field_validator("transport_url")
     @classmethod
     def _amqp_url(cls, value: str) -> str:
-        if not value.startswith(("amqp://", "amqps://")):
-            raise ValueError("must be an amqp:// or amqps:// URL")
+        node_urls(value)  # BadBrokerUrl is a ValueError: the setting is named
         return value
 
     @field_validator("database_url")

@@ -33,6 +33,7 @@
     └── MessagingError
         ├── MessagingTimeout        no reply to a call within its timeout
         ├── Unroutable              no queue is bound for the call's topic
+        ├── ReplyQueueLost          the caller's reply queue went away before the answer came
         ├── RemoteError             the remote side failed with an error not on the allow-list
         ├── NoSuchMethod            the server has no such RPC method
         ├── UnsupportedVersion      the server does not speak the requested RPC version
@@ -212,6 +213,15 @@ class MessagingTimeout(MessagingError):
 
 class Unroutable(MessagingError):
     pass
+
+
+class ReplyQueueLost(MessagingError):
+    """A call's reply queue went away before the answer came: the caller's connection to
+    RabbitMQ dropped (its node died, restarted or was paused) while it waited.
+
+    The request may or may not have been handled; a call that is safe to repeat is sent
+    again (:meth:`shared.rpc.client.RPCClient.call` with ``idempotent=True``).
+    """
 
 
 class RemoteError(MessagingError):

@@ -369,7 +369,7 @@ class ConductorAPI:
             identity_file=identity_file,
         )
         return await self.client.call(
-            ctx, "resolve_compute", req, version="1.3", returns=ComputeResolution
+            ctx, "resolve_compute", req, version="1.3", returns=ComputeResolution, idempotent=True
         )
 
     async def service_heartbeat(
@@ -391,7 +391,9 @@ class ConductorAPI:
             resources=resources,
             self_fence_after=fence,
         )
-        await self.client.call(ctx, "service_heartbeat", req, version=at, timeout=timeout)
+        await self.client.call(
+            ctx, "service_heartbeat", req, version=at, timeout=timeout, idempotent=True
+        )
 
     async def instance_build_result(
         self, ctx: RequestContext, instance_uuid: UUID, *, success: bool, message: str = ""
@@ -406,7 +408,9 @@ class ConductorAPI:
         if not await self.client.can_send_version("1.1"):
             return None
         req = CheckBuild(instance_uuid=instance_uuid, compute_node_uuid=compute_node_uuid)
-        return await self.client.call(ctx, "check_build", req, version="1.1", returns=BuildCheck)
+        return await self.client.call(
+            ctx, "check_build", req, version="1.1", returns=BuildCheck, idempotent=True
+        )
 
     async def instance_action_result(
         self,

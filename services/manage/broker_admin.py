@@ -1,8 +1,8 @@
 """Managing RabbitMQ users through its management HTTP API (the ``rabbitmq_management``
 plugin), for ``keel-manage agent``.
 
-The API is reached at ``KEEL_RPC__MANAGEMENT_URL``, by default port 15672 of the host in
-``KEEL_TRANSPORT_URL``, as that URL's user (it must have the ``administrator`` tag); the
+The API is reached at ``KEEL_RPC__MANAGEMENT_URL``, by default port 15672 of the (first)
+host in ``KEEL_TRANSPORT_URL``, as that URL's user (it must have the ``administrator`` tag); the
 virtual host is the one in ``KEEL_TRANSPORT_URL``. Every failure becomes one
 :class:`~shared.exceptions.KeelError` that says what to do; passwords never appear in it.
 """
@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote, urlsplit
 from shared.config import Settings
 from shared.exceptions import KeelError
 from shared.rpc.agent_users import Permissions
+from shared.rpc.broker_url import node_urls
 
 #: Seconds one request to the management API may take.
 TIMEOUT = 15.0
@@ -36,7 +37,7 @@ class BrokerAdmin:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BrokerAdmin:
-        transport = urlsplit(settings.transport_url)
+        transport = urlsplit(node_urls(settings.transport_url)[0])
         vhost = unquote(transport.path[1:]) if len(transport.path) > 1 else "/"
         configured = settings.rpc.management_url
         api = urlsplit(configured) if configured else None

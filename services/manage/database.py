@@ -57,8 +57,12 @@ def redact(url: str) -> str:
 
 
 def server_of(url: str) -> str:
-    """``host:port`` of the server a URL points at, for messages."""
+    """``host:port`` of the server a URL points at (each of them, for a URL naming a
+    primary and its standbys), for messages."""
     parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    if "," in hosts:
+        return hosts
     return f"{parts.hostname or 'localhost'}:{parts.port or 5432}"
 
 
@@ -67,7 +71,12 @@ async def _connect(url: str) -> asyncpg.Connection:
         conn: asyncpg.Connection = await asyncpg.connect(url, timeout=CONNECT_TIMEOUT)
     except asyncpg.InvalidCatalogNameError:
         raise
-    except (OSError, TimeoutError, asyncpg.CannotConnectNowError) as exc:
+    except (
+        OSError,
+        TimeoutError,
+        asyncpg.CannotConnectNowError,
+        asyncpg.TargetServerAttributeNotMatched,
+    ) as exc:
         raise KeelError(
             f"cannot reach PostgreSQL at {server_of(url)} ({_reason(exc)}): {_START_HINT}"
         ) from None

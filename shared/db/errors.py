@@ -4,8 +4,10 @@ Two kinds of failure go away on their own:
 
 * **the database cannot be reached** (:func:`is_unavailable`): the connection was
   refused, lost in the middle of a query or closed under us, the server is starting,
-  shutting down or out of connection slots, or a connection or query timed out. The
-  next attempt gets a fresh connection from the pool; it succeeds once PostgreSQL is
+  shutting down or out of connection slots, a connection or query timed out, or — with
+  several servers in ``KEEL_DATABASE_URL`` and ``target_session_attrs=read-write`` —
+  none of them is a primary yet (a standby is being promoted). The next attempt gets a
+  fresh connection from the pool; it succeeds once PostgreSQL (or its new primary) is
   back.
 * **a transaction lost a race** (:func:`is_conflict`): a serialization failure or a
   deadlock. PostgreSQL rolled the transaction back; running the whole transaction again
@@ -32,6 +34,8 @@ _UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,  # 57P01
     asyncpg.CrashShutdownError,  # 57P02
     asyncpg.TooManyConnectionsError,  # 53300
+    # None of the servers of a multi-host URL accepts writes (yet): a failover.
+    asyncpg.TargetServerAttributeNotMatched,
 )
 _CONFLICT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.SerializationError,  # 40001
@@ -54,6 +58,10 @@ _NETWORK_ERRNOS = frozenset(
 )
 #: How asyncpg says a connection closed under a caller that still held it.
 _CLOSED_MESSAGES = ("connection is closed", "connection was closed")
+#: How asyncpg says a connection is out of step with its server: an idle pooled
+#: connection that received the server's last words (``FATAL: terminating connection``)
+#: just before the connection dropped, and was handed out before the drop was noticed.
+_DESYNCED_MESSAGE = "cannot switch to state"
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -69,6 +77,8 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.InterfaceError):
         text = str(exc)
         return any(message in text for message in _CLOSED_MESSAGES)
+    if isinstance(exc, asyncpg.InternalClientError):
+        return _DESYNCED_MESSAGE in str(exc)
     return False
 
 

@@ -11,6 +11,16 @@ A connection that broke (the server restarted, the network was cut) is dropped b
 pool when it is released and replaced by a fresh one on the next ``acquire()``, so the
 pool recovers by itself once PostgreSQL is back: no process needs a restart. Whether an
 error is worth retrying is decided in :mod:`shared.db.errors`.
+
+With a primary and standbys, ``KEEL_DATABASE_URL`` names them all and asks for the one
+that takes writes, as libpq does::
+
+    postgresql://keel:secret@db1:5432,db2:5432/keel?target_session_attrs=read-write
+
+Every new connection tries the servers in turn and keeps the first that is a primary.
+When the primary dies, the pool's connections to it break, and the next ones go to
+whichever standby was promoted; until one is, connecting fails as an outage does (a
+503 from keel-api, a transient failure for an RPC handler).
 """
 
 from __future__ import annotations
@@ -37,7 +47,12 @@ Pool = asyncpg.Pool
 #: What query functions accept: a plain connection or one borrowed from the pool.
 Connection = asyncpg.Connection | PoolConnectionProxy
 
-_CONNECT_ERRORS = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+_CONNECT_ERRORS = (
+    OSError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.TargetServerAttributeNotMatched,
+)
 #: asyncpg's defaults for what keel does not configure.
 _MAX_QUERIES = 50_000
 _MAX_INACTIVE_LIFETIME = 300.0

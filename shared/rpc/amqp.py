@@ -8,11 +8,18 @@ caller by correlation id.
 
 Calls and casts are published ``mandatory`` on a channel with publisher confirms, so a
 topic nobody serves fails at once with :class:`~shared.exceptions.Unroutable` instead
-of after the call timeout, and a cast has been taken by the broker (persisted) when
-``cast`` returns. The connection is robust: after a broker restart or a network cut it
-reconnects and re-declares queues, bindings and consumers by itself; calls that were
-waiting when the connection dropped fail with a ``MessagingError``, and messages being
-handled when it dropped are delivered again (handlers are idempotent).
+of after the call timeout, and a cast has been taken by the broker (persisted, and
+replicated to a quorum of the queue's nodes) when ``cast`` returns.
+
+The connection goes to any node of the cluster ``KEEL_TRANSPORT_URL`` lists and is
+opened again, to the next node, when it drops (:mod:`shared.rpc.amqp_connection`).
+Each reconnection declares the exchanges and a new reply queue and attaches every
+consumer again; a consumer the broker cancels (its queue moved or was deleted) attaches
+again by itself. A message published but not yet confirmed when the connection dropped
+is published again once it is back (receivers are idempotent). A call already sent whose
+reply queue went with the connection fails at once with
+:class:`~shared.exceptions.ReplyQueueLost`; messages being handled when it dropped are
+delivered again by the broker.
 
 Each consumed message is settled as its handler's :class:`~shared.rpc.transport.Settlement`
 says: acknowledged, returned to the queue, or dead-lettered — published to the
@@ -25,38 +32,28 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import aio_pika
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractConnection,
     AbstractExchange,
     AbstractIncomingMessage,
-    AbstractQueue,
-    AbstractRobustChannel,
-    AbstractRobustConnection,
     DeliveryMode,
 )
 from aiormq.exceptions import (
-    AMQPConnectionError,
-    AMQPError,
-    AuthenticationError,
-    ChannelInvalidStateError,
     DeliveryError,
-    ProbableAuthenticationError,
     PublishError,
 )
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_delay,
-    wait_random_exponential,
-)
-from yarl import URL
 
 from shared.config import Settings
-from shared.exceptions import MessagingError, MessagingTimeout, Unroutable
+from shared.exceptions import MessagingError, MessagingTimeout, ReplyQueueLost, Unroutable
 from shared.rpc import agent_users
+from shared.rpc.amqp_connection import BrokerConnection, backoff
+from shared.rpc.amqp_consumer import CHANNEL_ERRORS as _CHANNEL_ERRORS
+from shared.rpc.amqp_consumer import TopicConsumer
 from shared.rpc.amqp_topology import (
     CALL,
     CAST,
@@ -65,148 +62,52 @@ from shared.rpc.amqp_topology import (
     TOPIC_HEADER,
     Topology,
     TopologyMissing,
-    delivery_count,
     routing_key,
 )
+from shared.rpc.broker_url import user_of, without_credentials
 from shared.rpc.envelope import CONTENT_TYPE
 from shared.rpc.transport import (
     Consumer,
     DeadLetter,
     Handler,
     IncomingMessage,
-    Settle,
-    Settlement,
     Transport,
 )
 
 LOG = logging.getLogger(__name__)
 
-#: Broker-side failures of an operation on a channel or connection that is going away.
-_CHANNEL_ERRORS = (AMQPError, ChannelInvalidStateError, OSError)
-#: Seconds one connection attempt may take before it counts as failed.
-_ATTEMPT_TIMEOUT = 10.0
+#: Seconds between a publish the broker did not confirm and sending it again.
+RESEND_PAUSE = 0.05
 
 
-def _is_transient(exc: BaseException) -> bool:
-    """A connection failure worth retrying: not a refusal of our credentials."""
-    if isinstance(exc, AuthenticationError | ProbableAuthenticationError):
-        return False
-    return isinstance(exc, AMQPConnectionError | OSError)
+#: Seconds a publish RabbitMQ keeps refusing (nack) is sent again before giving up.
+REFUSED_FOR = 10.0
 
 
-def _where(url: str) -> str:
-    """The broker address without credentials, for logs and errors."""
-    return str(URL(url).with_user(None))
+class _NotConfirmed(Exception):
+    """The connection or channel went away before the broker confirmed a publish."""
 
 
-def _incoming(message: AbstractIncomingMessage) -> IncomingMessage:
-    return IncomingMessage(
-        body=message.body,
-        message_id=message.message_id,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        redelivered=bool(message.redelivered),
-        delivery_count=delivery_count(message),
-        user_id=message.user_id,
-    )
+class _Refused(Exception):
+    """RabbitMQ refused a publish (a nack): its queue could not take it."""
 
 
-class _AmqpConsumer(Consumer):
-    """One topic queue consumed on its own channel; each message in its own task."""
+@dataclass(frozen=True)
+class _Publisher:
+    """A channel with publisher confirms, and the two exchanges on it."""
 
-    def __init__(
-        self, transport: AmqpTransport, channel: AbstractChannel, queue: AbstractQueue, topic: str
-    ) -> None:
-        self._transport = transport
-        self._channel = channel
-        self._queue = queue
-        self._topic = topic
-        self._handler: Handler | None = None
-        self._tag: str | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._stopped = False
+    channel: AbstractChannel
+    exchange: AbstractExchange
+    dead: AbstractExchange
 
-    async def start(self, handler: Handler) -> None:
-        self._handler = handler
-        self._tag = await self._queue.consume(self._on_message)
-
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        if self._stopped:
-            # Left unacknowledged: closing the channel returns it to the queue.
-            return
-        task = asyncio.get_running_loop().create_task(self._process(message))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _process(self, message: AbstractIncomingMessage) -> None:
-        assert self._handler is not None
-        incoming = _incoming(message)
-        try:
-            settlement = await self._handler(incoming)
-        except Exception as exc:
-            LOG.exception(
-                "handler for %s failed on message %s; dead-lettering it",
-                self._queue.name,
-                message.message_id,
-            )
-            settlement = Settlement(Settle.DEAD_LETTER, None, f"{type(exc).__name__}: {exc}")
-        await self._transport.send_reply(message, settlement.reply)
-        await self._settle(message, incoming, settlement)
-
-    async def _settle(
-        self, message: AbstractIncomingMessage, incoming: IncomingMessage, settlement: Settlement
-    ) -> None:
-        try:
-            if settlement.settle is Settle.ACK:
-                await message.ack()
-            elif settlement.settle is Settle.REQUEUE:
-                await message.nack(requeue=True)
-            elif await self._transport.dead_letter(self._topic, incoming, settlement.reason):
-                await message.ack()
-            else:
-                await message.reject(requeue=False)
-        except _CHANNEL_ERRORS as exc:
-            LOG.warning(
-                "could not settle message %s on %s (%s; the broker will deliver it again): %r",
-                message.message_id,
-                self._queue.name,
-                settlement.settle.value,
-                exc,
-            )
-
-    async def stop(self, drain_timeout: float = 30.0) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        if self._tag is not None:
-            try:
-                await self._queue.cancel(self._tag)
-            except _CHANNEL_ERRORS as exc:
-                LOG.warning("could not cancel the consumer of %s: %s", self._queue.name, exc)
-        if self._tasks:
-            LOG.info(
-                "draining %d in-flight message(s) on %s (up to %gs)",
-                len(self._tasks),
-                self._queue.name,
-                drain_timeout,
-            )
-            _, pending = await asyncio.wait(set(self._tasks), timeout=drain_timeout)
-            if pending:
-                LOG.warning(
-                    "%d message(s) on %s still in flight after %gs; returning them to the queue",
-                    len(pending),
-                    self._queue.name,
-                    drain_timeout,
-                )
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-        try:
-            await self._channel.close()
-        except _CHANNEL_ERRORS as exc:
-            LOG.warning("could not close the channel of %s: %s", self._queue.name, exc)
-        self._transport.forget(self)
-        LOG.info("stopped consuming %s", self._queue.name)
+    @classmethod
+    async def open(cls, connection: AbstractConnection, topology: Topology) -> _Publisher:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        return cls(
+            channel,
+            await channel.get_exchange(topology.exchange, ensure=False),
+            await channel.get_exchange(topology.dead_exchange, ensure=False),
+        )
 
 
 class AmqpTransport(Transport):
@@ -220,12 +121,13 @@ class AmqpTransport(Transport):
         queue_expires: float | None = None,
         connect_timeout: float = 60.0,
         delivery_limit: int = 5,
+        quorum_group_size: int = 3,
     ) -> None:
         self.url = url
         #: The broker user this transport connects as. Every message it publishes says so
         #: in its AMQP ``user_id``, which RabbitMQ checks against the connection's user:
         #: a message claiming to come from another user is refused by the broker.
-        self.user = URL(url).user or "guest"
+        self.user = user_of(url)
         #: An agent connecting as its own user may not declare the shared topology
         #: (:mod:`shared.rpc.agent_users`); it only checks that the exchanges exist.
         self.declares_topology = agent_users.service_of(self.user) is None
@@ -233,19 +135,23 @@ class AmqpTransport(Transport):
         self.queue_expires = queue_expires
         self.connect_timeout = connect_timeout
         self.topology = Topology(
-            exchange, delivery_limit=delivery_limit, queue_expires=queue_expires
+            exchange,
+            delivery_limit=delivery_limit,
+            queue_expires=queue_expires,
+            quorum_group_size=quorum_group_size,
         )
         self.reply_queue = f"{exchange}.reply.{uuid.uuid4()}"
-        self._connection: AbstractRobustConnection | None = None
-        self._channel: AbstractRobustChannel | None = None
+        #: The connection to the cluster, from :meth:`connect` to :meth:`close`.
+        self.broker: BrokerConnection | None = None
+        self._publisher: _Publisher | None = None
+        self._reopening = asyncio.Lock()
         #: Replies go out on a channel without publisher confirms: waiting for the
         #: broker's confirm of each reply held the request (and its prefetch slot) for a
         #: round trip; a reply that is lost makes its caller time out, as it would anyway.
+        #: The reply queue is consumed on it too.
         self._reply_channel: AbstractChannel | None = None
-        self._exchange: AbstractExchange | None = None
-        self._dead_exchange: AbstractExchange | None = None
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
-        self._consumers: set[_AmqpConsumer] = set()
+        self._consumers: set[TopicConsumer] = set()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AmqpTransport:
@@ -256,99 +162,65 @@ class AmqpTransport(Transport):
             queue_expires=settings.rpc.queue_expires,
             connect_timeout=settings.rpc.connect_timeout,
             delivery_limit=settings.rpc.delivery_limit,
+            quorum_group_size=settings.rpc.quorum_group_size,
         )
 
-    def _log_retry(self, state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome else None
-        elapsed = state.seconds_since_start or 0.0
-        LOG.warning(
-            "RabbitMQ at %s not reachable (attempt %d): %s; retrying in %.1fs, giving up in %.0fs",
-            _where(self.url),
-            state.attempt_number,
-            error,
-            state.upcoming_sleep,
-            max(self.connect_timeout - elapsed, 0.0),
-        )
-
-    async def _open_connection(self) -> AbstractRobustConnection:
-        """Connect, retrying transient failures for ``connect_timeout`` seconds."""
-        where = _where(self.url)
-        jitter = wait_random_exponential(multiplier=0.5, max=5)
-
-        def backoff(state: RetryCallState) -> float:
-            remaining = self.connect_timeout - (state.seconds_since_start or 0.0)
-            return max(min(jitter(state), remaining), 0.0)
-
-        try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_is_transient),
-                stop=stop_after_delay(self.connect_timeout),
-                wait=backoff,
-                before_sleep=self._log_retry,
-                reraise=True,
-            ):
-                with attempt:
-                    return await aio_pika.connect_robust(
-                        self.url, timeout=min(_ATTEMPT_TIMEOUT, self.connect_timeout)
-                    )
-        except (AuthenticationError, ProbableAuthenticationError) as exc:
-            raise MessagingError(
-                f"RabbitMQ at {where} refused the connection: {exc}; "
-                "check the user, password and vhost in KEEL_TRANSPORT_URL"
-            ) from None
-        except (AMQPConnectionError, OSError) as exc:
-            raise MessagingError(
-                f"cannot connect to RabbitMQ at {where} within {self.connect_timeout:g}s: {exc}"
-            ) from None
-        raise AssertionError("unreachable: the retry loop returns or raises")
+    @property
+    def node(self) -> str | None:
+        """``host:port`` of the RabbitMQ node this transport is connected to now."""
+        return self.broker.node if self.broker and self.broker.connection else None
 
     async def connect(self) -> None:
-        if self._connection is not None:
+        if self.broker is not None:
             return
-        started = time.monotonic()
-        while True:
-            connection = await self._open_connection()
-            try:
-                await self._declare(connection)
-                break
-            except TopologyMissing as missing:
-                await connection.close()
-                # An agent on its own broker user started before keel-conductor ever
-                # did: wait for the exchanges (bounded), as for the broker itself.
-                left = self.connect_timeout - (time.monotonic() - started)
-                if left <= 0:
-                    raise
-                LOG.warning("%s; retrying for another %.0fs", missing.message, left)
-                await asyncio.sleep(min(2.0, left))
-            except BaseException:
-                await connection.close()
-                raise
-        self._connection = connection
-        LOG.info("connected to RabbitMQ at %s, exchange %s", _where(self.url), self.exchange)
-
-    async def _declare(self, connection: AbstractRobustConnection) -> None:
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange, dead = await self.topology.declare_exchanges(
-            channel, passive=not self.declares_topology
+        broker = BrokerConnection(
+            self.url,
+            connect_timeout=self.connect_timeout,
+            on_connect=self._on_connect,
+            on_lost=self._on_lost,
+            # An agent on its own broker user started before keel-conductor ever did:
+            # wait for the exchanges (bounded), as for the broker itself.
+            retry_first=(TopologyMissing,),
         )
-        replies = await channel.declare_queue(self.reply_queue, exclusive=True, auto_delete=True)
-        await replies.consume(self._on_reply, no_ack=True)
-        channel.close_callbacks.add(self._on_channel_closed)
-        self._reply_channel = await connection.channel(publisher_confirms=False)
-        self._channel = channel
-        self._exchange = exchange
-        self._dead_exchange = dead
+        await broker.open()
+        self.broker = broker
+        LOG.info("connected to RabbitMQ at %s, exchange %s", broker.where, self.exchange)
 
-    def _on_channel_closed(self, _sender: object, exc: BaseException | None = None) -> None:
-        reason = f"connection to RabbitMQ lost: {exc}" if exc else "channel to RabbitMQ closed"
-        self._fail_waiting(reason)
+    async def _on_connect(self, connection: AbstractConnection) -> None:
+        """Declare what this transport needs on a new connection and consume again."""
+        publisher = await _Publisher.open(connection, self.topology)
+        await self.topology.declare_exchanges(publisher.channel, passive=not self.declares_topology)
+        if self.declares_topology:
+            await self.topology.declare_dead_letter_queues(connection)
+        replies = await connection.channel(publisher_confirms=False)
+        queue = await replies.declare_queue(self.reply_queue, exclusive=True, auto_delete=True)
+        await queue.consume(self._on_reply, no_ack=True)
+        replies.close_callbacks.add(self._on_reply_channel_closed)
+        for consumer in list(self._consumers):
+            await consumer.attach(connection)
+        self._publisher, self._reply_channel = publisher, replies
 
-    def _fail_waiting(self, reason: str) -> None:
+    def _on_lost(self, reason: str) -> None:
+        self._publisher = None
+        self._reply_channel = None
+        for consumer in self._consumers:
+            consumer.detach()
+        self._fail_waiting(ReplyQueueLost(f"{reason}; the reply queue went with it"))
+
+    def _on_reply_channel_closed(self, sender: object, exc: BaseException | None = None) -> None:
+        if sender is self._reply_channel:
+            self._fail_waiting(
+                ReplyQueueLost(f"the channel of the reply queue closed: {exc or 'closed'}")
+            )
+
+    def _fail_waiting(self, error: MessagingError) -> None:
         waiting = [f for f in self._waiting.values() if not f.done()]
         if waiting:
-            LOG.warning("failing %d call(s) still waiting for a reply: %s", len(waiting), reason)
+            LOG.warning(
+                "failing %d call(s) still waiting for a reply: %s", len(waiting), error.message
+            )
         for future in waiting:
-            future.set_exception(MessagingError(reason))
+            future.set_exception(error)
 
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
         future = self._waiting.get(message.correlation_id or "")
@@ -357,38 +229,45 @@ class AmqpTransport(Transport):
             return
         future.set_result(message.body)
 
-    def _connected(self) -> AbstractExchange:
-        if self._exchange is None:
+    async def _ready(self) -> _Publisher:
+        """The publishing channel, once the connection is back if it was lost."""
+        if self.broker is None:
             raise MessagingError("the RabbitMQ transport is not connected")
-        return self._exchange
+        connection = await self.broker.ready(self.connect_timeout)
+        publisher = self._publisher
+        if publisher is not None and not publisher.channel.is_closed:
+            return publisher
+        async with self._reopening:
+            # Closed by a channel-level error while the connection lives: open another.
+            publisher = self._publisher
+            if publisher is None or publisher.channel.is_closed:
+                try:
+                    publisher = await _Publisher.open(connection, self.topology)
+                except (*_CHANNEL_ERRORS, RuntimeError) as exc:
+                    # RuntimeError: the connection closed and has not said so yet.
+                    raise _NotConfirmed(str(exc)) from None
+                self._publisher = publisher
+            return publisher
 
-    async def _ready(self) -> AbstractExchange:
-        """The exchange to publish on, once the connection is back if it was lost."""
-        exchange = self._connected()
-        if self._channel is not None and self._channel.is_closed:
-            LOG.info("waiting for the connection to RabbitMQ to come back before publishing")
-            try:
-                async with asyncio.timeout(self.connect_timeout):
-                    await self._channel.ready()
-            except TimeoutError:
-                raise MessagingError(
-                    f"RabbitMQ at {_where(self.url)} unreachable for {self.connect_timeout:g}s"
-                ) from None
-        return exchange
-
-    async def _publish(self, kind: str, topic: str, message: aio_pika.Message) -> None:
-        exchange = await self._ready()
+    async def _publish_once(self, kind: str, topic: str, message: aio_pika.Message) -> None:
+        publisher = await self._ready()
         try:
-            await exchange.publish(message, routing_key=routing_key(kind, topic), mandatory=True)
+            await publisher.exchange.publish(
+                message, routing_key=routing_key(kind, topic), mandatory=True
+            )
         except PublishError:
             raise Unroutable(
                 f"no queue is bound for topic {topic!r} on exchange {self.exchange}: "
                 "is the service for that topic running?"
             ) from None
         except DeliveryError as exc:
-            raise MessagingError(f"RabbitMQ refused a message for {topic!r}: {exc}") from None
+            # A quorum queue without a leader refuses; and a channel opened while its
+            # leader was being elected may go on refusing after there is one, when a
+            # new channel gets through. So: the next attempt is on a new channel.
+            await self._drop_publisher(publisher)
+            raise _Refused(str(exc)) from None
         except _CHANNEL_ERRORS as exc:
-            raise MessagingError(f"cannot publish to {topic!r}: {exc}") from None
+            raise _NotConfirmed(str(exc) or type(exc).__name__) from None
         except asyncio.CancelledError:
             # A channel that closes cancels the confirmations it still owes: that is a
             # lost connection, not a cancellation of this task (which would leave, say,
@@ -396,14 +275,71 @@ class AmqpTransport(Transport):
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise
-            raise MessagingError(
-                f"cannot publish to {topic!r}: the channel closed before RabbitMQ confirmed it"
-            ) from None
+            raise _NotConfirmed("the channel closed before RabbitMQ confirmed it") from None
+
+    async def _drop_publisher(self, publisher: _Publisher) -> None:
+        if self._publisher is publisher:
+            self._publisher = None
+        if not publisher.channel.is_closed:
+            try:
+                await publisher.channel.close()
+            except _CHANNEL_ERRORS as exc:
+                LOG.debug("closing a publishing channel: %r", exc)
+
+    async def _publish(
+        self,
+        kind: str,
+        topic: str,
+        message: aio_pika.Message,
+        before_each: Callable[[], None] | None = None,
+    ) -> None:
+        """Publish until RabbitMQ confirms: again, on the new connection, when the old one
+        went away first; again, on a new channel, when it refused (for ``REFUSED_FOR``
+        seconds at most). The caller bounds the whole. ``before_each`` runs before each
+        attempt."""
+        refused_since: float | None = None
+        refusals = 0
+        while True:
+            if before_each is not None:
+                before_each()
+            try:
+                await self._publish_once(kind, topic, message)
+                return
+            except _NotConfirmed as lost:
+                await self._resending(kind, topic, message, str(lost))
+            except _Refused as refused:
+                now = time.monotonic()
+                refused_since = refused_since or now
+                if now - refused_since >= REFUSED_FOR:
+                    raise MessagingError(
+                        f"RabbitMQ refused a message for {topic!r} for {REFUSED_FOR:g}s: {refused}"
+                    ) from None
+                refusals += 1
+                pause = backoff(refusals)
+                LOG.warning(
+                    "RabbitMQ refused %s %s to %s (%s); sending it again on a new channel in %.1fs",
+                    kind,
+                    message.message_id,
+                    topic,
+                    refused,
+                    pause,
+                )
+                await asyncio.sleep(pause)
+
+    async def _resending(self, kind: str, topic: str, message: aio_pika.Message, why: str) -> None:
+        """Log that ``message`` goes out again, after a pause for the loss to be seen."""
+        LOG.warning(
+            "%s %s to %s not confirmed by RabbitMQ before its connection went away (%s); "
+            "sending it again",
+            kind,
+            message.message_id,
+            topic,
+            why,
+        )
+        await asyncio.sleep(RESEND_PAUSE)
 
     async def call(self, topic: str, body: bytes, *, message_id: str, timeout: float) -> bytes:
         correlation_id = str(uuid.uuid4())
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._waiting[correlation_id] = future
         message = aio_pika.Message(
             body,
             content_type=CONTENT_TYPE,
@@ -414,10 +350,19 @@ class AmqpTransport(Transport):
             delivery_mode=DeliveryMode.NOT_PERSISTENT,
             user_id=self.user,
         )
+        loop = asyncio.get_running_loop()
+
+        def wait_for_reply() -> None:
+            # An attempt after the connection was lost goes out with a new reply queue:
+            # the failure of the old one is not its answer.
+            waiting = self._waiting.get(correlation_id)
+            if waiting is None or waiting.done():
+                self._waiting[correlation_id] = loop.create_future()
+
         try:
             async with asyncio.timeout(timeout):
-                await self._publish(CALL, topic, message)
-                return await future
+                await self._publish(CALL, topic, message, wait_for_reply)
+                return await self._waiting[correlation_id]
         except TimeoutError:
             raise MessagingTimeout(f"no reply from {topic} within {timeout:g}s") from None
         finally:
@@ -431,7 +376,14 @@ class AmqpTransport(Transport):
             delivery_mode=DeliveryMode.PERSISTENT,
             user_id=self.user,
         )
-        await self._publish(CAST, topic, message)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._publish(CAST, topic, message)
+        except TimeoutError:
+            raise MessagingError(
+                f"RabbitMQ at {without_credentials(self.url)} did not take a cast to {topic} "
+                f"within {self.connect_timeout:g}s"
+            ) from None
 
     async def dead_letter(self, topic: str, message: IncomingMessage, reason: str) -> bool:
         """Publish a copy of ``message`` to the dead-letter exchange with ``reason``.
@@ -453,10 +405,9 @@ class AmqpTransport(Transport):
             },
         )
         try:
-            await self._ready()
-            assert self._dead_exchange is not None
-            await self._dead_exchange.publish(copy, routing_key=routing_key(kind, topic))
-        except (MessagingError, *_CHANNEL_ERRORS) as exc:
+            publisher = await self._ready()
+            await publisher.dead.publish(copy, routing_key=routing_key(kind, topic))
+        except (MessagingError, _NotConfirmed, *_CHANNEL_ERRORS) as exc:
             LOG.warning(
                 "could not dead-letter message %s with its reason: %r", message.message_id, exc
             )
@@ -481,11 +432,16 @@ class AmqpTransport(Transport):
             correlation_id=request.correlation_id,
             user_id=self.user,
         )
-        if self._reply_channel is None:
-            LOG.warning("cannot reply to message %s: transport closed", request.message_id)
+        channel = self._reply_channel
+        if channel is None or channel.is_closed:
+            LOG.warning(
+                "cannot reply to message %s: no connection to RabbitMQ (its caller will "
+                "time out or has lost its reply queue)",
+                request.message_id,
+            )
             return
         try:
-            await self._reply_channel.default_exchange.publish(
+            await channel.default_exchange.publish(
                 reply, routing_key=request.reply_to, mandatory=False
             )
         except _CHANNEL_ERRORS as exc:
@@ -496,44 +452,56 @@ class AmqpTransport(Transport):
             )
 
     async def serve(self, topic: str, handler: Handler, *, prefetch: int) -> Consumer:
-        if self._connection is None:
+        if self.broker is None:
             raise MessagingError("the RabbitMQ transport is not connected")
-        await self.topology.ensure_topic_queue(self._connection, topic)
-        channel = await self._connection.channel(publisher_confirms=False)
-        try:
-            await channel.set_qos(prefetch_count=prefetch)
-            queue = await self.topology.bind_topic_queue(channel, topic)
-            consumer = _AmqpConsumer(self, channel, queue, topic)
-            await consumer.start(handler)
-        except BaseException:
-            if not channel.is_closed:
-                await channel.close()
-            raise
+        consumer = TopicConsumer(self, topic, handler, prefetch)
+        # Known before it attaches, so a reconnection meanwhile attaches it too.
         self._consumers.add(consumer)
-        LOG.info("consuming %s (prefetch %d)", queue.name, prefetch)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                while True:
+                    connection = await self.broker.ready(self.connect_timeout)
+                    try:
+                        await consumer.attach(connection)
+                        break
+                    except _CHANNEL_ERRORS as exc:
+                        if self.broker.connection is connection:
+                            raise MessagingError(f"cannot consume {topic}: {exc}") from None
+                        LOG.warning("connection lost while starting to consume %s", topic)
+        except BaseException as exc:
+            await consumer.stop(0)
+            if isinstance(exc, TimeoutError):
+                raise MessagingError(
+                    f"cannot consume {topic} within {self.connect_timeout:g}s"
+                ) from None
+            raise
+        LOG.info("consuming %s (prefetch %d)", self.topology.queue_name(topic), prefetch)
         return consumer
 
-    def forget(self, consumer: _AmqpConsumer) -> None:
+    def forget(self, consumer: TopicConsumer) -> None:
         """Called by a consumer once it has stopped."""
         self._consumers.discard(consumer)
 
+    async def _connection(self) -> AbstractConnection:
+        if self.broker is None:
+            raise MessagingError("the RabbitMQ transport is not connected")
+        return await self.broker.ready(self.connect_timeout)
+
     async def dead_letters(self, limit: int = 100, *, calls: bool = False) -> list[DeadLetter]:
-        self._connected()
-        assert self._connection is not None
-        return await self.topology.browse(self._connection, calls=calls, limit=limit)
+        connection = await self._connection()
+        return await self.topology.browse(connection, calls=calls, limit=limit)
 
     async def purge_dead_letters(self, *, calls: bool = False) -> int:
-        self._connected()
-        assert self._connection is not None
-        return await self.topology.purge(self._connection, calls=calls)
+        connection = await self._connection()
+        return await self.topology.purge(connection, calls=calls)
 
     async def close(self) -> None:
         for consumer in list(self._consumers):
             await consumer.stop(0)
-        self._fail_waiting("transport closed")
-        connection, self._connection = self._connection, None
-        self._channel = self._reply_channel = None
-        self._exchange = self._dead_exchange = None
-        if connection is not None:
-            await connection.close()
-            LOG.info("disconnected from RabbitMQ at %s", _where(self.url))
+        self._fail_waiting(MessagingError("transport closed"))
+        broker, self.broker = self.broker, None
+        self._publisher = None
+        self._reply_channel = None
+        if broker is not None:
+            await broker.close()
+            LOG.info("disconnected from RabbitMQ at %s", broker.where)

@@ -8,13 +8,19 @@ For an exchange named ``E``:
   ``compute.<service-uuid>``). It is a *quorum* queue (replicated in a cluster, its
   messages persisted), with a delivery limit: a message delivered more than
   ``delivery_limit`` times after the first without being settled — a handler that keeps
-  crashing its process, say — is dead-lettered by RabbitMQ itself.
+  crashing its process, say — is dead-lettered by RabbitMQ itself. It is created with
+  ``x-quorum-initial-group-size`` replicas (``KEEL_RPC__QUORUM_GROUP_SIZE``, 3 by
+  default; RabbitMQ places ``min(size, cluster nodes)``), so it survives the loss of a
+  minority of them. That size counts only when the queue is created: a queue that
+  exists keeps its members (an operator adds one with ``rabbitmq-queues grow``).
 * ``E.dead``: the topic exchange dead letters go to, by their routing key:
   ``E.dead-letter.casts`` (``cast.#``) keeps every dead cast until an operator looks at
   it (``keel-manage dlq``): each is work that was not done. ``E.dead-letter.calls``
   (``call.#``) keeps the last ``DEAD_CALLS_KEPT`` calls that expired on a queue or were
   rejected: their callers already got a timeout or an error, so they are kept for
-  inspection only.
+  inspection only. Both are quorum queues too: a queue that lives on one node (a
+  classic queue) could not be declared again while that node is down, and every
+  process would fail to reconnect.
 
 A message keel dead-letters itself is published to ``E.dead`` with headers saying why
 (``x-keel-reason``) and how often it was delivered (``x-keel-deliveries``); one that
@@ -32,10 +38,10 @@ from typing import Any
 
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractConnection,
     AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
-    AbstractRobustConnection,
     ExchangeType,
 )
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
@@ -52,6 +58,7 @@ CAST, CALL = "cast", "call"
 REASON_HEADER = "x-keel-reason"
 DELIVERIES_HEADER = "x-keel-deliveries"
 TOPIC_HEADER = "x-keel-topic"
+GROUP_SIZE_ARGUMENT = "x-quorum-initial-group-size"
 
 
 def routing_key(kind: str, topic: str) -> str:
@@ -70,7 +77,12 @@ class TopologyMissing(MessagingError):
 
 class Topology:
     def __init__(
-        self, exchange: str, *, delivery_limit: int = 5, queue_expires: float | None = None
+        self,
+        exchange: str,
+        *,
+        delivery_limit: int = 5,
+        queue_expires: float | None = None,
+        quorum_group_size: int = 3,
     ) -> None:
         self.exchange = exchange
         self.dead_exchange = f"{exchange}.dead"
@@ -78,6 +90,7 @@ class Topology:
         self.dead_calls = f"{exchange}.dead-letter.calls"
         self.delivery_limit = delivery_limit
         self.queue_expires = queue_expires
+        self.quorum_group_size = quorum_group_size
 
     def queue_name(self, topic: str) -> str:
         return f"{self.exchange}.{topic}"
@@ -92,59 +105,85 @@ class Topology:
             "x-queue-type": "quorum",
             "x-delivery-limit": self.delivery_limit,
             "x-dead-letter-exchange": self.dead_exchange,
+            GROUP_SIZE_ARGUMENT: self.quorum_group_size,
             **self._expires(),
         }
 
     async def declare_exchanges(
         self, channel: AbstractChannel, *, passive: bool = False
     ) -> tuple[AbstractExchange, AbstractExchange]:
-        """The topic exchange and the dead-letter exchange with its two queues.
+        """The topic exchange and the dead-letter exchange.
 
-        ``passive`` only checks that both exchanges exist: for an agent connecting as its
-        own broker user, which may declare nothing shared (:mod:`shared.rpc.agent_users`).
+        ``passive`` only checks that both exist: for an agent connecting as its own
+        broker user, which may declare nothing shared (:mod:`shared.rpc.agent_users`).
         """
-        if passive:
-            try:
+        try:
+            if passive:
                 exchange = await channel.declare_exchange(self.exchange, passive=True)
                 dead = await channel.declare_exchange(self.dead_exchange, passive=True)
-            except ChannelNotFoundEntity:
-                raise TopologyMissing(
-                    f"exchange {self.exchange} or {self.dead_exchange} does not exist on the "
-                    "broker, and this agent's broker user may not declare it: start "
-                    "keel-conductor first (it declares them)"
-                ) from None
-            return exchange, dead
-        try:
-            exchange = await channel.declare_exchange(
-                self.exchange, ExchangeType.TOPIC, durable=True
-            )
-            dead = await channel.declare_exchange(
-                self.dead_exchange, ExchangeType.TOPIC, durable=True
-            )
-            casts = await channel.declare_queue(
-                self.dead_casts,
-                durable=True,
-                arguments={"x-queue-type": "quorum", **self._expires()},
-            )
-            await casts.bind(dead, routing_key=f"{CAST}.#")
-            calls = await channel.declare_queue(
-                self.dead_calls,
-                durable=True,
-                arguments={
-                    "x-max-length": DEAD_CALLS_KEPT,
-                    "x-overflow": "drop-head",
-                    **self._expires(),
-                },
-            )
-            await calls.bind(dead, routing_key=f"{CALL}.#")
+            else:
+                exchange = await channel.declare_exchange(
+                    self.exchange, ExchangeType.TOPIC, durable=True
+                )
+                dead = await channel.declare_exchange(
+                    self.dead_exchange, ExchangeType.TOPIC, durable=True
+                )
+        except ChannelNotFoundEntity:
+            raise TopologyMissing(
+                f"exchange {self.exchange} or {self.dead_exchange} does not exist on the "
+                "broker, and this agent's broker user may not declare it: start "
+                "keel-conductor first (it declares them)"
+            ) from None
         except ChannelPreconditionFailed as exc:
             raise MessagingError(
-                f"exchange {self.exchange} or its dead-letter queues exist on the broker with "
-                f"other settings: {exc}; delete them or choose another KEEL_EXCHANGE"
+                f"exchange {self.exchange} or {self.dead_exchange} exists on the broker with "
+                f"other settings: {exc}; delete it or choose another KEEL_EXCHANGE"
             ) from None
         return exchange, dead
 
-    async def ensure_topic_queue(self, connection: AbstractRobustConnection, topic: str) -> None:
+    def dead_letter_queue_arguments(self, *, calls: bool) -> dict[str, Any]:
+        kept = {"x-max-length": DEAD_CALLS_KEPT, "x-overflow": "drop-head"} if calls else {}
+        return {"x-queue-type": "quorum", **kept, **self._expires()}
+
+    async def declare_dead_letter_queues(self, connection: AbstractConnection) -> None:
+        """The two dead-letter queues, bound to the dead-letter exchange.
+
+        Both are quorum queues, replicated like the topic queues. A dead-calls queue an
+        older keel declared as a classic queue is kept as it is, with a warning: it
+        lives on one node only, and while that node is down dead calls are dropped
+        (their callers were told already) and this is logged at each reconnection.
+        """
+        for name, calls, key in (
+            (self.dead_casts, False, f"{CAST}.#"),
+            (self.dead_calls, True, f"{CALL}.#"),
+        ):
+            channel = await connection.channel()
+            try:
+                queue = await channel.declare_queue(
+                    name, durable=True, arguments=self.dead_letter_queue_arguments(calls=calls)
+                )
+                await queue.bind(self.dead_exchange, routing_key=key)
+            except ChannelPreconditionFailed as exc:
+                if not calls:
+                    raise MessagingError(
+                        f"queue {name} exists on the broker with other settings: {exc}; "
+                        "delete it or choose another KEEL_EXCHANGE"
+                    ) from None
+                LOG.warning(
+                    "queue %s was declared by an older keel as a classic queue (%s): it has "
+                    "no replicas; delete it (rabbitmqctl delete_queue %s) to have a quorum "
+                    "queue declared instead",
+                    name,
+                    exc,
+                    name,
+                )
+            except ChannelNotFoundEntity as exc:
+                LOG.warning("queue %s is unavailable, its node being down: %s", name, exc)
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+
+    async def ensure_topic_queue(self, connection: AbstractConnection, topic: str) -> None:
         """Make sure ``topic``'s quorum queue exists, replacing an empty classic one."""
         name = self.queue_name(topic)
         try:
@@ -152,6 +191,11 @@ class Topology:
             return
         except ChannelPreconditionFailed as exc:
             conflict = str(exc)
+        if GROUP_SIZE_ARGUMENT in conflict:
+            # Created before with another initial group size (or by a keel that set
+            # none): the size only counts at creation, the members are the operator's.
+            LOG.debug("queue %s exists with another initial group size: %s", name, conflict)
+            return
         channel = await connection.channel()
         try:
             existing = await channel.declare_queue(name, passive=True)
@@ -175,9 +219,7 @@ class Topology:
                 await channel.close()
         await self._declare_on_own_channel(connection, name)
 
-    async def _declare_on_own_channel(
-        self, connection: AbstractRobustConnection, name: str
-    ) -> None:
+    async def _declare_on_own_channel(self, connection: AbstractConnection, name: str) -> None:
         channel = await connection.channel()
         try:
             await channel.declare_queue(name, durable=True, arguments=self.topic_queue_arguments())
@@ -186,10 +228,8 @@ class Topology:
                 await channel.close()
 
     async def bind_topic_queue(self, channel: AbstractChannel, topic: str) -> AbstractQueue:
-        """Declare (it exists by now) and bind ``topic``'s queue on ``channel``."""
-        queue = await channel.declare_queue(
-            self.queue_name(topic), durable=True, arguments=self.topic_queue_arguments()
-        )
+        """Bind ``topic``'s queue, which :meth:`ensure_topic_queue` made sure exists."""
+        queue = await channel.declare_queue(self.queue_name(topic), passive=True)
         for kind in (CAST, CALL):
             await queue.bind(self.exchange, routing_key=routing_key(kind, topic))
         return queue
@@ -206,7 +246,7 @@ class Topology:
             await channel.exchange_delete(exchange)
 
     async def browse(
-        self, connection: AbstractRobustConnection, *, calls: bool, limit: int
+        self, connection: AbstractConnection, *, calls: bool, limit: int
     ) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, oldest first, returned to their queue afterwards."""
         channel = await connection.channel()
@@ -228,7 +268,7 @@ class Topology:
                 await channel.close()
         return found
 
-    async def purge(self, connection: AbstractRobustConnection, *, calls: bool) -> int:
+    async def purge(self, connection: AbstractConnection, *, calls: bool) -> int:
         channel = await connection.channel()
         try:
             queue = await channel.declare_queue(

@@ -6,11 +6,17 @@ talks to that service. The client refuses to send a version above its version ca
 receivers (``exclude`` leaves out the arguments an older receiver does not know). The cap
 is fixed (a version string) or decided at each send by a :class:`CapSource` such as
 :class:`shared.version_pins.RpcPin`, which follows the deployment's oldest service.
+
+A call whose reply queue went away with the caller's broker connection fails at once
+with :class:`~shared.exceptions.ReplyQueueLost`: the request may or may not have been
+handled. A call marked ``idempotent`` (it reads, or its handler gives the same answer
+however often it runs) is then sent again, within the same timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
@@ -18,7 +24,12 @@ from typing import Any, TypeVar, overload
 from pydantic import BaseModel, ValidationError
 
 from shared.context import RequestContext
-from shared.exceptions import InvalidMessage, UnsupportedVersion, rebuild_remote
+from shared.exceptions import (
+    InvalidMessage,
+    ReplyQueueLost,
+    UnsupportedVersion,
+    rebuild_remote,
+)
 from shared.rpc.envelope import Envelope, Reply
 from shared.rpc.transport import Transport
 from shared.versions import parse_version
@@ -106,6 +117,7 @@ class RPCClient:
         returns: type[M],
         timeout: float | None = None,
         exclude: Exclude | None = None,
+        idempotent: bool = False,
     ) -> M: ...
 
     @overload
@@ -119,6 +131,7 @@ class RPCClient:
         returns: None = None,
         timeout: float | None = None,
         exclude: Exclude | None = None,
+        idempotent: bool = False,
     ) -> None: ...
 
     async def call(
@@ -131,15 +144,17 @@ class RPCClient:
         returns: type[M] | None = None,
         timeout: float | None = None,
         exclude: Exclude | None = None,
+        idempotent: bool = False,
     ) -> M | None:
-        """Send ``req`` and wait for the reply; remote errors are raised here, typed."""
+        """Send ``req`` and wait for the reply; remote errors are raised here, typed.
+
+        ``idempotent``: sent again if its reply queue is lost (see the module docstring).
+        """
         wait = self.timeout if timeout is None else timeout
         body = await self._envelope(
             ctx, method, req, version=version, timeout=wait, exclude=exclude
         )
-        raw = await self.transport.call(
-            self.topic, body, message_id=str(uuid.uuid4()), timeout=wait
-        )
+        raw = await self._send(method, body, wait, idempotent)
         try:
             reply = Reply.model_validate_json(raw)
         except ValidationError as exc:
@@ -154,6 +169,26 @@ class RPCClient:
             raise InvalidMessage(
                 f"unexpected result of {method} from {self.topic}: {exc}"
             ) from None
+
+    async def _send(self, method: str, body: bytes, wait: float, idempotent: bool) -> bytes:
+        message_id = str(uuid.uuid4())
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return await self.transport.call(
+                    self.topic, body, message_id=message_id, timeout=wait
+                )
+            except ReplyQueueLost as lost:
+                wait = deadline - time.monotonic()
+                if not idempotent or wait <= 0:
+                    raise
+                LOG.info(
+                    "%s to %s lost its reply queue (%s); it is safe to repeat: sending it again",
+                    method,
+                    self.topic,
+                    lost.message,
+                    extra={"rpc_method": method},
+                )
 
     async def cast(
         self,

@@ -10,7 +10,8 @@ is settled in one of three ways, decided here and nowhere else:
   gets the result or the error by name.
 * **Transient** — a failure that says nothing about the request: the database or the
   broker unreachable, a connection lost mid-query, a serialization failure or deadlock,
-  a downstream call that timed out or found no consumer, or a handler raising
+  a downstream call that timed out, found no consumer or lost its reply queue with its
+  broker connection, or a handler raising
   :class:`~shared.exceptions.TransientError` on purpose. The handler is run again within
   the same delivery, with jittered exponential backoff, for at most
   ``handler_retry_timeout`` seconds. If it still fails, a cast is returned to its queue
@@ -47,6 +48,7 @@ from shared.exceptions import (
     KeelError,
     MessagingError,
     MessagingTimeout,
+    ReplyQueueLost,
     TransientError,
     Unroutable,
 )
@@ -64,7 +66,9 @@ class Outcome(enum.Enum):
 
 def is_transient(exc: BaseException) -> bool:
     """True for a failure that says nothing about the request (see the module docstring)."""
-    if isinstance(exc, TransientError | MessagingTimeout | Unroutable | TimeoutError):
+    if isinstance(
+        exc, TransientError | MessagingTimeout | Unroutable | ReplyQueueLost | TimeoutError
+    ):
         return True
     # A bare MessagingError is a broker connection failure; its other subclasses
     # (NoSuchMethod, UnsupportedVersion, InvalidMessage, RemoteError) are answers.

@@ -6,7 +6,6 @@ import argparse
 import os
 import secrets
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
 
 from services.manage.broker_admin import BrokerAdmin
 from services.manage.commands import UsageError, set_handler
@@ -15,14 +14,12 @@ from shared.config import Settings
 from shared.db import agent_users as issued
 from shared.exceptions import KeelError
 from shared.rpc.agent_users import permissions, user_for
+from shared.rpc.broker_url import with_user
 
 
 def agent_url(transport_url: str, user: str, password: str) -> str:
-    """``transport_url`` with the agent's user and password in it."""
-    parts = urlsplit(transport_url)
-    where = parts.netloc.rpartition("@")[2]
-    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{where}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    """``transport_url`` with the agent's user and password in it (on every node)."""
+    return with_user(transport_url, user, password)
 
 
 def _scratch_file(path: Path, text: str) -> Path:

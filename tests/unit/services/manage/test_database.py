@@ -34,3 +34,14 @@ def test_redact_hides_the_password_only() -> None:
 def test_server_of_defaults_host_and_port() -> None:
     assert server_of("postgresql://keel@db.example/keel") == "db.example:5432"
     assert server_of("postgresql:///keel") == "localhost:5432"
+
+
+def test_server_of_a_primary_and_its_standbys_names_each() -> None:
+    url = "postgresql://keel:pw@db1:5432,db2:5433/keel?target_session_attrs=read-write"
+    assert server_of(url) == "db1:5432,db2:5433"
+    assert redact(url) == (
+        "postgresql://keel:***@db1:5432,db2:5433/keel?target_session_attrs=read-write"
+    )
+    assert with_database(url, "postgres") == (
+        "postgresql://keel:pw@db1:5432,db2:5433/postgres?target_session_attrs=read-write"
+    )

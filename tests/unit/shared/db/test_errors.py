@@ -25,6 +25,12 @@ from shared.db.errors import describe, is_conflict, is_transient, is_unavailable
         asyncpg.AdminShutdownError("terminating connection due to administrator command"),
         asyncpg.TooManyConnectionsError("sorry, too many clients already"),
         asyncpg.InterfaceError("cannot perform operation: connection is closed"),
+        asyncpg.InternalClientError(
+            "cannot switch to state 12; another operation (2) is in progress"
+        ),
+        asyncpg.TargetServerAttributeNotMatched(
+            "None of the hosts match the target attribute requirement read-write"
+        ),
     ],
 )
 def test_an_unreachable_database_is_transient(error: BaseException) -> None:
@@ -54,6 +60,7 @@ def test_a_lost_race_is_transient(error: BaseException) -> None:
         asyncpg.UndefinedTableError("relation does not exist"),
         asyncpg.ProtocolViolationError("protocol violation"),
         asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+        asyncpg.InternalClientError("a bug of the driver"),
         FileNotFoundError(errno.ENOENT, "no such file"),
         PermissionError(errno.EACCES, "denied"),
         OSError(errno.ENOSPC, "No space left on device"),

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from shared.exceptions import MessagingError, MessagingTimeout
-from shared.rpc.amqp import AmqpTransport
+from shared.rpc.amqp import AmqpTransport, _Publisher
 from shared.rpc.transport import IncomingMessage, Settlement
 
 URL = "amqp://keel:s3cret@broker.example:5672/keel"
@@ -51,32 +51,56 @@ async def test_closing_an_unconnected_transport_is_harmless() -> None:
 
 
 class _ClosingExchange:
-    """An exchange whose channel closes while a publish waits for its confirmation."""
+    """An exchange whose channel closes while the first publish waits for its
+    confirmation (what aiormq does to the confirmations it still owes)."""
 
     def __init__(self, hang: bool = False) -> None:
         self.hang = hang
+        self.published = 0
 
     async def publish(self, message: object, routing_key: str, mandatory: bool) -> None:
+        self.published += 1
         if self.hang:
             await asyncio.sleep(3600)
-        raise asyncio.CancelledError  # what aiormq does to confirmations it still owes
+        if self.published == 1:
+            raise asyncio.CancelledError
 
 
-async def test_a_channel_closing_under_a_publish_is_a_messaging_error_not_a_cancellation() -> None:
-    """Leaked, the cancellation ended the heartbeat loop of an agent for good."""
+class _OpenChannel:
+    is_closed = False
+
+
+class _Connected:
+    """A broker connection that is always there."""
+
+    connection = object()
+
+    async def ready(self, timeout: float) -> object:
+        return self.connection
+
+
+def _publishing_into(exchange: _ClosingExchange) -> AmqpTransport:
     transport = AmqpTransport(URL, "keel-a")
-    transport._exchange = _ClosingExchange()  # type: ignore[assignment]
+    transport.broker = _Connected()  # type: ignore[assignment]
+    transport._publisher = _Publisher(_OpenChannel(), exchange, exchange)  # type: ignore[arg-type]
+    return transport
 
-    with pytest.raises(MessagingError, match="channel closed before RabbitMQ confirmed"):
-        await transport.cast("conductor", b"{}", message_id="m1")
+
+async def test_a_channel_closing_under_a_publish_sends_it_again_and_is_no_cancellation() -> None:
+    """Leaked, the cancellation ended the heartbeat loop of an agent for good."""
+    exchange = _ClosingExchange()
+    transport = _publishing_into(exchange)
+
+    await transport.cast("conductor", b"{}", message_id="m1")
+
+    assert exchange.published == 2
     current = asyncio.current_task()
     assert current is not None
     assert current.cancelling() == 0
 
 
 async def test_a_call_that_times_out_while_publishing_still_times_out() -> None:
-    transport = AmqpTransport(URL, "keel-a")
-    transport._exchange = _ClosingExchange(hang=True)  # type: ignore[assignment]
+    transport = _publishing_into(_ClosingExchange(hang=True))
 
     with pytest.raises(MessagingTimeout, match=r"no reply from conductor within 0\.1s"):
         await transport.call("conductor", b"{}", message_id="m1", timeout=0.1)

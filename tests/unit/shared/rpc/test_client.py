@@ -13,13 +13,22 @@ from shared.exceptions import (
     InvalidMessage,
     MessagingTimeout,
     RemoteError,
+    ReplyQueueLost,
     Unroutable,
     UnsupportedVersion,
 )
 from shared.rpc.client import RPCClient
 from shared.rpc.envelope import Envelope, ErrorInfo, Reply
 from shared.rpc.fake import FakeTransport
-from shared.rpc.transport import IncomingMessage, Settle, Settlement
+from shared.rpc.transport import (
+    Consumer,
+    DeadLetter,
+    Handler,
+    IncomingMessage,
+    Settle,
+    Settlement,
+    Transport,
+)
 
 TOPIC = "unit"
 
@@ -171,3 +180,65 @@ async def test_error_outside_the_allow_list_is_remote_error(
         await client.call(RequestContext(), "ping", Ping(n=1), version="1.0")
     assert type(caught.value) is RemoteError
     assert (caught.value.exc_type, caught.value.remote_message) == (exc_type, "oops")
+
+
+class LosingReplies(Transport):
+    """A real transport whose first ``losses`` calls lose their reply queue after the
+    request was delivered (the caller's broker node died before the answer came)."""
+
+    def __init__(self, inner: Transport, losses: int) -> None:
+        self.inner = inner
+        self.losses = losses
+
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def call(self, topic: str, body: bytes, *, message_id: str, timeout: float) -> bytes:
+        reply = await self.inner.call(topic, body, message_id=message_id, timeout=timeout)
+        if self.losses:
+            self.losses -= 1
+            raise ReplyQueueLost("connection to RabbitMQ node n1 lost; the reply queue went too")
+        return reply
+
+    async def cast(self, topic: str, body: bytes, *, message_id: str) -> None:
+        await self.inner.cast(topic, body, message_id=message_id)
+
+    async def serve(self, topic: str, handler: Handler, *, prefetch: int) -> Consumer:
+        return await self.inner.serve(topic, handler, prefetch=prefetch)
+
+    async def dead_letters(self, limit: int = 100, *, calls: bool = False) -> list[DeadLetter]:
+        return await self.inner.dead_letters(limit, calls=calls)
+
+    async def purge_dead_letters(self, *, calls: bool = False) -> int:
+        return await self.inner.purge_dead_letters(calls=calls)
+
+
+async def test_idempotent_call_is_sent_again_when_its_reply_queue_is_lost(
+    server_transport: FakeTransport, client_transport: FakeTransport
+) -> None:
+    recorder = Recorder(Reply(result={"n": 7}).model_dump_json().encode())
+    await server_transport.serve(TOPIC, recorder, prefetch=1)
+    client = RPCClient(LosingReplies(client_transport, losses=2), TOPIC, version_cap="1.0")
+
+    pong = await client.call(
+        RequestContext(), "ping", Ping(n=7), version="1.0", returns=Pong, idempotent=True
+    )
+
+    assert pong == Pong(n=7)
+    assert [envelope.method for envelope in recorder.seen] == ["ping"] * 3
+
+
+async def test_other_call_fails_with_the_typed_error_when_its_reply_queue_is_lost(
+    server_transport: FakeTransport, client_transport: FakeTransport
+) -> None:
+    recorder = Recorder(Reply(result={"n": 7}).model_dump_json().encode())
+    await server_transport.serve(TOPIC, recorder, prefetch=1)
+    client = RPCClient(LosingReplies(client_transport, losses=1), TOPIC, version_cap="1.0")
+
+    with pytest.raises(ReplyQueueLost, match="reply queue"):
+        await client.call(RequestContext(), "ping", Ping(n=7), version="1.0", returns=Pong)
+
+    assert len(recorder.seen) == 1

@@ -20,6 +20,7 @@ from shared.exceptions import (
     MessagingTimeout,
     NoSuchMethod,
     NoValidHost,
+    ReplyQueueLost,
     TransientError,
     Unroutable,
 )
@@ -117,6 +118,7 @@ async def _dead(broker: FakeBroker, want: int = 1) -> None:
         (MessagingTimeout("no reply"), Outcome.TRANSIENT),
         (Unroutable("no queue"), Outcome.TRANSIENT),
         (MessagingError("connection lost"), Outcome.TRANSIENT),
+        (ReplyQueueLost("reply queue gone with its node"), Outcome.TRANSIENT),
         (asyncpg.ConnectionDoesNotExistError("connection was closed"), Outcome.TRANSIENT),
         (asyncpg.SerializationError("could not serialize"), Outcome.TRANSIENT),
         (asyncpg.DeadlockDetectedError("deadlock detected"), Outcome.TRANSIENT),
