@@ -4,11 +4,14 @@ Each process logs (stdout and stderr) to ``<logs>/<name>.log``, appended to when
 process is started again under the same name, and runs in its own session so a
 terminal's Ctrl-C reaches only the harness. Stopping is SIGTERM, a bounded wait, then
 SIGKILL; :meth:`ProcessGroup.stop_all` signals every process first so they drain at
-the same time, and stops them in reverse start order.
+the same time, and stops them in reverse start order. A server that starts helpers of
+its own (a RabbitMQ node, a PostgreSQL postmaster) is signalled with everything it
+started through :meth:`Process.signal_group`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,6 +61,17 @@ class Process:
     def read_log(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the process and every process it started (its session)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and everything it started, and reap it."""
+        self.signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(STOP_TIMEOUT)
+
     def terminate(self) -> None:
         """SIGTERM if it still runs; do not wait."""
         if self.popen.poll() is None:
@@ -105,11 +119,18 @@ class ProcessGroup:
     processes: dict[str, Process] = field(default_factory=dict)
 
     def start(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        cwd: Path | None = None,
+        user: str | None = None,
     ) -> Process:
         """Start ``argv`` (its first word a console script, or a path) as ``name``.
 
         A name may be used again once its process has exited: the log is appended to.
+        ``user``: run as that user (PostgreSQL refuses to run as root).
         """
         old = self.processes.get(name)
         if old is not None and old.exit_code() is None:
@@ -127,6 +148,7 @@ class ProcessGroup:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                user=user,
             )
         process = Process(name, command, dict(env), log, popen)
         self.processes[name] = process
