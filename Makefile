@@ -51,7 +51,7 @@ typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)
 # the run. `make test-<tier>` runs one: pytest over tests/<tier>/. A new tier of pytest
 # tests that need the servers is one word in SERVER_TIERS (a tier run otherwise gets its
 # own `test-<tier>` rule and a word in TIERS).
-SERVER_TIERS := functional e2e bench
+SERVER_TIERS := functional e2e ha bench
 TIERS := unit $(SERVER_TIERS) partitions tempest libvirt
 # Extra pytest options for every tier, e.g. PYTEST_ARGS=-x.
 PYTEST_ARGS ?=
@@ -74,7 +74,9 @@ test-unit: $(CHECKOUT_PTH) ## unit tests (no PostgreSQL or RabbitMQ needed)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 # test-functional: services against real PostgreSQL and RabbitMQ; test-e2e: the real
-# processes driven by the real openstack CLI; test-bench: every benchmark, tiny.
+# processes driven by the real openstack CLI; test-ha: keel on a RabbitMQ cluster and a
+# PostgreSQL primary with a standby that the tests start and break; test-bench: every
+# benchmark, tiny.
 .PHONY: $(addprefix test-,$(SERVER_TIERS))
 $(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
 	$(BIN)/pytest $(or $(TIER_DIRS_$*),tests/$*) $(PYTEST_ARGS)
@@ -151,7 +153,8 @@ BENCH_QUICK := \
 	"evacuate.py" \
 	"backfill.py" \
 	"scratch_db.py" \
-	"soak.py --seconds 60 --clients 10 --hosts 10"
+	"soak.py --seconds 60 --clients 10 --hosts 10" \
+	"faults.py --faults broker-kill,db-failover --clients 4 --before 15 --after 30"
 BENCH_FULL := \
 	"schedule.py --hosts 100 1000 10000 --requests 1000 --concurrency 1 8 32" \
 	"rpc.py --calls 5000 --concurrency 1 100 --casts 10000" \
@@ -161,7 +164,8 @@ BENCH_FULL := \
 	"evacuate.py" \
 	"backfill.py" \
 	"scratch_db.py" \
-	"soak.py --seconds 600 --clients 20 --hosts 20 --sample 30"
+	"soak.py --seconds 600 --clients 20 --hosts 20 --sample 30" \
+	"faults.py --clients 10 --before 30 --after 60"
 
 .PHONY: bench
 bench: $(CHECKOUT_PTH) ## the benchmarks in bench/, quick sizes (a few minutes)

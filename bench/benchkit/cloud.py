@@ -1,9 +1,11 @@
 """A real keel cloud for a benchmark: the console scripts as processes, on a scratch database.
 
 :func:`bench_cloud` creates a fresh database with the ``cirros`` image, picks an exchange
-nobody else uses, and starts what :class:`CloudShape` asks for: keel-conductor,
-keel-scheduler and keel-api from their console scripts, and ``hosts`` compute agents
-in one ``keel-fleet`` process. :meth:`Cloud.start_fleet` starts the fleet and
+nobody else uses, and starts what :class:`CloudShape` asks for: keel-conductor(s),
+keel-scheduler(s) and keel-api(s) from their console scripts, and ``hosts`` compute
+agents in one ``keel-fleet`` process. By default it uses the machine's PostgreSQL and
+RabbitMQ; a benchmark of failures gives it a cluster instead (``broker`` and
+``database_url``, see :mod:`benchkit.ha`). :meth:`Cloud.start_fleet` starts the fleet and
 :meth:`Cloud.wait_hosts_up` times how long until every agent is up (the storm).
 On the way out every process gets SIGTERM, then SIGKILL after a bounded wait, the
 broker's exchanges and queues are deleted and the database is dropped.
@@ -36,7 +38,15 @@ from shared.config import DatabaseSettings
 from shared.db import images
 from shared.db.pool import create_pool
 
-__all__ = ["AMQP_URL", "CIRROS_ID", "Cloud", "CloudError", "CloudShape", "bench_cloud"]
+__all__ = [
+    "AMQP_URL",
+    "CIRROS_ID",
+    "Broker",
+    "Cloud",
+    "CloudError",
+    "CloudShape",
+    "bench_cloud",
+]
 
 AMQP_URL = amqp_url("KEEL_BENCH_AMQP")
 ADMIN = {"user_id": "bench-admin", "project_id": "bench-project", "roles": ["admin", "member"]}
@@ -56,12 +66,25 @@ class CloudError(Exception):
 
 
 @dataclass(frozen=True)
+class Broker:
+    """Where the cloud's processes reach RabbitMQ (``url``, every node of a cluster),
+    and the one node the harness itself uses to wait for it and to clean up."""
+
+    url: str = AMQP_URL
+    admin_url: str = AMQP_URL
+
+
+@dataclass(frozen=True)
 class CloudShape:
     hosts: int = 10
     vcpus: int = 64
     memory_mb: int = 256 * 1024
     local_gb: int = 4096
     api: bool = True
+    #: keel-api processes (``api``, ``api2``, …), each on its own port.
+    apis: int = 1
+    #: keel-conductor processes (``conductor``, ``conductor2``, …).
+    conductors: int = 1
     schedulers: int = 1
     report_interval: float = 10.0
     service_down_time: float = 60.0
@@ -84,6 +107,9 @@ class Cloud:
     group: ProcessGroup
     #: Where keel-conductor serves its Prometheus metrics.
     conductor_metrics: str = ""
+    broker: Broker = Broker()
+    #: Every keel-api's URL, ``api_url`` first.
+    api_urls: tuple[str, ...] = ()
 
     @property
     def processes(self) -> dict[str, Process]:
@@ -93,7 +119,7 @@ class Cloud:
         shape = self.shape
         return keel_env(
             database_url=self.database_url,
-            transport_url=AMQP_URL,
+            transport_url=self.broker.url,
             exchange=self.exchange,
             api_bind=self.api_url.removeprefix("http://"),
             tokens={self.token: ADMIN},
@@ -179,8 +205,12 @@ class Cloud:
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive()
-            ready = await self.up_count("keel-conductor") and await self.up_count("keel-scheduler")
-            if ready and (not self.shape.api or await asyncio.to_thread(api_answers, self.api_url)):
+            shape = self.shape
+            ready = (
+                await self.up_count("keel-conductor") >= shape.conductors
+                and await self.up_count("keel-scheduler") >= shape.schedulers
+            )
+            if ready and all([await asyncio.to_thread(api_answers, u) for u in self.api_urls]):
                 return
             if time.monotonic() > deadline:
                 raise CloudError("control services not ready\n" + self.tails())
@@ -246,42 +276,78 @@ def server_cpu_seconds() -> dict[str, float]:
     return used
 
 
+def _numbered(name: str, number: int) -> str:
+    """``conductor``, ``conductor2``, …: the first keeps the plain name."""
+    return name if number == 1 else f"{name}{number}"
+
+
+def start_control(cloud: Cloud) -> None:
+    """Start the conductors, schedulers and APIs the shape asks for."""
+    shape = cloud.shape
+    for number in range(1, shape.conductors + 1):
+        env = {**cloud.env(), "KEEL_HOST": _numbered("bench-controller", number)}
+        if number == 1:
+            env["KEEL_METRICS_BIND"] = cloud.conductor_metrics
+        cloud.start(_numbered("conductor", number), ["keel-conductor"], env)
+    for number in range(1, shape.schedulers + 1):
+        env = {**cloud.env(), "KEEL_HOST": f"bench-controller-{number}"}
+        cloud.start(f"scheduler{number}", ["keel-scheduler"], env)
+    for number, url in enumerate(cloud.api_urls, start=1):
+        env = {**cloud.env(), "KEEL_API_BIND": url.removeprefix("http://")}
+        cloud.start(_numbered("api", number), ["keel-api"], env)
+
+
+@asynccontextmanager
+async def _database(pg_server: str, database_url: str | None) -> AsyncIterator[str]:
+    if database_url is not None:
+        yield database_url
+        return
+    async with scratch_database(pg_server) as url:
+        yield url
+
+
 @asynccontextmanager
 async def bench_cloud(
-    shape: CloudShape, pg_server: str = DEFAULT_PG_SERVER
+    shape: CloudShape,
+    pg_server: str = DEFAULT_PG_SERVER,
+    *,
+    broker: Broker | None = None,
+    database_url: str | None = None,
 ) -> AsyncIterator[Cloud]:
-    """Database, conductor, scheduler(s) and API running; the fleet is the caller's to start."""
+    """Database, conductor(s), scheduler(s) and API(s) running; the fleet is the caller's
+    to start. ``database_url``: a migrated database the caller owns, instead of a
+    scratch one on ``pg_server``."""
+    broker = broker or Broker()
     try:
-        waited = await wait_for_broker(BROKER_READY_TIMEOUT, url=AMQP_URL)
+        waited = await wait_for_broker(BROKER_READY_TIMEOUT, url=broker.admin_url)
     except BrokerNotAnswering as exc:
         raise CloudError(str(exc)) from None
     if waited > 5:
         print(f"RabbitMQ answered after {waited:.0f}s", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="keel-bench-") as workdir:
-        async with scratch_database(pg_server) as url:
+        async with _database(pg_server, database_url) as url:
             pool = await create_pool(url, DatabaseSettings(pool_max_size=4, connect_timeout=5))
+            api_urls = tuple(
+                f"http://127.0.0.1:{free_port()}" for _ in range(shape.apis if shape.api else 0)
+            )
             cloud = Cloud(
                 shape=shape,
                 workdir=Path(workdir),
                 database_url=url,
                 exchange=f"keel-bench-{uuid.uuid4().hex[:12]}",
-                api_url=f"http://127.0.0.1:{free_port()}",
+                api_url=api_urls[0] if api_urls else f"http://127.0.0.1:{free_port()}",
                 token=f"bench-{uuid.uuid4().hex}",
                 pool=pool,
                 group=ProcessGroup(Path(workdir) / "logs", stop_timeout=STOP_TIMEOUT),
+                broker=broker,
+                api_urls=api_urls,
+                conductor_metrics=f"127.0.0.1:{free_port()}",
             )
             topics: list[str] = ["conductor", "scheduler"]
             try:
                 async with pool.acquire() as conn:
                     await images.create(conn, image_id=CIRROS_ID, name="cirros", min_disk=1)
-                cloud.conductor_metrics = f"127.0.0.1:{free_port()}"
-                env = {**cloud.env(), "KEEL_METRICS_BIND": cloud.conductor_metrics}
-                cloud.start("conductor", ["keel-conductor"], env)
-                for number in range(1, shape.schedulers + 1):
-                    env = {**cloud.env(), "KEEL_HOST": f"bench-controller-{number}"}
-                    cloud.start(f"scheduler{number}", ["keel-scheduler"], env)
-                if shape.api:
-                    cloud.start("api", ["keel-api"])
+                start_control(cloud)
                 await cloud.wait_control_up()
                 yield cloud
             finally:
@@ -295,7 +361,10 @@ async def bench_cloud(
                     try:
                         async with asyncio.timeout(CLEANUP_TIMEOUT):
                             took = await remove_exchange(
-                                cloud.exchange, topics, url=AMQP_URL, channels=DELETE_CHANNELS
+                                cloud.exchange,
+                                topics,
+                                url=broker.admin_url,
+                                channels=DELETE_CHANNELS,
                             )
                         print(f"deleted {len(topics)} queues in {took:.1f}s", file=sys.stderr)
                     except TimeoutError:
