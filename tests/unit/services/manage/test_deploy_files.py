@@ -83,3 +83,54 @@ def test_compose_secrets_come_from_an_env_file(compose: dict[str, Any]) -> None:
     assert api_env["KEEL_AUTH__TOKENS"].startswith("${KEEL_AUTH__TOKENS:?")
     for variable in ("POSTGRES_PASSWORD", "RABBITMQ_PASSWORD", "KEEL_AUTH__TOKENS"):
         assert f"\n{variable}=" in example
+
+
+@pytest.fixture(scope="module")
+def compose_ha() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.ha.yml").read_text())
+    return loaded
+
+
+def test_compose_ha_clusters_three_broker_nodes_on_one_cookie(compose_ha: dict[str, Any]) -> None:
+    services = compose_ha["services"]
+    nodes = [services[name] for name in ("rabbitmq", "rabbitmq2", "rabbitmq3")]
+    assert [node["hostname"] for node in nodes] == ["rabbitmq", "rabbitmq2", "rabbitmq3"]
+    config = (ROOT / "deploy" / "ha" / "rabbitmq-cluster.conf").read_text()
+    for number, name in enumerate(("rabbitmq", "rabbitmq2", "rabbitmq3"), start=1):
+        assert f"classic_config.nodes.{number} = rabbit@{name}" in config
+    assert "cluster_partition_handling = pause_minority" in config
+    for node in nodes:
+        assert any("rabbitmq-cluster.conf" in volume for volume in node["volumes"])
+        assert node["environment"]["RABBITMQ_ERLANG_COOKIE"].startswith(
+            "${RABBITMQ_ERLANG_COOKIE:?"
+        )
+    data = [node["volumes"][0].split(":")[0] for node in nodes]
+    assert len(set(data)) == 3
+    example = (ROOT / "deploy" / "keel.env.example").read_text()
+    assert "\nRABBITMQ_ERLANG_COOKIE=" in example
+
+
+def test_compose_ha_has_a_synchronous_standby(compose_ha: dict[str, Any]) -> None:
+    services = compose_ha["services"]
+    assert "synchronous_standby_names=*" in services["postgres"]["command"]
+    standby = services["postgres-standby"]
+    assert standby["depends_on"]["postgres"]["condition"] == "service_healthy"
+    script = (ROOT / "deploy" / "ha" / "postgres-standby.sh").read_text()
+    assert "pg_basebackup --host postgres" in script
+    assert "--write-recovery-conf" in script
+
+
+def test_compose_ha_gives_every_process_every_node(
+    compose: dict[str, Any], compose_ha: dict[str, Any]
+) -> None:
+    keel = [name for name, service in compose["services"].items() if "build" in service]
+    assert set(keel) <= set(compose_ha["services"])
+    for name in keel:
+        env = compose_ha["services"][name]["environment"]
+        assert "@rabbitmq:5672,rabbitmq2:5672,rabbitmq3:5672/" in env["KEEL_TRANSPORT_URL"]
+        if "KEEL_DATABASE_URL" in compose["services"][name]["environment"]:
+            url = env["KEEL_DATABASE_URL"]
+            assert "@postgres:5432,postgres-standby:5432/keel" in url
+            assert url.endswith("?target_session_attrs=read-write")
+        else:
+            assert "KEEL_DATABASE_URL" not in env
