@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aio_pika
 import pytest
@@ -11,6 +11,7 @@ from shared.exceptions import MessagingError
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.transport import IncomingMessage, Settle, Settlement
 from tests.broker import remove_exchange
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -82,3 +83,35 @@ async def test_classic_queue_holding_messages_is_refused_with_what_to_do(
     assert "holding 2 message(s)" in message
     assert f"rabbitmqctl delete_queue {name}" in message
     assert await _queue_type(amqp_url, name) == (2, "classic")
+
+
+async def test_a_quorum_queue_declared_without_a_group_size_is_kept_with_its_messages(
+    transport: AmqpTransport, amqp_url: str, exchange: str
+) -> None:
+    """What an older keel left: the same quorum queue, without x-quorum-initial-group-size
+    (RabbitMQ refuses to declare it again with one). It is served as it is."""
+    name = transport.topology.queue_name(TOPIC)
+    arguments = transport.topology.topic_queue_arguments()
+    del arguments["x-quorum-initial-group-size"]
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(name, durable=True, arguments=arguments)
+        await channel.default_exchange.publish(aio_pika.Message(b"left"), routing_key=name)
+
+    seen: list[bytes] = []
+
+    async def keep(message: IncomingMessage) -> Settlement:
+        seen.append(message.body)
+        return Settlement(Settle.ACK)
+
+    consumer = await transport.serve(TOPIC, keep, prefetch=1)
+    await wait_until(holding(lambda: seen == [b"left"]), what="the old message", timeout=10)
+    await consumer.stop(1)
+
+
+def holding(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def holds() -> bool:
+        return check()
+
+    return holds
