@@ -67,16 +67,20 @@ def make_root(kind: str) -> Path:
 
 
 def working_in(root: Path) -> list[int]:
-    """Pids of the processes whose working directory is ``root`` or below it."""
+    """Pids of the processes working in ``root``: their working directory is ``root`` or
+    below it, or their environment names it (a daemon that left for ``/``, such as an
+    ``epmd -daemon`` a node started, still carries the cluster's ``HOME``)."""
     found: list[int] = []
+    marker = str(root).encode()
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             cwd = Path(os.readlink(entry / "cwd"))
+            environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if cwd == root or root in cwd.parents:
+        if cwd == root or root in cwd.parents or marker + b"/" in environ:
             found.append(int(entry.name))
     return found
 

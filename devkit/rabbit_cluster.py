@@ -141,6 +141,7 @@ class RabbitCluster:
             RABBITMQ_CTL_DIST_PORT_MIN=str(self.cli_ports[0]),
             RABBITMQ_CTL_DIST_PORT_MAX=str(self.cli_ports[1]),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(self.root / "enabled_plugins"),
+            RABBITMQ_CTL_ERL_ARGS="-start_epmd false",
         )
         return env
 
@@ -156,7 +157,11 @@ class RabbitCluster:
             RABBITMQ_MNESIA_BASE=str(node.directory / "mnesia"),
             RABBITMQ_LOG_BASE=str(node.directory / "log"),
             RABBITMQ_PID_FILE=str(node.directory / "pid"),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            # The cluster's own epmd runs already: a node must not start one of its own,
+            # which would daemonize out of reach of the teardown.
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
+                "-kernel inet_dist_use_interface {127,0,0,1} -start_epmd false"
+            ),
         )
         return env
 
@@ -224,6 +229,7 @@ class RabbitCluster:
         self._prepare(size)
         epmd = [_epmd(), "-port", str(self.epmd_port), "-address", "127.0.0.1"]
         self.epmd = self.group.start("epmd", epmd, self._env(), cwd=self.root)
+        await self._await_epmd()
         for node in self.nodes:
             self._launch(node)
         await asyncio.gather(*(self._await_boot(node) for node in self.nodes))
@@ -235,6 +241,19 @@ class RabbitCluster:
         running = await self.running_nodes(first)
         if len(running) != size:
             raise ClusterError(f"only {running} of the {size} nodes are clustered")
+
+    async def _await_epmd(self) -> None:
+        async def listening() -> bool:
+            if self.epmd is not None and self.epmd.exit_code() is not None:
+                raise ClusterError(f"epmd exited:\n{self.epmd.tail()}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.epmd_port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        await wait_until(listening, what="epmd listening", timeout=30, interval=0.05)
 
     def _launch(self, node: RabbitNode) -> None:
         argv = [str(sbin() / "rabbitmq-server")]

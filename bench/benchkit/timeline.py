@@ -6,8 +6,10 @@ The reliability method of OpenStack's test plans (Rally boot-and-delete under os
   after the fault to the last one, as OpenStack's reliability reports count it (0 when
   none failed, or only one);
 * **MTTR** — seconds from the fault until boot-and-delete is back to its usual speed:
-  until the last moment the median of ``window`` consecutive iterations (by the time they
-  ended) was above 1.5 times the median before the fault. 0 if it never was.
+  until the first run of ``window`` consecutive iterations (by the time they ended)
+  whose median is within 1.5 times the median before the fault; the end of the last
+  iteration before that run. 0 if the first run after the fault already is. (A slow
+  run later on, once it had recovered, is the machine's noise, not the fault's.)
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ def mttr(iterations: Sequence[Iteration], fault_at: float, window: int) -> float
     limit = RECOVERED * statistics.median(before)
     after = sorted((i for i in iterations if i.ended > fault_at), key=lambda i: i.ended)
     slow_until = fault_at
-    for end in range(len(after)):
-        chunk = after[max(0, end - window + 1) : end + 1]
-        if statistics.median(i.latency for i in chunk) > limit:
-            slow_until = after[end].ended
+    for start in range(len(after)):
+        run = after[start : start + window]
+        if statistics.median(i.latency for i in run) <= limit:
+            break
+        slow_until = after[start].ended
     return slow_until - fault_at
 
 

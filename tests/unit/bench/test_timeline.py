@@ -23,7 +23,7 @@ def iterations(*spans: tuple[float, float]) -> list[Iteration]:
     return [Iteration(started, ended, True) for started, ended in spans]
 
 
-def test_mttr_is_when_latency_was_last_above_one_and_a_half_times_the_median() -> None:
+def test_mttr_is_when_latency_is_first_back_within_one_and_a_half_times_the_median() -> None:
     before = iterations((0, 1), (1, 2), (2, 3))  # 1 s each
     slow = iterations((10, 13), (11, 14))  # 3 s: above 1.5 s
     quick = iterations((14, 15), (15, 16), (16, 17))
@@ -35,6 +35,12 @@ def test_a_lone_slow_iteration_does_not_count_against_a_wider_window() -> None:
     before = iterations((0, 1), (1, 2), (2, 3))
     after = iterations((10, 11), (10, 14), (11, 12), (12, 13))
     assert mttr([*before, *after], fault_at=10, window=3) == 0.0
+
+
+def test_a_slow_run_after_recovering_is_not_the_faults() -> None:
+    before = iterations((0, 1), (1, 2), (2, 3))
+    after = iterations((10, 13), (13, 14), (14, 15), (20, 24))
+    assert mttr([*before, *after], fault_at=10, window=1) == 3.0
 
 
 def test_no_iteration_before_the_fault_gives_no_mttr() -> None:
