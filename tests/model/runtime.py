@@ -33,12 +33,13 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import asyncpg
 from anyio import to_thread
 
-from shared.rpc.fake import FakeBroker, FakeTransport
+from shared.rpc.fake import FakeBroker, FakeTransport, HeldMessage
+from shared.rpc.transport import Consumer, DeadLetter, Handler, Transport
 from tests.model.pool import InFlight, ModelPool
 
 LOG = logging.getLogger(__name__)
@@ -54,6 +55,49 @@ TRACE_TIMERS = bool(os.environ.get("KEEL_MODEL_TRACE"))
 
 class Stuck(AssertionError):
     """Something kept running (or waiting on the database) without end."""
+
+
+class Broker(Protocol):
+    """What the model asks of the message broker (the fake one, or RabbitMQ relayed)."""
+
+    held: list[HeldMessage]
+    dead_casts: list[DeadLetter]
+    dead_calls: list[DeadLetter]
+
+    def deliver(self, held: HeldMessage, *, lose_ack: bool = False) -> asyncio.Task[None]: ...
+
+    def duplicate(self, held: HeldMessage) -> HeldMessage: ...
+
+    def consumers(self, topic: str) -> list[Any]: ...
+
+    def expire_calls(self) -> int: ...
+
+
+class ModelTransport(Protocol):
+    """A process's transport: a :class:`FakeTransport`, or RabbitMQ's behind a relay.
+
+    A :class:`~shared.rpc.transport.Transport` with the model's handles on it.
+    """
+
+    before_publish: Callable[[str], Awaitable[None]] | None
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def call(self, topic: str, body: bytes, *, message_id: str, timeout: float) -> bytes: ...
+
+    async def cast(self, topic: str, body: bytes, *, message_id: str) -> None: ...
+
+    async def serve(self, topic: str, handler: Handler, *, prefetch: int) -> Consumer: ...
+
+    def kill(self) -> Any: ...
+
+    def serves(self, topic: str) -> bool: ...
+
+    def fail_next_cast(self, *, delivered: bool) -> None: ...
+
+    def pending_cast_faults(self) -> list[bool]: ...
 
 
 @dataclass(eq=False)
@@ -91,7 +135,7 @@ class Process:
         self.runtime = runtime
         self.name = name
         self.alive = False
-        self.transport: FakeTransport | None = None
+        self.transport: ModelTransport | None = None
         self.pool = ModelPool(runtime.db, self.checkpoint, runtime.inflight)
         #: Tasks the process runs besides its handlers (its main loop, its activities).
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -104,9 +148,18 @@ class Process:
         """The pool as keel code takes it."""
         return cast(asyncpg.Pool, self.pool)
 
-    async def connect(self) -> FakeTransport:
-        transport = FakeTransport(self.runtime.broker)
-        await transport.connect()
+    @property
+    def rpc(self) -> Transport:
+        """The transport as keel code takes it."""
+        assert self.transport is not None
+        return cast(Transport, self.transport)
+
+    async def connect(self, *, now: bool = True) -> ModelTransport:
+        """A new transport for this (re)started process; connected unless ``now`` is False
+        (an agent connects its transport itself)."""
+        transport = self.runtime.new_transport()
+        if now:
+            await transport.connect()
         transport.before_publish = self._before_publish
         self.transport = transport
         self.alive = True
@@ -134,13 +187,25 @@ class Runtime:
     def __init__(self, db: asyncpg.Pool) -> None:
         self.db = db
         self.inflight = InFlight()
-        self.broker = FakeBroker(hold=lambda topic, message: not message.is_call)
+        self.broker: Broker = self.new_broker()
         self.activities: list[Activity] = []
         self._ids = itertools.count(1)
         self._cleanups: set[asyncio.Task[Any]] = set()
 
-    def reset(self) -> None:
-        self.broker = FakeBroker(hold=lambda topic, message: not message.is_call)
+    def new_broker(self) -> Broker:
+        """The in-memory broker, holding every cast for the model to deliver."""
+        return FakeBroker(hold=lambda topic, message: not message.is_call)
+
+    def new_transport(self) -> ModelTransport:
+        assert isinstance(self.broker, FakeBroker)
+        return FakeTransport(self.broker)
+
+    async def in_transit(self) -> bool:
+        """Whether a message is on its way (never, in memory: publishing is delivering)."""
+        return False
+
+    async def reset(self) -> None:
+        self.broker = self.new_broker()
         self.activities.clear()
 
     # -- activities --------------------------------------------------------------------
@@ -281,6 +346,14 @@ class Runtime:
                 continue
             if self.broker.expire_calls():
                 quiet = 0
+                continue
+            if self._cleanups:
+                quiet = 0
+                await asyncio.wait(set(self._cleanups))
+                continue
+            if await self.in_transit():
+                quiet = 0
+                await asyncio.sleep(0.002)
                 continue
             quiet += 1
             if quiet >= 3:

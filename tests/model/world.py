@@ -121,7 +121,9 @@ CREATE TRIGGER model_migration_changed AFTER INSERT OR UPDATE ON migrations
 """
 
 
-def base_settings(database_url: str, workdir: Path) -> Settings:
+def base_settings(
+    database_url: str, workdir: Path, *, call_timeout: float = CALL_TIMEOUT
+) -> Settings:
     return Settings(
         database_url=database_url,
         exchange="model",
@@ -135,7 +137,7 @@ def base_settings(database_url: str, workdir: Path) -> Settings:
         resize_confirm_window=CONFIRM_WINDOW,
         log_level="WARNING",
         rpc=RpcSettings(
-            call_timeout=CALL_TIMEOUT,
+            call_timeout=call_timeout,
             connect_timeout=0.2,
             handler_retry_timeout=0.05,
             delivery_limit=5,
@@ -151,17 +153,22 @@ def base_settings(database_url: str, workdir: Path) -> Settings:
 class World:
     """A whole cloud in one event loop; one per test, reset for each example."""
 
-    def __init__(self, db: asyncpg.Pool, settings: Settings, workdir: Path) -> None:
+    def __init__(
+        self, db: asyncpg.Pool, settings: Settings, workdir: Path, runtime: Runtime | None = None
+    ) -> None:
         self.db = db
         self.settings = settings
         self.workdir = workdir
-        self.rt = Runtime(db)
+        #: The in-memory broker's runtime, or another (RabbitMQ's: tests/model/amqp.py).
+        self.rt = runtime or Runtime(db)
         self.api = Process(self.rt, "keel-api")
         self.conductor = Process(self.rt, "keel-conductor")
         self.scheduler = Process(self.rt, "keel-scheduler")
         self.hosts: list[Host] = []
         self.agents: dict[int, Process] = {}
         self.agent_objects: dict[int, Agent] = {}
+        #: Every agent's service UUID ever registered (their queues, to remove at the end).
+        self.agent_services: set[UUID] = set()
         #: Why each host's last agent start was refused (host index → message).
         self.refusals: dict[int, str] = {}
         self.http: httpx.AsyncClient | None = None
@@ -245,7 +252,7 @@ class World:
     async def start(self) -> None:
         """A fresh cloud: database and state directories as copied, every process up."""
         self.seed(0)
-        self.rt.reset()
+        await self.rt.reset()
         self.i3_violations.clear()
         self.refusals.clear()
         async with self.db.acquire() as conn:
@@ -308,7 +315,7 @@ class World:
         process: Process,
         main: Callable[[Settings, Lifecycle, asyncpg.Pool, Any], Coroutine[Any, Any, None]],
     ) -> None:
-        transport = await process.connect()
+        await process.connect()
         lifecycle = Lifecycle(metrics=Metrics())
 
         async def end() -> None:
@@ -316,7 +323,7 @@ class World:
 
         process.on_kill = end
         process.spawn(
-            main(self._service_settings("control"), lifecycle, process.db, transport), "main"
+            main(self._service_settings("control"), lifecycle, process.db, process.rpc), "main"
         )
         await self.rt.idle()
 
@@ -328,11 +335,13 @@ class World:
 
     async def start_api(self) -> None:
         """keel-api on a new transport (the application is built once: it keeps no state)."""
-        transport = await self.api.connect()
+        await self.api.connect()
+        transport = self.api.rpc
         settings = self._service_settings("control")
         pins = Pins.build(self.api.db, settings, Metrics())
-        conductor = ConductorAPI(transport, timeout=CALL_TIMEOUT, version_cap=pins.conductor.cap)
-        compute = ComputeAPI(transport, timeout=CALL_TIMEOUT, version_cap=pins.compute.cap)
+        timeout = settings.rpc.call_timeout
+        conductor = ConductorAPI(transport, timeout=timeout, version_cap=pins.conductor.cap)
+        compute = ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap)
         if self._app is None:
             self._app = create_app(settings, self.api.db, conductor, compute)
         self._app.state.conductor = conductor
@@ -362,7 +371,7 @@ class World:
         process = Process(self.rt, f"keel-compute@{host.name}")
         self.agents[host.index] = process
         host.powered = True
-        transport = await process.connect()
+        transport = await process.connect(now=False)
 
         def refused(exc: KeelError) -> None:
             self.refusals[host.index] = exc.message
@@ -370,7 +379,7 @@ class World:
 
         try:
             agent = await start_agent(
-                self.agent_settings(host), transport, host.driver, on_refused=refused
+                self.agent_settings(host), process.rpc, host.driver, on_refused=refused
             )
         except (KeelError, asyncpg.PostgresError) as exc:
             self.refusals[host.index] = str(exc)
@@ -380,6 +389,7 @@ class World:
             return False
         self.refusals.pop(host.index, None)
         self.agent_objects[host.index] = agent
+        self.agent_services.add(agent.registration.service_uuid)
         host.node_uuid = agent.registration.node_uuid
 
         async def stop_agent() -> None:
@@ -421,7 +431,7 @@ class World:
         if not self.conductor.alive or self.conductor.transport is None:
             return
         for name, job in sweeps.conductor_jobs(
-            self._service_settings("control"), self.conductor.db, self.conductor.transport
+            self._service_settings("control"), self.conductor.db, self.conductor.rpc
         ):
             self.rt.start(self.conductor, name, job, **plan)
 
