@@ -366,6 +366,10 @@ class FakeTransport(Transport):
         """The next cast raises ``MessagingError``; with ``delivered``, after it went out."""
         self._cast_faults.append(delivered)
 
+    def pending_cast_faults(self) -> list[bool]:
+        """The failures armed for the next casts, in order (``delivered`` of each)."""
+        return list(self._cast_faults)
+
     def serves(self, topic: str) -> bool:
         """Whether this transport consumes ``topic`` now."""
         return any(c.topic == topic and not c.stopped for c in self._consumers)

@@ -9,7 +9,8 @@
   its node, or on the source or destination of one of its moves that still holds
   claims; a move's claim only while the move holds claims — and every node's usage is
   the sum of its claims. At quiescence: a live server (not ERROR) holds exactly one
-  claim, its own, on its node; one in ERROR at most that; a deleted one none.
+  claim, its own, on its node; one in ERROR at most that; a deleted one none; and every
+  copy of a server, whatever its state, sits where it holds a claim.
 * **I2** never two running copies of one server. At quiescence exactly one copy of
   each live server (not ERROR), on its node; at most that for one in ERROR; none of a
   deleted one. Guests recorded as orphans, and hosts deleted for good, aside.
@@ -63,6 +64,8 @@ class Claim:
 @dataclass
 class Snapshot:
     instances: dict[UUID, Row]
+    #: Every server, in the order they were created.
+    order: list[UUID]
     moves: list[Move]
     claims: list[Claim]
     drift: list[Any]
@@ -75,31 +78,39 @@ class Snapshot:
         return [m for m in self.moves if m.instance == instance]
 
 
+_SNAPSHOT = """
+SELECT
+  (SELECT coalesce(json_agg(json_build_array(uuid, vm_state, task_state, compute_id,
+                                             deleted_at IS NOT NULL) ORDER BY id), '[]')
+     FROM instances) AS instances,
+  (SELECT coalesce(json_agg(json_build_array(uuid, instance_uuid, migration_type, status,
+                                             source_compute_id, dest_compute_id) ORDER BY id),
+                   '[]')
+     FROM migrations WHERE deleted_at IS NULL) AS moves,
+  (SELECT coalesce(json_agg(json_build_array(consumer_uuid, instance_uuid, compute_node_id)
+                            ORDER BY id), '[]')
+     FROM allocations) AS claims,
+  (SELECT coalesce(json_agg(json_build_array(compute_node_id, instance_uuid)), '[]')
+     FROM orphaned_guests) AS orphans,
+  (SELECT coalesce(json_agg(json_build_array(id, uuid, deleted_at IS NOT NULL)), '[]')
+     FROM compute_nodes) AS nodes
+"""
+
+
 async def snapshot(conn: Connection) -> Snapshot:
-    rows = await conn.fetch(
-        "SELECT uuid, vm_state, task_state, compute_id, deleted_at IS NOT NULL AS deleted "
-        "FROM instances"
-    )
-    moves = await conn.fetch(
-        "SELECT uuid, instance_uuid, migration_type, status, source_compute_id, "
-        "dest_compute_id FROM migrations WHERE deleted_at IS NULL ORDER BY id"
-    )
-    claims = await conn.fetch(
-        "SELECT consumer_uuid, instance_uuid, compute_node_id FROM allocations ORDER BY id"
-    )
-    orphans = await conn.fetch("SELECT compute_node_id, instance_uuid FROM orphaned_guests")
-    nodes = await conn.fetch("SELECT id, uuid, deleted_at IS NOT NULL AS gone FROM compute_nodes")
+    """The rows the invariants judge, read in one statement (one consistent view)."""
+    row = await conn.fetchrow(_SNAPSHOT)
+    assert row is not None
+    instances = [Row(UUID(u), vm, task, node, gone) for u, vm, task, node, gone in row["instances"]]
     return Snapshot(
-        instances={
-            r["uuid"]: Row(r["uuid"], r["vm_state"], r["task_state"], r["compute_id"], r["deleted"])
-            for r in rows
-        },
-        moves=[Move(*r.values()) for r in moves],
-        claims=[Claim(*r.values()) for r in claims],
+        instances={r.uuid: r for r in instances},
+        order=[r.uuid for r in instances],
+        moves=[Move(UUID(u), UUID(i), k, st, src, dst) for u, i, k, st, src, dst in row["moves"]],
+        claims=[Claim(UUID(c), UUID(i), n) for c, i, n in row["claims"]],
         drift=await allocation_queries.usage_drift(conn),
-        orphans={(r["compute_node_id"], r["instance_uuid"]) for r in orphans},
-        node_ids={r["uuid"]: r["id"] for r in nodes},
-        gone_nodes={r["id"] for r in nodes if r["gone"]},
+        orphans={(n, UUID(i)) for n, i in row["orphans"]},
+        node_ids={UUID(u): n for n, u, _ in row["nodes"]},
+        gone_nodes={n for n, _, gone in row["nodes"] if gone},
     )
 
 
@@ -128,6 +139,10 @@ def claim_problems(snap: Snapshot) -> list[str]:
         if instance.deleted:
             continue  # released when the delete completes: judged at quiescence
         allowed = {instance.node}
+        # The scheduler claims before the conductor records the node: one claim, anywhere.
+        placing = instance.node is None and instance.vm == "building"
+        if placing and sum(1 for c in snap.claims if c.instance == instance.uuid) == 1:
+            continue
         for move in snap.moves_of(instance.uuid):
             if move.status in states.CLAIMING.get(move.kind, ()):
                 allowed |= {move.source, move.dest}
@@ -197,6 +212,8 @@ class Observer:
         self.world = world
         self.last_transition = 0
         self.api_errors: list[str] = []
+        #: Every server, in the order created, as of the last check.
+        self.servers: list[UUID] = []
         world.on_destroy = self.destroying
 
     async def destroying(self, host: Host, instance_uuid: UUID, own_failure: bool) -> None:
@@ -288,6 +305,7 @@ class Observer:
         async with self.world.db.acquire() as conn:
             snap = await snapshot(conn)
             problems = await self.transition_problems(conn)
+        self.servers = snap.order
         problems += claim_problems(snap)
         problems += running_problems(snap, self.world.hosts)
         problems += self.world.i3_violations
@@ -337,6 +355,11 @@ def quiet_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
             problems.append(f"I1 server {row.uuid} still holds a move's claim")
         nodes = {c.node for c in own}
         expected = set() if row.node is None else {row.node}
+        unclaimed = where - nodes
+        if unclaimed:
+            # A copy uses its host's resources: whatever the server's state, it holds a claim
+            # there (a build that finished after its deadline, say).
+            problems.append(f"I1 server {row.uuid} ({row.vm}) has copies on {unclaimed} unclaimed")
         if row.vm == "error":
             if not nodes <= expected:
                 problems.append(

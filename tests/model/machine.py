@@ -82,7 +82,7 @@ class KeelMachine(RuleBasedStateMachine):
         self.created: set[UUID] = set()
         self.creates_sent = 0
         self.deletes: dict[UUID, int] = {}
-        KeelMachine.examples += 1
+        type(self).examples += 1
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -102,10 +102,6 @@ class KeelMachine(RuleBasedStateMachine):
                 await action
             await self.rt.idle()
             self.rt.forget_finished()
-            async with self.w.db.acquire() as conn:
-                self.servers = [
-                    r["uuid"] for r in await conn.fetch("SELECT uuid FROM instances ORDER BY id")
-                ]
 
         self.run(go())
 
@@ -362,8 +358,15 @@ class KeelMachine(RuleBasedStateMachine):
     def cast_fails(self, which: str, delivered: bool) -> None:
         """The next cast of keel-api (or the conductor) fails; perhaps after it went out."""
         process = getattr(self.w, which)
-        if process.alive and process.transport is not None:
-            process.transport.fail_next_cast(delivered=delivered)
+        if not process.alive or process.transport is None:
+            return
+        pending = process.transport.pending_cast_faults()
+        # While finding 9 is open, keel-api never gives up (three failures in a row) on a
+        # cast one of whose attempts went out (its example is in test_findings.py).
+        ambiguous = delivered or any(pending)
+        if known.AMBIGUOUS_PUBLISH in known.UNFIXED and ambiguous and len(pending) >= 2:
+            return
+        process.transport.fail_next_cast(delivered=delivered)
 
     @rule(h=hosts, operation=st.sampled_from(["spawn", "rebuild"]))
     def fail_next(self, h: int, operation: str) -> None:
@@ -421,7 +424,7 @@ class KeelMachine(RuleBasedStateMachine):
         ready = self.deliverable()
         if not ready:
             return
-        self.rt.broker.duplicate(ready[k % len(ready)])
+        self.act(self._start(lambda: self.rt.broker.duplicate(ready[k % len(ready)])))
 
     @rule(k=index, j=st.none() | index, order=st.lists(st.integers(0, 1), max_size=10))
     def interleave(self, k: int, j: int | None, order: list[int]) -> None:
@@ -430,9 +433,14 @@ class KeelMachine(RuleBasedStateMachine):
         if not ready:
             return
         first = ready[k % len(ready)]
-        second = self.rt.broker.duplicate(first) if j is None else ready[j % len(ready)]
+        second = ready[j % len(ready)] if j is not None else first
         if second is first:
-            second = self.rt.broker.duplicate(first)
+            # A second copy of the same message (over RabbitMQ it arrives a little later).
+            self.act(self._start(lambda: self.rt.broker.duplicate(first)))
+            copies = [h for h in self.deliverable() if h.message == first.message and h != first]
+            if not copies:
+                return
+            second = copies[-1]
         pair: list[Activity | None] = []
 
         async def begin() -> None:
@@ -486,6 +494,19 @@ class KeelMachine(RuleBasedStateMachine):
 
         return self.run(read())
 
+    def moves_of(self, i: int = 0) -> list[str]:
+        """The statuses of server i's moves, oldest first."""
+
+        async def read() -> list[str]:
+            async with self.w.db.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT status FROM migrations WHERE instance_uuid = $1 ORDER BY id",
+                    self.server(i),
+                )
+            return [r["status"] for r in rows]
+
+        return self.run(read())
+
     # -- gates -------------------------------------------------------------------------
 
     def gated_by_move(self, i: int, finding: int) -> bool:
@@ -514,6 +535,7 @@ class KeelMachine(RuleBasedStateMachine):
         if TRACE_FILE:
             self.run(self._trace())
         problems = self.run(self.observer.after_step())
+        self.servers = self.observer.servers
         if problems and TRACE:
             print("model: after a step:", *problems, sep="\n  ")
         assert not problems, "\n".join(problems)

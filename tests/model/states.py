@@ -37,6 +37,10 @@ def _instance_transitions() -> set[tuple[State, State]]:
     add(CREATED, ("building", "scheduling"))
     add(("building", "scheduling"), ("building", "spawning"), ("error", None))
     add(("building", "spawning"), ("active", None), ("error", None))
+    # With no task under way, a server's power follows its host's guest report (README,
+    # "A server's recorded power state follows what its host reports").
+    add(("active", None), ("stopped", None))
+    add(("stopped", None), ("active", None))
     # A build whose success arrives after the build deadline put it in ERROR: the guest
     # runs, so the server is ACTIVE again, its claim recorded (instance_events.py).
     add(("error", None), ("active", None))
@@ -81,6 +85,10 @@ def instance_allowed(old: State, new: State) -> bool:
         return True  # a delete (local, or once the agent removed the guest) from any state
     if new[1] == "deleting":
         return old[0] == new[0]  # keel-api marks any live server deleting, state unchanged
+    if old[1] == "deleting":
+        # A delete keel-api could not send is withdrawn (a compare-and-swap while no agent
+        # took it: README, "503 means nothing will happen"): the task it replaced is back.
+        return old[0] == new[0]
     return (old, new) in INSTANCE
 
 

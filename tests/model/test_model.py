@@ -42,7 +42,7 @@ def _settings(examples: int) -> settings:
 @pytest.mark.timeout(0)
 def test_the_model_holds(model: tuple[World, Loop]) -> None:
     world, loop = model
-    examples = int(os.environ.get("KEEL_MODEL_EXAMPLES", CI_EXAMPLES))
+    examples = int(os.environ.get("KEEL_MODEL_EXAMPLES", str(CI_EXAMPLES)))
     KeelMachine.world, KeelMachine.runner, KeelMachine.examples = world, loop, 0
     started = time.monotonic()
     try:

@@ -183,6 +183,7 @@ async def test_a_cast_fails_once_before_or_after_the_broker_took_it(
     await server.serve("t", Recorder(), prefetch=10)
     client.fail_next_cast(delivered=False)
     client.fail_next_cast(delivered=True)
+    assert client.pending_cast_faults() == [False, True]
     with pytest.raises(MessagingError, match="nothing was sent"):
         await client.cast("t", b"lost", message_id="lost")
     with pytest.raises(MessagingError, match="it was sent"):
