@@ -146,6 +146,10 @@ class Fencing:
             self._lift()
         self._changed.set()
 
+    def contact_lost(self) -> None:
+        """Contact is lost now, as the agent finds out once heartbeats go unanswered."""
+        self._lose(self._clock())
+
     def attach(self, reconcile: Callable[[], Awaitable[None]]) -> None:
         """Run ``reconcile`` by itself once contact is back (after start-up's first one)."""
         self._reconcile = reconcile

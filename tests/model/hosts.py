@@ -97,6 +97,9 @@ class Host:
     node_uuid: UUID | None = None
     #: Set once the service was deleted: the host is gone for good.
     gone: bool = False
+    #: While the host is cut off from the control plane: the seconds it has been (its
+    #: agent fences itself once they reach its window); ``None`` when it is not.
+    cut_for: float | None = None
 
     def attach(self, on_destroy: DestroyWatch) -> None:
         self.driver = ModelDriver(self, on_destroy)

@@ -11,9 +11,9 @@ the cloud (everything delivered and resumed, every host back, every deadline pas
 swept) and checks the invariants of quiescence (:mod:`tests.model.invariants`).
 
 The model plays a careful operator: it evacuates only servers whose host has crashed
-(fencing is the operator's duty), renames a host only while its agent is stopped, and
-never asks for anything the API documents as refused — except by accident, which the
-API must answer with a 4xx.
+or is cut off (keel-api then decides whether the host fenced itself), renames a host
+only while its agent is stopped, and never asks for anything the API documents as
+refused — except by accident, which the API must answer with a 4xx.
 
 Rules gated on :data:`tests.model.known.UNFIXED` stay off while the finding they would
 trip over is open (its explicit example in ``test_findings.py`` is an xfail), so the
@@ -166,8 +166,18 @@ class KeelMachine(RuleBasedStateMachine):
         return found
 
     def deliverable(self) -> list[HeldMessage]:
+        """Held messages a consumer could take now (none for an agent cut off)."""
         broker = self.rt.broker
-        return [h for h in broker.held if broker.consumers(h.topic)]
+        cut = {
+            process
+            for host, process in self.w.agents.items()
+            if self.w.hosts[host].cut_for is not None
+        }
+        return [
+            h
+            for h in broker.held
+            if broker.consumers(h.topic) and self.consumer_of(h.topic) not in cut
+        ]
 
     def consumer_of(self, topic: str) -> Process | None:
         for process in [self.w.conductor, self.w.scheduler, self.w.api, *self.w.agents.values()]:
@@ -227,8 +237,10 @@ class KeelMachine(RuleBasedStateMachine):
         if server is None:
             return
         source = self.run(self._host_of(server))
-        if source is None or source.powered:
-            return  # the operator fences a host (it crashed) before evacuating it
+        if source is None or (source.powered and source.cut_for is None):
+            # The operator evacuates a host that crashed, or one cut off: keel-api lets
+            # it only once the host fenced itself.
+            return
         body: dict[str, Any] = {"evacuate": {} if to is None else {"host": self.host(to).name}}
         self.api(
             "evacuate",
@@ -336,8 +348,40 @@ class KeelMachine(RuleBasedStateMachine):
     @rule(h=hosts)
     def start_agent(self, h: int) -> None:
         host = self.host(h)
-        if not host.gone:
+        if not host.gone and host.cut_for is None:
             self.act(self.w.start_agent(host))
+
+    # -- partitions --------------------------------------------------------------------
+
+    @rule(h=hosts)
+    def cut(self, h: int) -> None:
+        """The host's network is cut: nothing reaches its agent, nothing it sends leaves."""
+        host = self.host(h)
+        process = self.w.agent(host)
+        if process is None or host.cut_for is not None:
+            return
+        host.cut_for = 0.0
+        process.cut = True
+        self.w.agent_objects[host.index].fencing.contact_lost()
+
+    @rule(h=hosts, plan=plans)
+    def heal(self, h: int, plan: dict[str, Any] | None = None) -> None:
+        """The cut heals: the agent's heartbeats get through, and it reconciles (its
+        watchdog's look) before it starts anything again."""
+        host = self.host(h)
+        if host.cut_for is None:
+            return
+        self.act(self._heal(host, **(plan or {})))
+
+    async def _heal(self, host: Host, **plan: Any) -> None:
+        host.cut_for = None
+        process = self.w.agent(host)
+        if process is None:
+            return
+        process.cut = False
+        fencing = self.w.agent_objects[host.index].fencing
+        fencing.heartbeat_succeeded(fencing.now())
+        self.rt.start(process, f"reconnect of {host.name}", fencing.tick, **plan)
 
     @rule(which=st.sampled_from(["conductor", "scheduler", "api"]))
     def kill_control(self, which: str) -> None:
@@ -382,7 +426,17 @@ class KeelMachine(RuleBasedStateMachine):
         await self.w.advance(seconds)
         await self.w.control_heartbeats()
         for host in self.w.hosts:
-            self.w.heartbeat(host)
+            if host.cut_for is None:
+                self.w.heartbeat(host)
+                continue
+            # Cut off that long, its agent has fenced itself (its own clock: the model
+            # moves the database's).
+            host.cut_for += seconds
+            process = self.w.agent(host)
+            agent = self.w.agent_objects.get(host.index)
+            fence_after = 0.0 if agent is None else agent.fencing.fence_after
+            if process is not None and agent is not None and host.cut_for >= fence_after > 0:
+                self.rt.start(process, f"self-fence of {host.name}", agent.fencing.fence)
 
     @rule(h=hosts, plan=plans)
     def guest_report(self, h: int, plan: dict[str, Any] | None = None) -> None:
@@ -605,6 +659,9 @@ class KeelMachine(RuleBasedStateMachine):
         """Everything delivered and resumed, every host back, every deadline passed."""
         w, rt = self.w, self.rt
         w.seed(1000 + self.steps)
+        for host in w.hosts:
+            if host.cut_for is not None:
+                await self._heal(host)
         for _ in range(6):
             for activity in rt.paused():
                 rt.resume(activity, step=False)

@@ -38,6 +38,7 @@ from typing import Any, Protocol, TypeVar, cast
 import asyncpg
 from anyio import to_thread
 
+from shared.exceptions import MessagingError
 from shared.rpc.fake import FakeBroker, FakeTransport, HeldMessage
 from shared.rpc.transport import Consumer, DeadLetter, Handler, Transport
 from tests.model.pool import InFlight, ModelPool
@@ -142,6 +143,9 @@ class Process:
         #: Cleanup to run after a kill (stop an agent's timers, end a main loop).
         self.on_kill: Callable[[], Coroutine[Any, Any, None]] | None = None
         self.kills = 0
+        #: Cut off from the broker: whatever it publishes fails (messages to it are held
+        #: by the machine until the cut heals).
+        self.cut = False
 
     @property
     def db(self) -> asyncpg.Pool:
@@ -167,6 +171,8 @@ class Process:
 
     async def _before_publish(self, topic: str) -> None:
         await self.checkpoint(f"publish to {topic}")
+        if self.cut:
+            raise MessagingError(f"{self.name} is cut off from the broker")
 
     async def checkpoint(self, what: str) -> None:
         await self.runtime.checkpoint(self, what)

@@ -50,6 +50,12 @@ def _instance_transitions() -> set[tuple[State, State]]:
             # withdrawn by keel-api when the message could not be sent.
             add((vm, None), (vm, task))
             add((vm, task), (success, None), (vm, None))
+    # A server's recorded power state follows what its host reports when no task is under
+    # way (README, "Every state has a deadline": a guest that stopped by itself — its
+    # host crashed, or fenced itself while cut off — or a stop or start whose task was
+    # cleared; services/conductor/moves/guests.py _follow_power).
+    add(("active", None), ("stopped", None))
+    add(("stopped", None), ("active", None))
     # A hard reboot may replace a soft one in progress (Nova's rule).
     for vm in ("active",):
         add((vm, "rebooting"), (vm, "rebooting_hard"))

@@ -233,3 +233,27 @@ def test_finding_9_a_stop_answered_503_stops_nothing(m: KeelMachine, delivered: 
     s.deliver_all()
     assert m.w.hosts[A].driver.running(), "a stop answered 503 stopped the guest"
     m.teardown()
+
+
+def test_a_host_cut_off_is_evacuated_only_once_fenced_and_never_runs_a_second_copy(
+    m: KeelMachine,
+) -> None:
+    """Issue 23: cut off, A fences itself before keel lets the server be evacuated; after
+    the heal A reconciles first, removing its old copy, and never starts it."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.cut(A)
+    s.advance(seconds=30.0)  # past the down time, not past A's window: no evacuation yet
+    s.evacuate(0, to=B)
+    s.deliver_all()
+    assert m.state_of(0) == ("active", None, "host0")
+    s.advance(seconds=3601.0)  # A has fenced itself: its guest is off, keel may evacuate
+    assert not m.host(A).driver.running()
+    s.evacuate(0, to=B)
+    s.deliver_all()
+    assert m.state_of(0) == ("active", None, "host1")
+    s.heal(A)
+    s.deliver_all()
+    assert m.host(A).driver.guests() == set(), "the evacuated copy went, never started"
+    m.teardown()
