@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -20,7 +21,7 @@ from services.conductor.recovery import RECOVERY_USER, Recovery
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import FencingSettings, RecoverySettings, Settings
 from shared.context import RequestContext
-from shared.db import compute_nodes, instances, services
+from shared.db import compute_nodes, instances, recoveries, services
 from shared.exceptions import MessagingTimeout
 from shared.metrics import Metrics
 from shared.objects.migration import MigrationStatus
@@ -274,3 +275,33 @@ async def test_an_evacuation_whose_cast_fails_is_withdrawn_and_taken_again_later
 
     assert await world.recovery().sweep() == 1
     assert len(world.conductor.evacuations) == 1
+
+
+async def test_a_sweep_whose_database_call_fails_leaves_no_lock_behind(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    placed = await five_hosts(world)
+    await world.silent("cn1", FENCED)
+    real = recoveries.evacuable
+    failures = [asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(recoveries, "evacuable", flaky)
+    recovery = world.recovery()
+    with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+        await recovery.sweep()
+
+    async with world.pool.acquire() as conn:
+        held = await conn.fetchval(
+            """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1
+                  AND database = (SELECT oid FROM pg_database
+                                   WHERE datname = current_database())""",
+            recoveries.LOCK_KEY,
+        )
+    assert held == 0
+    assert await recovery.sweep() == 1, "the next sweep takes the lock and the host"
+    assert set(await world.evacuated()) == {placed["cn1"][0]}
