@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 
 from services.api.servers import publish
-from shared.config import DatabaseSettings
-from shared.db.pool import create_pool
 from tests.model.runtime import Loop
-from tests.model.world import World, base_settings
+from tests.model.world import World, base_settings, scratch_pool
 
 
 @pytest.fixture
@@ -27,7 +25,7 @@ def model(
     # passes but what the model advances, so the pause is only a wait.
     monkeypatch.setattr(publish, "PAUSE", 0.0)
     loop = Loop()
-    pool = loop.run(create_pool(database_url, DatabaseSettings(pool_max_size=30)))
+    pool = loop.run(scratch_pool(database_url))
     world = World(pool, base_settings(database_url, tmp_path), tmp_path)
     loop.run(world.prepare())
     try:

@@ -21,12 +21,10 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from devkit.broker import remove_exchange
 from services.api.servers import publish
-from shared.config import DatabaseSettings
-from shared.db.pool import create_pool
 from tests.model.amqp import AmqpRuntime
 from tests.model.machine import KeelMachine
 from tests.model.runtime import Loop
-from tests.model.world import World, base_settings
+from tests.model.world import World, base_settings, scratch_pool
 
 pytestmark = pytest.mark.functional
 
@@ -50,7 +48,7 @@ def amqp_model(
 ) -> Iterator[tuple[World, Loop]]:
     monkeypatch.setattr(publish, "PAUSE", 0.0)
     loop = Loop()
-    pool = loop.run(create_pool(database_url, DatabaseSettings(pool_max_size=30)))
+    pool = loop.run(scratch_pool(database_url))
     runtime = AmqpRuntime(pool, amqp_url, CALL_TIMEOUT)
     world = World(
         pool,

@@ -49,12 +49,14 @@ from services.scheduler.main import run_scheduler
 from shared.config import (
     AuthSettings,
     ComputeSettings,
+    DatabaseSettings,
     NetworkSettings,
     RpcSettings,
     Settings,
     TokenInfo,
 )
 from shared.db import fixed_ips, images
+from shared.db.pool import create_pool
 from shared.exceptions import KeelError
 from shared.metrics import Metrics
 from shared.runtime import Lifecycle
@@ -148,6 +150,18 @@ def base_settings(
         ),
         network=NetworkSettings(cidr="10.20.0.0/24"),
     )
+
+
+async def scratch_pool(database_url: str) -> asyncpg.Pool:
+    """The pool every process of the model shares, on a database that need not survive a
+    crash: its commits do not wait for the disk (most of a step's time otherwise)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        name = await conn.fetchval("SELECT current_database()")
+        await conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    finally:
+        await conn.close()
+    return await create_pool(database_url, DatabaseSettings(pool_max_size=30))
 
 
 class World:
@@ -266,14 +280,24 @@ class World:
         for path, content in self._state_files.items():
             if not path.exists() or path.read_bytes() != content:
                 path.write_bytes(content)
-        await self._start_processes()
+        await self._start_processes(together=True)
 
-    async def _start_processes(self) -> None:
-        await self.start_conductor()
-        await self.start_scheduler()
-        await self.start_api()
-        for host in self.hosts:
-            await self.start_agent(host)
+    async def _start_processes(self, *, together: bool = False) -> None:
+        """Start every process; ``together``: at once (their rows exist: nothing is decided
+        by which registers first)."""
+        if together:
+            await asyncio.gather(
+                self.start_conductor(settle=False), self.start_scheduler(settle=False)
+            )
+            await self.start_api()
+            await self.rt.idle()
+            await asyncio.gather(*(self.start_agent(host, settle=False) for host in self.hosts))
+        else:
+            await self.start_conductor()
+            await self.start_scheduler()
+            await self.start_api()
+            for host in self.hosts:
+                await self.start_agent(host)
         await self.rt.idle()
 
     async def stop(self) -> None:
@@ -314,6 +338,8 @@ class World:
         self,
         process: Process,
         main: Callable[[Settings, Lifecycle, asyncpg.Pool, Any], Coroutine[Any, Any, None]],
+        *,
+        settle: bool = True,
     ) -> None:
         await process.connect()
         lifecycle = Lifecycle(metrics=Metrics())
@@ -325,13 +351,14 @@ class World:
         process.spawn(
             main(self._service_settings("control"), lifecycle, process.db, process.rpc), "main"
         )
-        await self.rt.idle()
+        if settle:
+            await self.rt.idle()
 
-    async def start_conductor(self) -> None:
-        await self._start_main(self.conductor, run_conductor)
+    async def start_conductor(self, *, settle: bool = True) -> None:
+        await self._start_main(self.conductor, run_conductor, settle=settle)
 
-    async def start_scheduler(self) -> None:
-        await self._start_main(self.scheduler, partial(run_scheduler, rng=self.rng))
+    async def start_scheduler(self, *, settle: bool = True) -> None:
+        await self._start_main(self.scheduler, partial(run_scheduler, rng=self.rng), settle=settle)
 
     async def start_api(self) -> None:
         """keel-api on a new transport (the application is built once: it keeps no state)."""
@@ -359,8 +386,10 @@ class World:
             update={"host": host.name, "state_dir": host.state_dir, "compute": compute}
         )
 
-    async def start_agent(self, host: Host) -> bool:
-        """Start keel-compute on ``host``; False (and why in ``refusals``) if it refused."""
+    async def start_agent(self, host: Host, *, settle: bool = True) -> bool:
+        """Start keel-compute on ``host``; False (and why in ``refusals``) if it refused.
+
+        ``settle``: run the world until idle afterwards (never while another waits so)."""
         process = self.agents.get(host.index)
         if process is not None and process.alive:
             return True
@@ -385,7 +414,8 @@ class World:
             self.refusals[host.index] = str(exc)
             process.alive = False
             transport.kill()
-            await self.rt.idle()
+            if settle:
+                await self.rt.idle()
             return False
         self.refusals.pop(host.index, None)
         self.agent_objects[host.index] = agent
@@ -397,7 +427,8 @@ class World:
                 await agent.stop()
 
         process.on_kill = stop_agent
-        await self.rt.idle()
+        if settle:
+            await self.rt.idle()
         return process.alive
 
     def agent(self, host: Host) -> Process | None:
