@@ -37,10 +37,6 @@ def _instance_transitions() -> set[tuple[State, State]]:
     add(CREATED, ("building", "scheduling"))
     add(("building", "scheduling"), ("building", "spawning"), ("error", None))
     add(("building", "spawning"), ("active", None), ("error", None))
-    # With no task under way, a server's power follows its host's guest report (README,
-    # "A server's recorded power state follows what its host reports").
-    add(("active", None), ("stopped", None))
-    add(("stopped", None), ("active", None))
     # A build whose success arrives after the build deadline put it in ERROR: the guest
     # runs, so the server is ACTIVE again, its claim recorded (instance_events.py).
     add(("error", None), ("active", None))
