@@ -440,6 +440,9 @@ async def start_agent(
         identity.read_identity, settings.state_dir, settings.config_file
     )
     fencing = new_fencing(settings, driver, metrics)
+    transport.on_connection_lost(
+        lambda reason: fencing.contact_lost(f"the broker connection was lost ({reason})")
+    )
     watchdog = Watchdog(fencing)
     try:
         await transport.connect()

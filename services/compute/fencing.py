@@ -13,9 +13,9 @@ plane — the heartbeats the conductor answered — and acts on what it sees
   ``fenced.json`` in its state directory (durably: a crash does not forget it), logs it
   and counts it (``keel_self_fences_total``). keel lets the host's servers be evacuated
   only a down time and a margin later (:mod:`shared.fencing`).
-* **Reconcile on reconnect.** Once no heartbeat has succeeded for twice
-  ``KEEL_REPORT_INTERVAL`` (a loss of the broker connection, or of every conductor,
-  longer than the report interval), the agent stops serving anything that could start
+* **Reconcile on reconnect.** Once its broker connection is lost, or no heartbeat has
+  succeeded for twice ``KEEL_REPORT_INTERVAL`` (every conductor gone, or a cut the
+  connection has not noticed yet), the agent stops serving anything that could start
   a guest — builds, rebuilds, start, reboot, unpause, resume, the end of a revert wait
   (:meth:`Fencing.wait_serving`) — until a guest report it sent *after* contact came
   back has been answered and acted on: the same reconcile as at start-up, which removes
@@ -146,9 +146,9 @@ class Fencing:
             self._lift()
         self._changed.set()
 
-    def contact_lost(self) -> None:
-        """Contact is lost now, as the agent finds out once heartbeats go unanswered."""
-        self._lose(self._clock())
+    def contact_lost(self, why: str = "its broker connection was lost") -> None:
+        """Contact is lost now (the broker connection dropped, say): a reconcile is due."""
+        self._lose(self._clock(), why)
 
     def attach(self, reconcile: Callable[[], Awaitable[None]]) -> None:
         """Run ``reconcile`` by itself once contact is back (after start-up's first one)."""
@@ -197,13 +197,13 @@ class Fencing:
         if self.lost() and not self._must_reconcile:
             self._lose(self._clock())
 
-    def _lose(self, at: float) -> None:
+    def _lose(self, at: float, why: str | None = None) -> None:
         if self._must_reconcile:
             return
         LOG.warning(
-            "no heartbeat answered for %.1fs: contact with the control plane is lost; "
-            "starting no guest before the conductor has answered a guest report again",
-            at - self._contact,
+            "%s: contact with the control plane is lost; starting no guest before the "
+            "conductor has answered a guest report again",
+            why or f"no heartbeat answered for {at - self._contact:.1f}s",
             extra={"decision": "contact_lost"},
         )
         self._must_reconcile = True

@@ -145,6 +145,7 @@ class AmqpTransport(Transport):
         self.broker: BrokerConnection | None = None
         self._publisher: _Publisher | None = None
         self._reopening = asyncio.Lock()
+        self._lost_listeners: list[Callable[[str], None]] = []
         #: Replies go out on a channel without publisher confirms: waiting for the
         #: broker's confirm of each reply held the request (and its prefetch slot) for a
         #: round trip; a reply that is lost makes its caller time out, as it would anyway.
@@ -206,6 +207,14 @@ class AmqpTransport(Transport):
         for consumer in self._consumers:
             consumer.detach()
         self._fail_waiting(ReplyQueueLost(f"{reason}; the reply queue went with it"))
+        for listener in self._lost_listeners:
+            try:
+                listener(reason)
+            except Exception:
+                LOG.exception("a listener to the loss of the broker connection failed")
+
+    def on_connection_lost(self, listener: Callable[[str], None]) -> None:
+        self._lost_listeners.append(listener)
 
     def _on_reply_channel_closed(self, sender: object, exc: BaseException | None = None) -> None:
         if sender is self._reply_channel:

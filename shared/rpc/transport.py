@@ -131,3 +131,10 @@ class Transport(ABC):
     @abstractmethod
     async def purge_dead_letters(self, *, calls: bool = False) -> int:
         """Remove every dead cast (or call); return how many were removed."""
+
+    def on_connection_lost(self, listener: Callable[[str], None]) -> None:  # noqa: B027
+        """Call ``listener`` with the reason each time the broker connection is lost.
+
+        Not abstract: a transport without a connection of its own to lose (the in-memory
+        one, a view of a shared one) never calls it.
+        """

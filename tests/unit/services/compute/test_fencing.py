@@ -261,3 +261,19 @@ async def test_a_report_answered_while_heartbeats_are_not_lifts_nothing(world: W
     assert world.fencing.fenced
     assert not world.fencing.serving()
     assert world.reports == [], "no report while heartbeats go unanswered"
+
+
+async def test_a_lost_broker_connection_however_short_needs_a_reconcile(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The consumer comes back by itself: what it delivers then waits for the report."""
+    world.fencing.contact_lost("the broker connection was lost (reset by peer)")
+    assert "reset by peer" in caplog.text
+    world.beat()  # heartbeats never stopped: the connection came back at once
+    assert not world.fencing.serving()
+
+    await world.fencing.tick()
+
+    assert world.reports == [world.clock.now]
+    assert world.fencing.serving()
+    assert not world.fencing.fenced
