@@ -365,6 +365,8 @@ class AmqpTransport(Transport):
             # An attempt after the connection was lost goes out with a new reply queue:
             # the failure of the old one is not its answer.
             waiting = self._waiting.get(correlation_id)
+            if waiting is not None and waiting.done() and not waiting.cancelled():
+                waiting.exception()  # seen: it is not this call's outcome
             if waiting is None or waiting.done():
                 self._waiting[correlation_id] = loop.create_future()
 
