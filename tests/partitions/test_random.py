@@ -126,6 +126,11 @@ class Run:
 
     async def on_one(self, op: str, statuses: tuple[str, ...]) -> None:
         candidates = [s for s in await self.servers() if s["status"] in statuses]
+        if op == "evacuate":
+            # Mostly the servers of a host cut off now: those keel may let go.
+            cut_off = [s for s in candidates if s["OS-EXT-SRV-ATTR:host"] in self.faulty]
+            if cut_off and self.rng.random() < 0.8:
+                candidates = cut_off
         if not candidates:
             return
         server = self.rng.choice(candidates)
@@ -176,7 +181,7 @@ class Run:
         parts = self.hosts.partitions
         kind = self.rng.choice(["cut", "cut", "refused", "loss", "delay"])
         # Shorter and longer than the self-fence window (8 s).
-        lasts = self.rng.choice([3.0, 6.0, 12.0, 20.0, 30.0])
+        lasts = self.rng.choice([3.0, 6.0, 12.0, 20.0, 30.0, 45.0])
         if kind == "cut":
             parts.cut(net)
         elif kind == "refused":
