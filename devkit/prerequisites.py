@@ -36,15 +36,29 @@ class Missing:
         return f"{self.what} is not reachable at {self.where} ({self.reason}): {self.fix}"
 
 
+def addresses(url: str, default_port: int) -> list[tuple[str, int]]:
+    """Every ``(host, port)`` ``url`` names: one, or each node of a cluster's URL
+    (``amqp://u:p@h1:5672,h2:5672/``, ``postgresql://u@db1,db2/keel``)."""
+    found = []
+    for entry in urlsplit(url).netloc.rpartition("@")[2].split(","):
+        node = urlsplit(f"//{entry.rpartition('@')[2]}")
+        found.append((node.hostname or "localhost", node.port or default_port))
+    return found
+
+
 def unreachable(url: str, default_port: int) -> tuple[str, str | None]:
-    """``host:port`` of ``url`` and why a TCP connection to it failed (None: it did not)."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "localhost", parts.port or default_port
-    try:
-        with socket.create_connection((host, port), CONNECT_TIMEOUT):
-            return f"{host}:{port}", None
-    except OSError as exc:
-        return f"{host}:{port}", exc.strerror or str(exc) or type(exc).__name__
+    """``host:port`` of ``url`` (comma-separated for several) and why a TCP connection
+    failed to every one of them (None: one answered)."""
+    nodes = addresses(url, default_port)
+    where = ",".join(f"{host}:{port}" for host, port in nodes)
+    reason = ""
+    for host, port in nodes:
+        try:
+            with socket.create_connection((host, port), CONNECT_TIMEOUT):
+                return where, None
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+    return where, reason
 
 
 def _postgres_version() -> str:

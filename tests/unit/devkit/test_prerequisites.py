@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -48,6 +49,21 @@ def test_a_closed_management_port_names_the_plugin_to_enable(
         f"the RabbitMQ management API is not reachable at 127.0.0.1:{port}"
     )
     assert "rabbitmq-plugins enable rabbitmq_management" in found.line()
+
+
+def test_a_cluster_is_reachable_when_one_of_its_nodes_answers() -> None:
+    dead, alive = free_port(), free_port()
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", alive))
+        listening.listen()
+        url = f"amqp://u:p@127.0.0.1:{dead},127.0.0.1:{alive}/"
+        assert prerequisites.rabbitmq(url, "KEEL_TRANSPORT_URL") is None
+    found = prerequisites.postgres(
+        f"postgresql://u@127.0.0.1:{dead},127.0.0.1:{alive}/keel?target_session_attrs=read-write",
+        "KEEL_DATABASE_URL",
+    )
+    assert found is not None
+    assert found.where == f"127.0.0.1:{dead},127.0.0.1:{alive}"
 
 
 def test_the_cloud_checks_the_servers_of_its_own_settings() -> None:
