@@ -31,7 +31,9 @@ import contextvars
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
@@ -339,7 +341,8 @@ class Runtime:
                 quiet = 0
                 continue
             if _threads_busy():
-                # keel-api's synchronous dependencies run in anyio's worker threads.
+                # keel-api's synchronous dependencies run in anyio's worker threads; an
+                # agent's files are written in asyncio's (Loop counts those).
                 quiet = 0
                 await asyncio.sleep(0.0005)
                 continue
@@ -371,7 +374,32 @@ class Runtime:
 
 
 def _threads_busy() -> bool:
-    return to_thread.current_default_thread_limiter().borrowed_tokens > 0
+    if to_thread.current_default_thread_limiter().borrowed_tokens > 0:
+        return True
+    executor = getattr(asyncio.get_running_loop(), "_model_executor", None)
+    return executor is not None and executor.busy > 0
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor (``asyncio.to_thread``), counting the work it runs."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=4, thread_name_prefix="model")
+        self.busy = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        with self._lock:
+            self.busy += 1
+
+        def run() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.busy -= 1
+
+        return super().submit(run)
 
 
 def _ready(loop: asyncio.AbstractEventLoop) -> int:
@@ -422,6 +450,9 @@ class Loop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        executor = CountingExecutor()
+        self.loop.set_default_executor(executor)
+        self.loop._model_executor = executor  # type: ignore[attr-defined]
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
