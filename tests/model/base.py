@@ -334,6 +334,7 @@ class MachineBase(RuleBasedStateMachine):
             for host in w.hosts:
                 w.reconcile(host)
             await self.drain()
+            await self.force_up()
             await w.advance(PAST_EVERY_DEADLINE)
             await w.control_heartbeats()
             for host in w.hosts:
@@ -346,6 +347,23 @@ class MachineBase(RuleBasedStateMachine):
             await self.drain()
             if not rt.broker.held and not rt.paused():
                 break
+
+    async def force_up(self) -> None:
+        """The operator brings every host back up once its agent runs (keel-api may refuse
+        while it has evacuations to confirm: the next round asks again)."""
+        if not self.w.api.alive:
+            await self.w.start_api()
+        assert self.w.http is not None
+        for host in self.w.hosts:
+            service = await self._service_uuid(host)
+            if service is None or host.gone or self.w.agent(host) is None:
+                continue
+            await self.w.http.put(
+                f"/v2.1/os-services/{service}",
+                json={"forced_down": False},
+                headers={"OpenStack-API-Version": "compute 2.53"},
+            )
+        await self.rt.idle()
 
     async def drain(self, limit: int = 300) -> None:
         """Deliver held messages, oldest first, until none can be."""

@@ -136,8 +136,8 @@ def claim_problems(snap: Snapshot) -> list[str]:
         if instance is None:
             problems.append(f"I1 claim on node {claim.node} for unknown instance {claim.instance}")
             continue
-        if instance.deleted:
-            continue  # released when the delete completes: judged at quiescence
+        if instance.deleted or instance.task == "deleting":
+            continue  # a delete releases every claim of its server at its end: see quiescence
         allowed = {instance.node}
         # The scheduler claims before the conductor records the node: one claim, anywhere.
         placing = instance.node is None and instance.vm == "building"
