@@ -319,9 +319,51 @@ class Observer:
         return problems
 
 
+#: Move statuses in which the server lives on the move's destination.
+_ARRIVED = frozenset({"done", "completed", "finished", "confirming", "confirmed"})
+
+
+def expected_origin(moves: list[Move]) -> UUID | None:
+    """The move that made the copy a server lives on (``None``: its first build).
+
+    A move that arrived made the copy on its destination; a revert returns to the copy
+    the move started from; a move that failed, ended in error or was cancelled changed
+    nothing.
+    """
+    origin: UUID | None = None
+    before: UUID | None = None
+    for move in moves:
+        if move.status in _ARRIVED:
+            before, origin = origin, move.uuid
+        elif move.status == "reverted":
+            origin = before
+    return origin
+
+
+def adoption_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
+    """I2 at quiescence, finding 2: the copy a server lives on is the one its last move
+    (or its build) made there, never an older copy a destination adopted."""
+    problems = []
+    node_host = {snap.node_ids.get(h.node_uuid): h for h in hosts if h.node_uuid}
+    for row in snap.instances.values():
+        host = node_host.get(row.node) if row.node is not None else None
+        if row.deleted or host is None or host.gone:
+            continue
+        spec = host.driver.guest(row.uuid)
+        if spec is None:
+            continue
+        want = expected_origin(snap.moves_of(row.uuid))
+        if spec.origin != want:
+            problems.append(
+                f"I2 server {row.uuid} lives on a copy made by {spec.origin or 'its build'}, "
+                f"not by {want or 'its build'}: a stale copy was adopted"
+            )
+    return problems
+
+
 def quiet_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
     """I1, I2 and I4 once everything was delivered, every deadline passed and swept."""
-    problems = []
+    problems = adoption_problems(snap, hosts)
     node_host = {snap.node_ids.get(h.node_uuid): h for h in hosts if h.node_uuid}
     for move in snap.moves:
         # An evacuation away from a host deleted for good stays done: no agent is left to

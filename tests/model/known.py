@@ -21,7 +21,12 @@ DELETE_DURING_MOVE = 4
 #: the only copy of a server that stays ACTIVE; a stop stops it).
 AMBIGUOUS_PUBLISH = 9
 
-UNFIXED: frozenset[int] = frozenset({AMBIGUOUS_PUBLISH})
+#: 14 (found by the model-based test): a cold migration past its deadline starts its source
+#: guest again although the destination built its copy and may run it (its agent is gone,
+#: its host is not fenced): two running copies of one server until that agent returns.
+MOVE_DEADLINE_RESTARTS_SOURCE = 14
+
+UNFIXED: frozenset[int] = frozenset({AMBIGUOUS_PUBLISH, MOVE_DEADLINE_RESTARTS_SOURCE})
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

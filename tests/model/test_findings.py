@@ -95,6 +95,45 @@ def test_finding_1_migrated_back_to_the_first_host_keeps_its_copy(m: KeelMachine
     m.teardown()
 
 
+def test_finding_2_a_destination_never_adopts_a_stale_copy(m: KeelMachine) -> None:
+    """Finding 2: a copy a timed-out move left on B is not adopted by the next move to B."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.migrate(0, to=B)
+    assert s.deliver_named("migrate_instance")
+    assert s.deliver_named("rebuild_instance", B)  # B built it (move M1); result held
+    s.crash(B, force_down=False)  # its copy stops with it
+    s.advance(3601.0)
+    s.sweep()  # M1 is past its deadline: error, the server back on A
+    s.deliver_all()
+    s.start_agent(B)  # B's copy of M1 is explained by no live move: kept, as an orphan
+    s.deliver_all()
+    s.migrate(0, to=B)  # M2: B must not take M1's copy for its own
+    s.deliver_all()
+    m.teardown()  # I2: the copy the server lives on was made by its last move
+
+
+@known.xfail_until_fixed(
+    known.MOVE_DEADLINE_RESTARTS_SOURCE,
+    "the move deadline starts the source guest while the destination's copy may run",
+)
+def test_finding_14_a_timed_out_migration_never_runs_two_copies(m: KeelMachine) -> None:
+    """Finding 14: B built the copy and its agent died (the guest runs on); the migration
+    is past its deadline. Starting the source copy again makes two running copies."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.migrate(0, to=B)
+    assert s.deliver_named("migrate_instance")
+    assert s.deliver_named("rebuild_instance", B)  # B runs the copy of M1; result held
+    s.kill_agent(B)  # the agent only: B's hypervisor runs on, and it cannot fence itself
+    s.advance(3601.0)
+    s.sweep()  # I2: the deadline must not start A's copy while B's may run
+    s.deliver_all()
+    m.teardown()
+
+
 def test_finding_3_a_host_gone_for_good_is_deleted(m: KeelMachine) -> None:
     """Finding 3: once its servers are evacuated, a dead host's service can be deleted."""
     s = Steps(m)
