@@ -34,13 +34,20 @@ CTX = RequestContext.internal()
 TABLES = ("services", "compute_nodes", "instances", "allocations")
 
 
+#: The conductor and the scheduler heartbeat their own service rows all along: only
+#: compute services are the identity checks' to leave alone.
+_ONLY = {"services": """WHERE "binary" = 'keel-compute'"""}
+
+
 async def dump(pool: asyncpg.Pool) -> dict[str, list[Any]]:
     """Every row of the tables identity checks must never touch, as JSON text."""
     async with pool.acquire() as conn:
         return {
             table: [
                 row[0]
-                for row in await conn.fetch(f"SELECT to_jsonb(t)::text FROM {table} t ORDER BY id")
+                for row in await conn.fetch(
+                    f"SELECT to_jsonb(t)::text FROM {table} t {_ONLY.get(table, '')} ORDER BY id"
+                )
             ]
             for table in TABLES
         }
