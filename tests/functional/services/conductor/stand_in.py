@@ -150,3 +150,23 @@ async def until_active(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
         return True if found is not None and found.vm_state == VmState.ACTIVE else None
 
     await eventually(active)
+
+
+#: The conductor and the scheduler heartbeat their own service rows all along: only
+#: compute services are left alone by what the tests check.
+_COMPUTE_ONLY = {"services": """WHERE "binary" = 'keel-compute'"""}
+
+
+async def dump(pool: asyncpg.Pool, tables: tuple[str, ...]) -> dict[str, list[str]]:
+    """Every row of ``tables`` as JSON text (of ``services``, the compute services')."""
+    async with pool.acquire() as conn:
+        return {
+            table: [
+                row[0]
+                for row in await conn.fetch(
+                    f"SELECT to_jsonb(t)::text FROM {table} t {_COMPUTE_ONLY.get(table, '')} "
+                    "ORDER BY id"
+                )
+            ]
+            for table in tables
+        }

@@ -26,6 +26,7 @@ from shared.exceptions import (
     IdentityLost,
 )
 from shared.versions import SERVICE_VERSION, STABLE_IDENTITY_VERSION
+from tests.functional.services.conductor import stand_in
 from tests.functional.services.conductor.stand_in import SMALL, create_instance, resources
 
 pytestmark = pytest.mark.functional
@@ -39,18 +40,9 @@ TABLES = ("services", "compute_nodes", "instances", "allocations")
 _ONLY = {"services": """WHERE "binary" = 'keel-compute'"""}
 
 
-async def dump(pool: asyncpg.Pool) -> dict[str, list[Any]]:
-    """Every row of the tables identity checks must never touch, as JSON text."""
-    async with pool.acquire() as conn:
-        return {
-            table: [
-                row[0]
-                for row in await conn.fetch(
-                    f"SELECT to_jsonb(t)::text FROM {table} t {_ONLY.get(table, '')} ORDER BY id"
-                )
-            ]
-            for table in TABLES
-        }
+async def dump(pool: asyncpg.Pool) -> dict[str, list[str]]:
+    """Every row of the tables these checks must never touch, as JSON text."""
+    return await stand_in.dump(pool, TABLES)
 
 
 async def register(
