@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis import HealthCheck, Verbosity, settings
+from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from devkit.broker import remove_exchange
 from services.api.servers import publish
@@ -28,15 +28,23 @@ from tests.model.world import World, base_settings, scratch_pool
 
 pytestmark = pytest.mark.functional
 
-EXAMPLES = int(os.environ.get("KEEL_MODEL_AMQP_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("KEEL_MODEL_AMQP_EXAMPLES", "20"))
 #: Seconds a call waits over RabbitMQ (its message's TTL too): short, so that a call to
 #: a killed agent ends soon.
 CALL_TIMEOUT = 2.0
 TOPICS = ("conductor", "scheduler")
+#: Print every step of every example (as test_model.py does with a trace file).
+TRACING = bool(os.environ.get("KEEL_MODEL_TRACE_FILE"))
 
 
 class AmqpMachine(KeelMachine):
-    """The machine without the rules a real broker cannot replay promptly."""
+    """The machine without the rules a real broker cannot replay promptly; each example
+    starts with a server built (few examples: each should exercise something)."""
+
+    @initialize()
+    def a_server(self) -> None:
+        self.create(on=0)
+        self.deliver_all()
 
     def kill_control(self, which: str) -> None:
         """Not a rule here: agents' calls to a killed conductor would wait out their timeout."""
@@ -83,6 +91,9 @@ def test_the_model_holds_over_rabbitmq(amqp_model: tuple[World, Loop]) -> None:
                 derandomize=True,
                 database=None,
                 suppress_health_check=list(HealthCheck),
+                verbosity=Verbosity.debug
+                if os.environ.get("KEEL_MODEL_TRACE_FILE")
+                else Verbosity.normal,
             ),
         )
     finally:
