@@ -21,9 +21,10 @@ DELETE_DURING_MOVE = 4
 #: the only copy of a server that stays ACTIVE; a stop stops it).
 AMBIGUOUS_PUBLISH = 9
 
-#: 14 (found by the model-based test): a cold migration past its deadline starts its source
-#: guest again although the destination built its copy and may run it (its agent is gone,
-#: its host is not fenced): two running copies of one server until that agent returns.
+#: 14 (found by the model-based test): a move ended by its deadline after its destination
+#: built and started the copy, the destination's agent gone but its host not fenced: a cold
+#: migration starts its source guest again, and an evacuation's server in ERROR may be
+#: hard-rebooted on its source — two running copies until that agent returns.
 MOVE_DEADLINE_RESTARTS_SOURCE = 14
 
 UNFIXED: frozenset[int] = frozenset({AMBIGUOUS_PUBLISH, MOVE_DEADLINE_RESTARTS_SOURCE})

@@ -134,6 +134,30 @@ def test_finding_14_a_timed_out_migration_never_runs_two_copies(m: KeelMachine) 
     m.teardown()
 
 
+@known.xfail_until_fixed(
+    known.MOVE_DEADLINE_RESTARTS_SOURCE,
+    "past an evacuation's deadline a hard reboot starts A while B's copy may run",
+)
+def test_finding_14_a_timed_out_evacuation_never_runs_two_copies(m: KeelMachine) -> None:
+    """Finding 14, evacuation: B runs the copy and its agent died; past the deadline the
+    server is ERROR on A; A comes back and the server is hard-rebooted there."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.crash(A, force_down=True)
+    s.evacuate(0, to=B)
+    assert s.deliver_named("evacuate_instance")
+    assert s.deliver_named("rebuild_instance", B)  # B runs the copy; result held
+    s.kill_agent(B)  # B is not fenced: its guest may run
+    s.advance(3601.0)
+    s.sweep()  # the evacuation is past its deadline: the server ERROR, on A
+    s.deliver_all()
+    s.bring_back(A)
+    s.power(0, "hard")  # I2: must not start A's copy while B's may run
+    s.deliver_all()
+    m.teardown()
+
+
 def test_finding_3_a_host_gone_for_good_is_deleted(m: KeelMachine) -> None:
     """Finding 3: once its servers are evacuated, a dead host's service can be deleted."""
     s = Steps(m)
