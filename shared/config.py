@@ -368,6 +368,9 @@ class Settings(BaseSettings):
     #: (record ``error``; an evacuated server in ERROR, a migrated one back on its
     #: source); 0 never.
     move_timeout: float = Field(default=3600.0, ge=0)
+    #: Whether a resize may land on the server's own host (Nova's
+    #: ``allow_resize_to_same_host``): the guest then takes the new flavor in place.
+    allow_resize_to_same_host: bool = False
     #: Seconds a stop, start, reboot or delete may stay in its task before the conductor
     #: clears it; 0 never.
     task_timeout: float = Field(default=600.0, ge=0)

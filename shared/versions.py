@@ -47,6 +47,8 @@ History:
   without a heartbeat before it powers its guests off; 0 if it never does).
 * 15 (``norman``) — resize: conductor 1.10 (``resize_instance``: a cold migration with a
   new flavor).
+* 16 (``oakum``) — a resize on its own host: compute 1.9 (``rebuild_instance`` may resize
+  the existing guest in place; ``finish_revert`` may give it its old flavor back).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.8", conductor="1.8", scheduler="1.2"),
     ReleaseApis(compute="1.8", conductor="1.9", scheduler="1.2"),
     ReleaseApis(compute="1.8", conductor="1.10", scheduler="1.2"),
+    ReleaseApis(compute="1.9", conductor="1.10", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -114,6 +117,7 @@ RELEASE_NAMES: dict[str, int] = {
     "lanyard": 13,
     "marline": 14,
     "norman": 15,
+    "oakum": 16,
 }
 
 #: The first release whose agents never register without an identity file the

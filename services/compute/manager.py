@@ -295,6 +295,9 @@ class ComputeManager:
         says which, and the conductor finishes the move from this result.
         """
         spec = req.instance
+        if req.in_place:
+            await self._resize_in_place(ctx, req)
+            return
         async with self._may_start(spec.uuid, "rebuild"):
             existed = spec.uuid in await self._driver.list_instances()
             message: str | None = None
@@ -341,6 +344,46 @@ class ComputeManager:
                 extra=_extra(spec.uuid),
             )
             await self._conductor.move_result(ctx, req.migration_uuid, success=True)
+
+    async def _resize_in_place(self, ctx: RequestContext, req: RebuildInstance) -> None:
+        """A resize on this, the guest's own, host: the existing guest (shut down for the
+        move) takes the new flavor, keeping its data and origin, and starts again if it ran.
+
+        Repeated, it applies the same flavor again. Nothing here ever removes the guest.
+        """
+        spec = req.instance
+        async with self._may_start(spec.uuid, "resize"):
+            try:
+                await self._driver.resize(spec.uuid, spec.flavor)
+                if not req.powered_off:
+                    await self._driver.power_on(spec.uuid)
+            except KeelError as exc:
+                message: str | None = exc.message
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                LOG.exception("resize of %s in place failed unexpectedly", spec.uuid)
+            else:
+                message = None
+        if message is not None:
+            LOG.warning(
+                "resize of guest %s in place for move %s failed: %s; the guest is kept",
+                spec.uuid,
+                req.migration_uuid,
+                message,
+                extra=_extra(spec.uuid),
+            )
+            await self._conductor.move_result(
+                ctx, req.migration_uuid, success=False, message=message
+            )
+            return
+        LOG.info(
+            "guest %s resized in place to flavor %s for move %s",
+            spec.uuid,
+            spec.flavor.name,
+            req.migration_uuid,
+            extra=_extra(spec.uuid),
+        )
+        await self._conductor.move_result(ctx, req.migration_uuid, success=True)
 
     async def _foreign_copy(self, spec: InstanceSpec) -> str | None:
         """Why the guest already here is not the one this move made; ``None`` if it is.
@@ -423,6 +466,9 @@ class ComputeManager:
     async def finish_revert(self, ctx: RequestContext, req: FinishRevert) -> None:
         """The instance is this (source) guest again: start it if it was running."""
         async with self._may_start(req.instance_uuid, "finish revert"):
+            if req.flavor is not None:
+                # A resize on this host is reverted: the guest gets its old size back.
+                await self._driver.resize(req.instance_uuid, req.flavor)
             if req.power_on:
                 await self._driver.power_on(req.instance_uuid)
             elif req.instance_uuid not in await self._driver.list_instances():

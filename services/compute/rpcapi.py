@@ -31,6 +31,10 @@ Compute RPC API history:
   the same messages at its own version and ignores both fields.
 * 1.8 — pause_instance, unpause_instance, suspend_instance, resume_instance (casts);
   get_host_uptime (call): the host's uptime line, as ``uptime`` prints it.
+* 1.9 — a resize on the guest's own host: rebuild_instance may say ``in_place`` (give
+  the existing guest the spec's flavor instead of building one), and finish_revert may
+  carry the ``flavor`` to give it back. Sent at 1.9 only when set; the conductor resizes
+  on the same host only to an agent of 1.9 or later.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ SINCE: dict[str, str] = {
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
 ORIGINS = "1.7"
+
+#: The version whose agents resize a guest in place (a resize on its own host).
+IN_PLACE = "1.9"
 
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
 BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data", "boot"}}
@@ -183,6 +190,9 @@ class RebuildInstance(KeelModel):
     powered_off: bool = False
     #: A cold migration's source disk, to copy instead of starting from the image (1.6).
     source_disk: GuestDisk | None = None
+    #: A resize on this, the guest's own, host (1.9): give the existing guest the spec's
+    #: flavor in place instead of building a copy.
+    in_place: bool = False
 
 
 class PrepareMigration(KeelModel):
@@ -208,6 +218,8 @@ class FinishRevert(KeelModel):
     migration_uuid: UUID
     #: Start the guest (the instance was running before it was migrated).
     power_on: bool = True
+    #: A resize on its own host was reverted (1.9): give the guest this flavor back first.
+    flavor: FlavorSnapshot | None = None
 
 
 class GetConsoleOutput(KeelModel):
@@ -327,14 +339,24 @@ class ComputeAPI:
         *,
         powered_off: bool = False,
         source_disk: GuestDisk | None = None,
+        in_place: bool = False,
     ) -> None:
         req = RebuildInstance(
             instance=instance,
             migration_uuid=migration_uuid,
             powered_off=powered_off,
             source_disk=source_disk,
+            in_place=in_place,
         )
         client = self.client.for_topic(topic_for(service_uuid))
+        if in_place:
+            if not await client.can_send_version(IN_PLACE):
+                raise ServiceTooOld(
+                    f"a resize on the guest's own host needs compute RPC {IN_PLACE}; the cap "
+                    f"is {await client.cap()}"
+                )
+            await client.cast(ctx, "rebuild_instance", req, version=IN_PLACE)
+            return
         for version in (ORIGINS, "1.6"):
             if await client.can_send_version(version):
                 await client.cast(ctx, "rebuild_instance", req, version=version)
@@ -420,11 +442,16 @@ class ComputeAPI:
         migration_uuid: UUID,
         *,
         power_on: bool,
+        flavor: FlavorSnapshot | None = None,
     ) -> None:
         req = FinishRevert(
-            instance_uuid=instance_uuid, migration_uuid=migration_uuid, power_on=power_on
+            instance_uuid=instance_uuid,
+            migration_uuid=migration_uuid,
+            power_on=power_on,
+            flavor=flavor,
         )
-        await self._call_since(ctx, service_uuid, "finish_revert", req)
+        prefer = IN_PLACE if flavor is not None else None
+        await self._call_since(ctx, service_uuid, "finish_revert", req, prefer=prefer)
 
     async def pause_instance(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID

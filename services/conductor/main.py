@@ -56,6 +56,7 @@ async def run_conductor(
         faults=FaultPoints(settings.fault_inject),
         boot_images=BootImages.from_settings(settings),
         minimums=pins.minimums,
+        same_host_resize=settings.allow_resize_to_same_host,
     )
     server = RPCServer(
         transport,

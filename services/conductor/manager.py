@@ -60,9 +60,11 @@ class ConductorManager:
         faults: FaultPoints | None = None,
         minimums: MinimumVersions | None = None,
         boot_images: BootImages | None = None,
+        same_host_resize: bool = False,
     ) -> None:
         self._pool = pool
         self._boot_images = boot_images
+        self._same_host_resize = same_host_resize
         self._scheduler = scheduler
         self._compute = compute
         self._service_down_time = service_down_time
@@ -127,6 +129,7 @@ class ConductorManager:
             service_down_time=self._service_down_time,
             faults=self._faults,
             boot_images=self._boot_images,
+            same_host_resize=self._same_host_resize,
         )
         await task.run()
 

@@ -72,6 +72,15 @@ class Migration(KeelModel):
     new_flavor: FlavorSnapshot | None = None
 
     @property
+    def in_place(self) -> bool:
+        """A resize that landed on its own host: one copy, resized in place."""
+        return (
+            self.migration_type == MigrationType.RESIZE
+            and self.dest_compute_id is not None
+            and self.dest_compute_id == self.source_compute_id
+        )
+
+    @property
     def is_cold(self) -> bool:
         """A cold migration or a resize (both end with confirm or revert)."""
         return self.migration_type in (MigrationType.MIGRATION, MigrationType.RESIZE)

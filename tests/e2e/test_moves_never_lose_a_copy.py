@@ -11,6 +11,7 @@ mid-move is ended by the move deadline.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import time
@@ -296,4 +297,41 @@ async def test_resize_with_the_cli_confirm_and_revert(cloud: Cloud, restored: No
     assert reverted["OS-EXT-SRV-ATTR:host"] == moved_to
     assert await claimed_on(cloud, sid) == [moved_to]
     assert guest(cloud, moved_to, sid).is_dir()
+    await cloud.delete_server(sid)
+
+
+async def test_a_resize_on_its_own_host_keeps_its_one_copy(cloud: Cloud, restored: None) -> None:
+    """KEEL_ALLOW_RESIZE_TO_SAME_HOST: the guest is resized in place, confirmed, reverted."""
+    assert cloud.processes["conductor"].stop() == 0
+    cloud.start("conductor", "keel-conductor", KEEL_ALLOW_RESIZE_TO_SAME_HOST="true")
+    sid = str((await on(cloud, "mv-a", "mv-in-place"))["id"])
+    for other in ("mv-b", "mv-c"):
+        service_set(cloud, other, "--disable")
+    try:
+        cloud.openstack("server", "resize", "--flavor", "m1.small", sid, as_json=False)
+        waiting = await until_server(cloud, sid, "VERIFY_RESIZE")
+        assert waiting["OS-EXT-SRV-ATTR:host"] == "mv-a"
+        metadata = json.loads((guest(cloud, "mv-a", sid) / "metadata.json").read_text())
+        assert metadata["flavor"]["name"] == "m1.small"
+        cloud.openstack("server", "resize", "confirm", sid, as_json=False)
+        await until_record(cloud, sid, "confirmed")
+        await until_server(cloud, sid, "ACTIVE")
+        assert guest(cloud, "mv-a", sid).is_dir()
+        assert await claimed_on(cloud, sid) == ["mv-a"]
+        assert await used_mb(cloud, "mv-a") == 2048
+
+        cloud.openstack("server", "resize", "--flavor", "m1.medium", sid, as_json=False)
+        await until_server(cloud, sid, "VERIFY_RESIZE")
+        cloud.openstack("server", "resize", "revert", sid, as_json=False)
+        await until_record(cloud, sid, "reverted")
+        reverted = await until_server(cloud, sid, "ACTIVE")
+        assert reverted["flavor"]["original_name"] == "m1.small"
+        metadata = json.loads((guest(cloud, "mv-a", sid) / "metadata.json").read_text())
+        assert metadata["flavor"]["name"] == "m1.small"
+        assert await used_mb(cloud, "mv-a") == 2048
+    finally:
+        for other in ("mv-b", "mv-c"):
+            service_set(cloud, other, "--enable")
+        cloud.processes["conductor"].stop()
+        cloud.start("conductor", "keel-conductor")
     await cloud.delete_server(sid)

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from services.compute.rpcapi import GuestDisk, InstanceSpec
 from shared.objects.base import KeelModel
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
 
 #: The most of a console log a driver returns: its last 100 KiB, as Nova's libvirt
@@ -69,6 +70,12 @@ class Driver(Protocol):
 
     async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
         """Where the (stopped) guest's disk can be copied from; ``None`` if nothing to copy."""
+        ...
+
+    async def resize(self, instance_uuid: UUID, flavor: FlavorSnapshot) -> None:
+        """Give the existing (shut down) guest ``flavor``'s size, in place: a resize on its
+        own host, or its revert. Its data and origin stay. GuestNotFound if it is missing.
+        """
         ...
 
     async def destroy(self, instance_uuid: UUID) -> None:

@@ -16,6 +16,7 @@ from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.console import boot_banner, stamped, up_line
 from services.compute.virt.driver import MAX_CONSOLE_BYTES, HypervisorResources
 from shared.exceptions import GuestNotFound
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
@@ -88,6 +89,10 @@ class FakeDriver:
         if instance_uuid not in self._guests:
             raise GuestNotFound(f"guest {instance_uuid} does not exist on {self._hostname}")
         return instance_uuid
+
+    async def resize(self, instance_uuid: UUID, flavor: FlavorSnapshot) -> None:
+        spec = self._guests[self._existing(instance_uuid)]
+        self._guests[instance_uuid] = spec.model_copy(update={"flavor": flavor})
 
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         return self._guests[self._existing(instance_uuid)].origin

@@ -33,6 +33,7 @@ from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.console import append_line, boot_banner, read_tail, up_line
 from services.compute.virt.driver import HypervisorResources
 from shared.exceptions import BuildFailed, GuestNotFound, GuestStateError
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
@@ -107,6 +108,31 @@ class LocalDriver:
 
     async def list_instances(self) -> list[UUID]:
         return await asyncio.to_thread(self._list)
+
+    async def resize(self, instance_uuid: UUID, flavor: FlavorSnapshot) -> None:
+        await asyncio.to_thread(self._resize, instance_uuid, flavor)
+
+    def _resize(self, instance_uuid: UUID, flavor: FlavorSnapshot) -> None:
+        guest = self._guest(instance_uuid)
+        spec = InstanceSpec.model_validate_json((guest / METADATA_FILE).read_bytes())
+        with (guest / DISK_FILE).open("r+b") as disk:
+            if flavor.root_gb * GIB > os.fstat(disk.fileno()).st_size:
+                disk.truncate(flavor.root_gb * GIB)
+                os.fsync(disk.fileno())
+        resized = spec.model_copy(update={"flavor": flavor})
+        scratch = guest / f".{METADATA_FILE}.{secrets.token_hex(4)}"
+        write_synced(scratch, resized.model_dump_json(indent=2).encode())
+        os.replace(scratch, guest / METADATA_FILE)
+        fsync_dir(guest)
+        LOG.info(
+            "guest %s now has flavor %s (%d vCPU, %d MB RAM, %d GB disk)",
+            instance_uuid,
+            flavor.name,
+            flavor.vcpus,
+            flavor.memory_mb,
+            flavor.root_gb,
+            extra=_extra(instance_uuid),
+        )
 
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         return await asyncio.to_thread(self._origin, instance_uuid)

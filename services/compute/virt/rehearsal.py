@@ -17,6 +17,7 @@ from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.driver import Driver, HypervisorResources
 from shared.config import VIRT_OPERATIONS
 from shared.exceptions import BuildFailed
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ class RehearsalDriver:
 
     async def list_instances(self) -> list[UUID]:
         return await self._driver.list_instances()
+
+    async def resize(self, instance_uuid: UUID, flavor: FlavorSnapshot) -> None:
+        await self._driver.resize(instance_uuid, flavor)
 
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         return await self._driver.origin(instance_uuid)

@@ -151,6 +151,8 @@ class MoveDeadline:
             migration.instance_uuid,
             migration.uuid,
             power_on=True,
+            # A resize on its own host may already have given the guest the new flavor.
+            flavor=migration.old_flavor if migration.in_place else None,
         )
         async with self.pool.acquire() as conn:
             await conn.execute(

@@ -69,6 +69,10 @@ async def confirm(
             extra=_extra(migration),
         )
         return
+    if migration.in_place:
+        # A resize on its own host left one copy, the server: nothing to remove.
+        await finish_confirm(pool, migration)
+        return
     try:
         removed = await remove_copy(
             pool, compute, migration, migration.source_compute_id, down_time
@@ -140,6 +144,10 @@ async def revert(
             extra=_extra(migration),
         )
         return
+    if migration.in_place:
+        # A resize on its own host: its one copy is given its old flavor back instead.
+        await finish_revert(pool, compute, migration, down_time)
+        return
     try:
         removed = await remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
     except KeelError as exc:
@@ -197,6 +205,7 @@ async def finish_revert(
             migration.instance_uuid,
             migration.uuid,
             power_on=running,
+            flavor=migration.old_flavor if migration.in_place else None,
         )
     except KeelError as exc:
         if is_transient(exc):

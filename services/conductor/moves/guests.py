@@ -14,7 +14,7 @@ R1    the server was deleted                                        ``deleted``:
 R2a   M is under way (not ended) and N is M's source, M an           ``evacuating``: keep,
       evacuation still ``accepted``/``pre-migrating``                do not start
 R2b   M is a cold migration ``confirming`` and N is its source       ``moved``: remove,
-                                                                     then ``copy_removed``
+      (not a resize on its own host: N is then both ends)            then ``copy_removed``
 R2c   M is a cold migration ``reverting``, N its destination, and   ``moved``: remove,
       the server already linked back to its source                  then ``copy_removed``
 R2d   M is under way and N is its source or its destination          ``keep``
@@ -31,8 +31,8 @@ R5    anything else (an unknown server; a copy a failed, cancelled   ``orphaned`
 So a copy on the server's current node, or on either end of a move under way, is never
 destroyed (R2d, R3), whatever older records say; a copy is destroyed only on positive
 evidence that the server's current copy is elsewhere and newer (R1, R2b, R2c, R4).
-The unit tests (``tests/unit/services/conductor/test_guest_verdicts.py``) have a case
-per row.
+The unit tests (``tests/unit/services/conductor/moves/test_guests.py``) have a case per
+row.
 
 The report's ``to_confirm`` lists the evacuations away from N that are ``done`` and
 whose server's verdict on N is ``evacuated`` (R4): the agent removes its copy, if it
@@ -103,7 +103,7 @@ def guest_verdict(
         if latest.source_compute_id == node:
             if evacuation and latest.status in _EVACUATING:
                 return _verdict(guest, GuestFate.EVACUATING, what, latest)
-            if not evacuation and latest.status == S.CONFIRMING:
+            if not evacuation and latest.status == S.CONFIRMING and not latest.in_place:
                 reason = f"{what}: its copy on {latest.dest_compute} is the server now"
                 return _verdict(guest, GuestFate.MOVED, reason, latest)
             return _verdict(guest, GuestFate.KEEP, what, latest)

@@ -31,7 +31,14 @@ from uuid import UUID
 
 import asyncpg
 
-from services.compute.rpcapi import BootSource, ComputeAPI, GuestDisk, InstanceSpec
+from services.compute.rpcapi import (
+    IN_PLACE,
+    BootSource,
+    ComputeAPI,
+    GuestDisk,
+    InstanceSpec,
+    topic_for,
+)
 from services.conductor.boot_images import BootImages
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
@@ -50,7 +57,7 @@ from shared.exceptions import BuildFailed, ComputeNodeNotFound, KeelError, NoVal
 from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance, RequestedDestination
-from shared.objects.migration import EVACUATION, KINDS, Migration, MigrationStatus
+from shared.objects.migration import EVACUATION, KINDS, RESIZE, Migration, MigrationStatus
 from shared.objects.states import VmState
 
 LOG = logging.getLogger(__name__)
@@ -97,10 +104,13 @@ class MoveTask(TaskBase):
         service_down_time: float,
         faults: FaultPoints | None = None,
         boot_images: BootImages | None = None,
+        same_host_resize: bool = False,
     ) -> None:
         self.ctx = ctx
         self.faults = faults or FaultPoints()
         self.boot_images = boot_images
+        #: Whether a resize may stay on its host (KEEL_ALLOW_RESIZE_TO_SAME_HOST).
+        self.same_host_resize = same_host_resize
         self.migration_uuid = migration_uuid
         self.pool = pool
         self.scheduler = scheduler
@@ -168,6 +178,8 @@ class MoveTask(TaskBase):
             if migration.source_compute_id is not None:
                 source = await compute_nodes.get_by_id(conn, migration.source_compute_id)
         ignore = [source.uuid] if source is not None else []
+        if source is not None and await self._may_stay(migration, source.service_id):
+            ignore = []
         destination: RequestedDestination | None = None
         if migration.dest_host is not None:
             # The host the operator named is a requested destination: the scheduler
@@ -206,6 +218,18 @@ class MoveTask(TaskBase):
             }
         )
         return await self.scheduler.select_destinations(self.ctx, spec)
+
+    async def _may_stay(self, migration: Migration, service_id: int | None) -> bool:
+        """Whether a resize may land on its source host: allowed by the setting, to an
+        agent that resizes a guest in place (compute 1.9)."""
+        if not self.same_host_resize or migration.migration_type != RESIZE.migration_type:
+            return False
+        if service_id is None:
+            return False
+        async with self.pool.acquire() as conn:
+            service = await services.get_by_id(conn, service_id, self.service_down_time)
+        client = self.compute.client.for_topic(topic_for(service.uuid))
+        return await client.can_send_version(IN_PLACE)
 
     async def _record_destination(
         self, migration: Migration, selection: Selection
@@ -289,6 +313,9 @@ class MoveTask(TaskBase):
             boot,
             origin=self.migration_uuid,
         )
+        in_place = (
+            self.migration is not None and self.migration.source_compute_id == destination.node.id
+        )
         try:
             await self.compute.rebuild_instance(
                 self.ctx,
@@ -296,15 +323,17 @@ class MoveTask(TaskBase):
                 spec,
                 self.migration_uuid,
                 powered_off=instance.vm_state == VmState.STOPPED,
-                source_disk=source_disk,
+                source_disk=None if in_place else source_disk,
+                in_place=in_place,
             )
         except Unroutable as exc:
             raise BuildFailed(
                 f"compute host {destination.node.host} has no queue on the broker ({exc.message})"
             ) from None
         LOG.info(
-            "asked host %s to build instance %s for %s %s",
+            "asked host %s to %s instance %s for %s %s",
             destination.node.host,
+            "resize in place" if in_place else "build",
             instance.uuid,
             self.kind.migration_type,
             self.migration_uuid,

@@ -115,3 +115,20 @@ def assemble(directory: Path, spec: InstanceSpec, boot: BootSource, fetched: lis
         raise BuildFailed(f"qemu-img took longer than {QEMU_IMG_TIMEOUT:g}s") from None
     if done.returncode != 0:
         raise BuildFailed(f"qemu-img could not create the disk of {spec.uuid}: {done.stderr}")
+
+
+def grow(disk: Path, root_gb: int) -> None:
+    """Make the guest's overlay at least ``root_gb`` GiB (never shrink it): a resize."""
+    if not root_gb:
+        return
+    argv = ["qemu-img", "resize", "-q", str(disk), f"{root_gb}G"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=QEMU_IMG_TIMEOUT, check=False
+        )
+    except FileNotFoundError:
+        raise BuildFailed("qemu-img is not installed (Debian: qemu-utils)") from None
+    except subprocess.TimeoutExpired:
+        raise BuildFailed(f"qemu-img took longer than {QEMU_IMG_TIMEOUT:g}s") from None
+    if done.returncode != 0 and "shrink" not in done.stderr.lower():
+        raise BuildFailed(f"qemu-img could not grow {disk} to {root_gb} GiB: {done.stderr}")

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
+from xml.etree import ElementTree
 
 from services.compute.image_cache import ImageCache
 from services.compute.rpcapi import BootSource, GuestDisk, InstanceSpec
@@ -52,6 +53,7 @@ from services.compute.virt.libvirt.domain import (
 )
 from services.compute.virt.local import _nearest_existing
 from shared.exceptions import BuildFailed, GuestNotFound
+from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
 
 LOG = logging.getLogger(__name__)
@@ -209,6 +211,35 @@ class LibvirtDriver:
 
     async def rebuild(self, spec: InstanceSpec, *, source_disk: GuestDisk | None = None) -> None:
         await self._build(spec, made_by=_made_by(spec, "move"), source_disk=source_disk)
+
+    async def resize(self, instance_uuid: UUID, flavor: FlavorSnapshot) -> None:
+        """The shut-off domain redefined with the flavor's memory and vCPUs, its overlay
+        grown to the flavor's disk (never shrunk)."""
+        dom = await self._domain(instance_uuid)
+        disk = self.guest_dir(instance_uuid) / disks.DISK
+        await asyncio.to_thread(disks.grow, disk, flavor.root_gb)
+
+        def redefine(conn: Any) -> None:
+            root = ElementTree.fromstring(dom.XMLDesc(0))
+            for tag in ("memory", "currentMemory"):
+                element = root.find(tag)
+                if element is not None:
+                    element.text, element.attrib = str(flavor.memory_mb), {"unit": "MiB"}
+            vcpu = root.find("vcpu")
+            if vcpu is not None:
+                vcpu.text = str(flavor.vcpus)
+            conn.defineXML(ElementTree.tostring(root, encoding="unicode"))
+
+        await self._conn.run(redefine)
+        LOG.info(
+            "guest %s redefined with flavor %s (%d MiB, %d vCPU, %d GiB disk)",
+            instance_uuid,
+            flavor.name,
+            flavor.memory_mb,
+            flavor.vcpus,
+            flavor.root_gb,
+            extra={"instance_uuid": str(instance_uuid)},
+        )
 
     async def origin(self, instance_uuid: UUID) -> UUID | None:
         dom = await self._domain(instance_uuid)

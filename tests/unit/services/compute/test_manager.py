@@ -26,6 +26,7 @@ from services.conductor.rpcapi import RPC_VERSION as RPC_CAP
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, GuestFate
 from shared.context import RequestContext
 from shared.exceptions import BuildFailed, KeelError
+from shared.objects.flavor import FlavorSnapshot
 from shared.rpc.fake import FakeBroker, FakeTransport
 from shared.rpc.server import RPCServer
 from tests.unit.services.compute.standin import (
@@ -484,3 +485,47 @@ def _power(rig: Rig, spec: InstanceSpec) -> str:
         return (rig.guest_dir(spec) / "power").read_text()
     except FileNotFoundError:
         return "running"
+
+
+async def test_a_resize_on_the_guests_own_host_resizes_it_in_place(rig: Rig) -> None:
+    """Twice at once: one guest, its data and origin kept, the new flavor, running."""
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    ctx, move = RequestContext(), uuid.uuid4()
+    await rig.compute.prepare_migration(ctx, rig.service_uuid, spec.uuid, move)
+    larger = FlavorSnapshot(flavorid="2", name="m1.small", vcpus=1, memory_mb=2048, root_gb=3)
+    resized = spec.model_copy(update={"flavor": larger, "origin": move})
+
+    await asyncio.gather(
+        *(
+            rig.compute.rebuild_instance(ctx, rig.service_uuid, resized, move, in_place=True)
+            for _ in range(2)
+        )
+    )
+    await eventually(lambda: len(rig.conductor.move_results) == 2)
+
+    assert [r.success for r in rig.conductor.move_results] == [True, True]
+    kept = InstanceSpec.model_validate_json((rig.guest_dir(spec) / "metadata.json").read_text())
+    assert (kept.flavor, kept.origin) == (larger, None)
+    assert (rig.guest_dir(spec) / "disk").stat().st_size == 3 * 2**30
+    assert (rig.guest_dir(spec) / "power").read_text().strip() == "running"
+
+    await rig.compute.finish_revert(
+        ctx, rig.service_uuid, spec.uuid, move, power_on=True, flavor=spec.flavor
+    )
+    back = InstanceSpec.model_validate_json((rig.guest_dir(spec) / "metadata.json").read_text())
+    assert back.flavor == spec.flavor
+    assert (rig.guest_dir(spec) / "power").read_text().strip() == "running"
+
+
+async def test_a_resize_in_place_of_a_missing_guest_fails_the_move(rig: Rig) -> None:
+    ctx, move, spec = RequestContext(), uuid.uuid4(), make_spec()
+
+    await rig.compute.rebuild_instance(ctx, rig.service_uuid, spec, move, in_place=True)
+    await eventually(lambda: len(rig.conductor.move_results) == 1)
+
+    [result] = rig.conductor.move_results
+    assert not result.success
+    assert "does not exist" in result.message
+    assert not rig.guest_dir(spec).exists()

@@ -173,3 +173,14 @@ def test_finding_1_the_copy_rebuilt_back_here_is_kept() -> None:
 def test_an_unknown_server_is_an_orphan_whatever_the_records() -> None:
     history = [move(EVAC, S.DONE, HERE, THERE)]
     assert guest_verdict(GUEST, None, False, history, HERE).fate is GuestFate.ORPHANED
+
+
+@pytest.mark.parametrize("status", [S.FINISHED, S.CONFIRMING, S.REVERTING, S.CONFIRMED])
+def test_a_resize_on_its_own_host_never_condemns_its_one_copy(status: MigrationStatus) -> None:
+    resized = move(MigrationType.RESIZE, status, HERE, HERE)
+    assert guest_verdict(GUEST, HERE, False, [resized], HERE).fate is GuestFate.KEEP
+
+
+def test_a_resize_to_another_host_removes_the_source_copy_once_confirming() -> None:
+    resized = move(MigrationType.RESIZE, S.CONFIRMING, HERE, THERE)
+    assert guest_verdict(GUEST, THERE, False, [resized], HERE).fate is GuestFate.MOVED
