@@ -88,7 +88,8 @@ TIER_DIRS_functional := tests/functional tests/model
 MODEL_EXAMPLES ?= 5000
 .PHONY: test-model
 test-model: prerequisites ## the model-based test with MODEL_EXAMPLES (5000) examples; prints examples/s
-	KEEL_MODEL_EXAMPLES=$(MODEL_EXAMPLES) $(BIN)/pytest tests/model/test_model.py -s -q $(PYTEST_ARGS)
+	KEEL_MODEL_EXAMPLES=$(MODEL_EXAMPLES) $(BIN)/pytest tests/model/test_model.py \
+		tests/model/test_crash_points.py -s -q $(PYTEST_ARGS)
 
 # test-partitions: compute agents on hosts of their own (network and UTS namespaces), cut
 # off, healed and degraded for real, and a randomized run (KEEL_PARTITIONS_SECONDS: 600,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from services.api.servers import publish
+from tests.model.machine import KeelMachine
 from tests.model.runtime import Loop
 from tests.model.world import World, base_settings, scratch_pool
 
@@ -34,3 +35,11 @@ def model(
         loop.run(world.close())
         loop.run(pool.close())
         loop.close()
+
+
+@pytest.fixture
+def m(model: tuple[World, Loop]) -> KeelMachine:
+    """A fresh cloud; each test ends with ``m.teardown()``: settle, then quiescence."""
+    world, loop = model
+    KeelMachine.world, KeelMachine.runner = world, loop
+    return KeelMachine()

@@ -8,44 +8,13 @@ what the finding is about, asserted at the end. A finding still open is marked w
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
 from tests.model import known
 from tests.model.machine import KeelMachine
-from tests.model.runtime import Loop
-from tests.model.world import World
+from tests.model.script import A, B, Steps
 
 pytestmark = pytest.mark.functional
-
-A, B, C = 0, 1, 2
-
-
-@pytest.fixture
-def m(model: tuple[World, Loop]) -> KeelMachine:
-    """A fresh cloud; each test ends with ``m.teardown()``: settle, then quiescence."""
-    world, loop = model
-    KeelMachine.world, KeelMachine.runner = world, loop
-    return KeelMachine()
-
-
-class Steps:
-    """Runs machine steps and checks the per-step invariants after each."""
-
-    def __init__(self, machine: KeelMachine) -> None:
-        self.m = machine
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        step = getattr(self.m, name)
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            result = step(*args, **kwargs)
-            self.m.every_step()
-            return result
-
-        return run
 
 
 def on_a_then_evacuated_to_b(s: Steps) -> None:
