@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 
 from shared.db.pool import Connection
 from shared.objects.service import Service
@@ -101,6 +102,25 @@ def fence_state(
         "then, or force its service down if the host is off.",
         seconds_left=left,
     )
+
+
+def stray_copy_may_run(service: Service, *, ended_at: datetime | None = None) -> bool:
+    """Whether a copy that a move left on ``service``'s host when it ended unfinished
+    (past its deadline) may still be running there.
+
+    Such a copy is explained by no live move: the host's agent stops it when it reports
+    its guests, which it does before its first heartbeat and again after any loss of
+    contact. So it is known to be off once an operator forced the host down, or once the
+    agent has heartbeated since ``ended_at``; with no ``ended_at`` (the move is being
+    ended now), once the agent is up, as the caller then tells it what to do with the
+    copy. Self-fencing does not count here: an agent that died fences nothing, while
+    its host may run on.
+    """
+    if service.forced_down:
+        return False
+    if ended_at is None:
+        return not service.is_up
+    return service.last_seen_up is None or service.last_seen_up <= ended_at
 
 
 async def silent_for(conn: Connection, service_id: int) -> float | None:

@@ -220,6 +220,16 @@ async def cancel_for_delete(conn: Connection, instance_uuid: UUID) -> list[Migra
     return [Migration.from_row(row) for row in rows]
 
 
+async def latest(conn: Connection, instance_uuid: UUID) -> Migration | None:
+    """The instance's most recent move, whatever its status."""
+    row = await conn.fetchrow(
+        """SELECT * FROM migrations WHERE instance_uuid = $1 AND deleted_at IS NULL
+            ORDER BY id DESC LIMIT 1""",
+        instance_uuid,
+    )
+    return None if row is None else Migration.from_row(row)
+
+
 async def in_progress(conn: Connection, instance_uuid: UUID) -> Migration | None:
     """The instance's move that has not ended yet, if any."""
     row = await conn.fetchrow(

@@ -5,7 +5,8 @@ line of the moves work: a server evacuated away and then moved back to its first
 keeps its new copy there through restarts and periodic reconciles and is counted once;
 a host that never returns is deleted with nothing left claimed on it; deleting a server
 during a slowed cold migration leaves nothing behind; a destination agent SIGKILLed
-mid-move is ended by the move deadline.
+mid-move is ended by the move deadline, and its server is not started on its source until
+that destination is known to be off.
 """
 
 from __future__ import annotations
@@ -260,13 +261,24 @@ async def test_a_destination_killed_mid_move_is_ended_by_the_move_deadline(
         record = await until_record(cloud, sid, "error")
         assert record["dest_compute"] == "mv-b"
         assert await claimed_on(cloud, sid) == ["mv-a"]
-        server = await shown(cloud, sid)
-        assert (server["status"], server["OS-EXT-SRV-ATTR:host"]) == ("ACTIVE", "mv-a")
         assert took < MOVE_TIMEOUT + 60
+        # mv-b's agent is dead but its host is not known to be off: the copy it may
+        # have started there may run, so the server stays shut off on mv-a...
+        server = await shown(cloud, sid)
+        assert (server["status"], server["OS-EXT-SRV-ATTR:host"]) == ("SHUTOFF", "mv-a")
+        refused = cloud.openstack_raw("server", "start", sid, as_json=False)
+        assert refused.returncode != 0
+        assert "may still run" in refused.stderr
+        # ...until the operator says mv-b is off.
+        service_set(cloud, "mv-b", "--down")
+        cloud.openstack("server", "start", sid, as_json=False)
+        await until_server(cloud, sid, "ACTIVE")
+        assert (await shown(cloud, sid))["OS-EXT-SRV-ATTR:host"] == "mv-a"
     finally:
         cloud.processes["conductor"].stop()
         cloud.start("conductor", "keel-conductor")
         come_back(cloud, "mv-b")
+        service_set(cloud, "mv-b", "--up")
     await cloud.wait_for_service("mv-b", up=True)
     await cloud.delete_server(sid)
 

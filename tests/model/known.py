@@ -21,13 +21,7 @@ DELETE_DURING_MOVE = 4
 #: the only copy of a server that stays ACTIVE; a stop stops it).
 AMBIGUOUS_PUBLISH = 9
 
-#: 14 (found by the model-based test): a move ended by its deadline after its destination
-#: built and started the copy, the destination's agent gone but its host not fenced: a cold
-#: migration starts its source guest again, and an evacuation's server in ERROR may be
-#: hard-rebooted on its source — two running copies until that agent returns.
-MOVE_DEADLINE_RESTARTS_SOURCE = 14
-
-UNFIXED: frozenset[int] = frozenset({AMBIGUOUS_PUBLISH, MOVE_DEADLINE_RESTARTS_SOURCE})
+UNFIXED: frozenset[int] = frozenset({AMBIGUOUS_PUBLISH})
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

@@ -67,6 +67,9 @@ def _instance_transitions() -> set[tuple[State, State]]:
         add((vm, None), (vm, "resize_prep"))
         add((vm, "resize_prep"), (vm, "resize_migrating"), ("error", None), (vm, None))
         add((vm, "resize_migrating"), ("resized", None), ("error", None), (vm, None))
+        # Past its deadline with its destination down but not forced down (the copy there
+        # may run): shut off on its source (services/conductor/moves/deadline.py).
+        add((vm, "resize_migrating"), ("stopped", None))
     # Confirm and revert of a VERIFY_RESIZE server (by its owner or the auto-confirm).
     for task in ("resize_confirming", "resize_reverting"):
         add(("resized", None), ("resized", task))

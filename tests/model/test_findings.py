@@ -83,13 +83,10 @@ def test_finding_2_a_destination_never_adopts_a_stale_copy(m: KeelMachine) -> No
     m.teardown()  # I2: the copy the server lives on was made by its last move
 
 
-@known.xfail_until_fixed(
-    known.MOVE_DEADLINE_RESTARTS_SOURCE,
-    "the move deadline starts the source guest while the destination's copy may run",
-)
 def test_finding_14_a_timed_out_migration_never_runs_two_copies(m: KeelMachine) -> None:
     """Finding 14: B built the copy and its agent died (the guest runs on); the migration
-    is past its deadline. Starting the source copy again makes two running copies."""
+    is past its deadline. Starting the source copy again would make two running copies:
+    the server stays SHUTOFF on A, and starting it is refused until B is forced down."""
     s = Steps(m)
     s.create(on=A)
     s.deliver_all()
@@ -100,13 +97,16 @@ def test_finding_14_a_timed_out_migration_never_runs_two_copies(m: KeelMachine) 
     s.advance(3601.0)
     s.sweep()  # I2: the deadline must not start A's copy while B's may run
     s.deliver_all()
+    assert m.state_of(0) == ("stopped", None, "host0")
+    s.power(0, "os-start")
+    assert ("os-start", 409) in m.answers
+    s.crash(B, force_down=True)  # B's host is off, and the operator says so
+    s.power(0, "os-start")
+    s.deliver_all()
+    assert m.state_of(0) == ("active", None, "host0")
     m.teardown()
 
 
-@known.xfail_until_fixed(
-    known.MOVE_DEADLINE_RESTARTS_SOURCE,
-    "past an evacuation's deadline a hard reboot starts A while B's copy may run",
-)
 def test_finding_14_a_timed_out_evacuation_never_runs_two_copies(m: KeelMachine) -> None:
     """Finding 14, evacuation: B runs the copy and its agent died; past the deadline the
     server is ERROR on A; A comes back and the server is hard-rebooted there."""
@@ -124,6 +124,13 @@ def test_finding_14_a_timed_out_evacuation_never_runs_two_copies(m: KeelMachine)
     s.bring_back(A)
     s.power(0, "hard")  # I2: must not start A's copy while B's may run
     s.deliver_all()
+    assert ("hard", 409) in m.answers
+    assert m.state_of(0) == ("error", None, "host0")
+    s.start_agent(B)  # its first guest report stops the stray copy
+    s.deliver_all()
+    s.power(0, "hard")
+    s.deliver_all()
+    assert m.state_of(0) == ("active", None, "host0")
     m.teardown()
 
 

@@ -16,7 +16,10 @@ Nova:
   4, as Nova with libvirt shows a saved guest); ``resume``: SUSPENDED → ``resuming``;
   then ACTIVE.
 
-A server in another state is a 409 naming the state. Stop, start and reboot are compute
+A server in another state is a 409 naming the state. Starting a guest (start, hard
+reboot, unpause, resume) is a 409 as well while the server's last move ended unfinished
+and its destination, down but not forced down, may still run the copy it built
+(:func:`refuse_while_a_stray_copy_may_run`). Stop, start and reboot are compute
 RPC 1.1 methods, pause, unpause, suspend and resume 1.7 (and their results conductor RPC
 1.7): while the deployment's RPC cap is lower (an agent or a conductor of an older
 release is still registered, or an operator pinned it), the request is refused with 409
@@ -39,13 +42,15 @@ from services.api.servers.lookup import host_service
 from services.compute.rpcapi import SINCE, ComputeAPI, RebootType
 from services.conductor.rpcapi import ACTION_RESULT_SINCE, ConductorAPI
 from services.conductor.rpcapi import PowerAction as ResultAction
+from shared import fencing
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import instance_actions, instances, services
+from shared.db import compute_nodes, instance_actions, instances, moves, services
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
-from shared.exceptions import Unroutable
+from shared.exceptions import ComputeNodeNotFound, Unroutable
 from shared.objects.instance import Instance
+from shared.objects.migration import MigrationStatus
 from shared.objects.service import Binary, Service
 from shared.objects.states import TaskState, VmState
 from shared.versions import first_release_speaking, release_name
@@ -80,6 +85,46 @@ SUSPEND = PowerAction(
     "suspend", "suspend_instance", TaskState.SUSPENDING, (VmState.ACTIVE, VmState.PAUSED)
 )
 RESUME = PowerAction("resume", "resume_instance", TaskState.RESUMING, (VmState.SUSPENDED,))
+
+
+#: The tasks that start a guest that is not running.
+STARTS = (
+    TaskState.POWERING_ON,
+    TaskState.REBOOTING_HARD,
+    TaskState.UNPAUSING,
+    TaskState.RESUMING,
+)
+
+
+async def refuse_while_a_stray_copy_may_run(
+    pool: asyncpg.Pool, instance: Instance, name: str, down_time: float
+) -> None:
+    """409 if the server's last move ended unfinished and the copy it may have started on
+    its destination may still run there (see :mod:`services.conductor.moves.deadline`):
+    starting the server too would run two copies."""
+    async with pool.acquire() as conn:
+        move = await moves.latest(conn, instance.uuid)
+        if (
+            move is None
+            or move.status != MigrationStatus.ERROR
+            or move.dest_compute_id is None
+            or move.dest_compute_id == instance.compute_id
+        ):
+            return
+        try:
+            dest = await compute_nodes.host_state_by_id(conn, move.dest_compute_id, down_time)
+        except ComputeNodeNotFound:
+            return
+    if not fencing.stray_copy_may_run(dest.service, ended_at=move.updated_at):
+        return
+    host = dest.node.host
+    raise ConflictingRequest(
+        f"Cannot '{name}' instance {instance.uuid}: its {move.migration_type} to {host} "
+        f"did not finish, and {host} has been down since, so the copy it may have started "
+        f"there may still run. Bring the agent on {host} back (it stops that copy), or "
+        f"make sure the host is off and force its service down (openstack compute service "
+        f"set --down {host} keel-compute), then try again."
+    )
 
 
 async def too_old(
@@ -182,6 +227,8 @@ async def run_power_action(
             f"Cannot '{action.name}' instance {instance.uuid} while it is in vm_state "
             f"{instance.vm_state} with no compute host"
         )
+    if action.task in STARTS:
+        await refuse_while_a_stray_copy_may_run(pool, instance, action.name, down_time)
     await _begin(pool, ctx, instance, action)
 
     async def cast() -> None:

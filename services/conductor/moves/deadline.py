@@ -7,12 +7,21 @@ instance, the record, the claims):
 
 * the record becomes ``error`` and the move's claim (on the destination) is released;
 * an **evacuation**'s server goes to ERROR on its source (whose host is down) with a
-  fault saying the move timed out;
+  fault saying the move timed out; the destination's agent, if up, is asked to shut the
+  copy it may have built down;
 * a **cold migration**'s server goes back to its live source: its task ends and it keeps
-  its state (ACTIVE or SHUTOFF); the source's agent is asked to start the guest again if
-  it was running (its guest was shut down for the move), and the destination's agent to
-  remove the copy this move made, if it made one. If the source's agent cannot be
+  its state (ACTIVE or SHUTOFF); the destination's agent is asked to remove the copy this
+  move made, if it made one, and then the source's agent to start the guest again if it
+  was running (its guest was shut down for the move). If the source's agent cannot be
   reached, the server goes to ERROR with a fault saying so.
+
+**Never two running copies.** A move ``pre-migrating`` may have built and started its
+copy on the destination. If that host is down but not forced down, its guest may still
+run (its agent may have died while the host runs on), so nothing starts the source's
+copy: a cold migration's server stays SHUTOFF on its source, and keel-api refuses to
+start or hard-reboot the server (:func:`shared.fencing.stray_copy_may_run`) until the
+destination's agent is back — it stops the stray copy when it reports its guests —
+or an operator forces that host down. The fault and the instance action say so.
 
 The instance action records the timeout. Several conductors sweep at once safely: each
 move is ended by one compare-and-swap on its status; the others find it ended.
@@ -26,8 +35,10 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.moves.arrival import extra, remove_copy
+from shared import fencing
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves
+from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound, KeelError
 from shared.objects.migration import EVACUATION, KINDS, Migration, MigrationStatus
 from shared.objects.states import PowerState, VmState
@@ -74,6 +85,14 @@ class MoveDeadline:
             current = await moves.lock(conn, migration.uuid)
             if current.status not in TIMED or current.updated_at != migration.updated_at:
                 return False
+            stray = await self._stray_copy_host(conn, current)
+            if stray is not None:
+                message += (
+                    f"; its destination {stray} is down but not forced down, so the copy "
+                    "there may still run: the server cannot be started on its source until "
+                    f"{stray}'s agent is back or the host is forced down (openstack compute "
+                    f"service set --down {stray} keel-compute)"
+                )
             await moves.swap_status(
                 conn, migration.uuid, expected=list(TIMED), new=MigrationStatus.ERROR
             )
@@ -84,6 +103,15 @@ class MoveDeadline:
             if kind is EVACUATION:
                 for task in tasks:
                     await instances.fail_task(conn, migration.instance_uuid, task, message=message)
+            elif stray is not None:
+                # Its source guest was shut down for the move, and stays so.
+                await instances.finish_task(
+                    conn,
+                    migration.instance_uuid,
+                    tasks,
+                    vm_state=VmState.STOPPED,
+                    power_state=PowerState.SHUTDOWN,
+                )
             else:
                 stopped = instance is not None and instance.vm_state == VmState.STOPPED
                 await instances.finish_task(
@@ -93,6 +121,12 @@ class MoveDeadline:
                     vm_state=VmState.STOPPED if stopped else VmState.ACTIVE,
                 )
             await instance_actions.finish(conn, migration.instance_uuid, kind.action, message)
+        if kind is EVACUATION:
+            outcome = "; the server is in ERROR"
+        elif stray is not None:
+            outcome = f"; the server stays SHUTOFF on its source: the copy on {stray} may run"
+        else:
+            outcome = "; back on its source"
         LOG.warning(
             "%s %s of server %s timed out (%s): the record is error, %d claim(s) released%s",
             kind.migration_type,
@@ -100,12 +134,62 @@ class MoveDeadline:
             migration.instance_uuid,
             migration.status,
             len(released),
-            "; the server is in ERROR" if kind is EVACUATION else "; back on its source",
+            outcome,
             extra={**extra(migration), "decision": "move_timed_out"},
         )
-        if kind is not EVACUATION:
+        if kind is EVACUATION:
+            await self._stop_destination_copy(migration)
+        elif stray is None:
             await self._back_to_source(migration, was_running, message)
         return True
+
+    async def _stray_copy_host(self, conn: Connection, migration: Migration) -> str | None:
+        """The destination's host name if the copy this move may have built there may run
+        on after the move ends (its host down but not forced down); ``None`` otherwise."""
+        dest = migration.dest_compute_id
+        if (
+            migration.status != MigrationStatus.PRE_MIGRATING
+            or dest is None
+            or dest == migration.source_compute_id
+        ):
+            return None
+        try:
+            host = await compute_nodes.host_state_by_id(conn, dest, self.down_time)
+        except ComputeNodeNotFound:
+            return None
+        return host.node.host if fencing.stray_copy_may_run(host.service) else None
+
+    async def _stop_destination_copy(self, migration: Migration) -> None:
+        """Ask an up destination to shut down the copy an evacuation may have started
+        there: the server is in ERROR on its source, and may be rebuilt or rebooted there.
+
+        The agent reports no task for it (the server has none), and its next guest report
+        finds the copy explained by no live move and keeps it stopped.
+        """
+        dest = migration.dest_compute_id
+        if migration.status != MigrationStatus.PRE_MIGRATING or dest is None:
+            return
+        async with self.pool.acquire() as conn:
+            try:
+                host = await compute_nodes.host_state_by_id(conn, dest, self.down_time)
+            except ComputeNodeNotFound:
+                return
+        if not host.service.is_up:
+            return
+        try:
+            await self.compute.stop_instance(
+                RequestContext.internal(), host.service.uuid, migration.instance_uuid
+            )
+        except KeelError as exc:
+            LOG.warning(
+                "evacuation %s of server %s timed out; could not ask %s to shut its copy "
+                "down (%s): its next guest report stops it",
+                migration.uuid,
+                migration.instance_uuid,
+                host.node.host,
+                exc.message,
+                extra=extra(migration),
+            )
 
     async def _back_to_source(self, migration: Migration, running: bool, why: str) -> None:
         """Start the source guest again if it was running; remove the destination's copy."""

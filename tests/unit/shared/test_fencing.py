@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from shared.config import FencingSettings, Settings, load_settings
 from shared.exceptions import ConfigError
-from shared.fencing import fence_state
+from shared.fencing import fence_state, stray_copy_may_run
 from shared.objects.service import Service
 from shared.versions import SELF_FENCING_VERSION
 from tests.unit.services.api.factories import service
@@ -87,3 +89,23 @@ def test_a_window_within_two_heartbeats_is_refused(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("KEEL_FENCING__SELF_FENCE_AFTER", "10")
     with pytest.raises(ConfigError, match="longer than twice KEEL_REPORT_INTERVAL"):
         load_settings()
+
+
+ENDED = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def test_a_stray_copy_may_run_while_its_host_is_down_and_not_forced_down() -> None:
+    # Ended now: only an up agent (told what to do with it) or a forced-down host is safe,
+    # however long ago the agent last heartbeated: self-fencing does not count.
+    assert stray_copy_may_run(down(last_seen_up=ENDED - timedelta(hours=1)))
+    assert not stray_copy_may_run(down(is_up=True))
+    assert not stray_copy_may_run(down(forced_down=True))
+
+
+def test_a_stray_copy_is_off_once_the_agent_heartbeated_after_the_move_ended() -> None:
+    # The agent reports (and stops) such copies before its first heartbeat.
+    before, after = ENDED - timedelta(seconds=1), ENDED + timedelta(seconds=1)
+    assert stray_copy_may_run(down(last_seen_up=before), ended_at=ENDED)
+    assert stray_copy_may_run(down(last_seen_up=None), ended_at=ENDED)
+    assert not stray_copy_may_run(down(last_seen_up=after), ended_at=ENDED)
+    assert not stray_copy_may_run(down(last_seen_up=before, forced_down=True), ended_at=ENDED)

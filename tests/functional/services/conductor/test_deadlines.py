@@ -13,7 +13,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from services.compute.rpcapi import ComputeAPI, RebuildInstance
+from services.compute.rpcapi import ComputeAPI, RebuildInstance, StopInstance
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.deadlines import TaskDeadline
 from services.conductor.moves import arrival
@@ -57,8 +57,15 @@ pytestmark = pytest.mark.functional
 class Silent(StandInMover):
     """A destination that takes the rebuild and never answers (killed mid-move)."""
 
+    def __init__(self, conductor: ConductorAPI) -> None:
+        super().__init__(conductor)
+        self.stopped: list[UUID] = []
+
     async def rebuild_instance(self, ctx: RequestContext, req: RebuildInstance) -> None:
         self.rebuilt.append(req.instance.uuid)
+
+    async def stop_instance(self, ctx: RequestContext, req: StopInstance) -> None:
+        self.stopped.append(req.instance_uuid)
 
 
 async def silent_host(
@@ -111,6 +118,16 @@ async def force_down(pool: asyncpg.Pool, node_id: int) -> None:
             """UPDATE services SET forced_down = true,
                                    last_seen_up = now() - interval '1 hour',
                                    registered_at = now() - interval '1 hour'
+                WHERE id = (SELECT service_id FROM compute_nodes WHERE id = $1)""",
+            node_id,
+        )
+
+
+async def silenced(pool: asyncpg.Pool, node_id: int) -> None:
+    """The node's agent died an hour ago; its host may run on (not forced down)."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET last_seen_up = now() - interval '1 hour'
                 WHERE id = (SELECT service_id FROM compute_nodes WHERE id = $1)""",
             node_id,
         )
@@ -184,6 +201,71 @@ async def test_an_evacuation_whose_destination_died_ends_in_error(
     assert instance.fault is not None
     assert "did not finish" in instance.fault.message
     assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
+
+
+async def test_a_cold_migration_whose_destination_may_run_the_copy_stays_shut_off(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 14: the destination built the copy, then its agent died but its host may
+    run on. Starting the source's guest again would run two copies: it stays shut off."""
+    instance_uuid, node_a, agent_a = await placed_on_a(
+        db_pool, conductor, agent_transport, "dl-stray"
+    )
+    node_b, agent_b = await silent_host(conductor, agent_transport, "dl-stray-b")
+    migration = await start_move(db_pool, conductor, MIGRATION, instance_uuid, node_a)
+    pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    await until(lambda: instance_uuid in agent_b.rebuilt)
+    await silenced(db_pool, node_b)
+    await aged(db_pool, pending)
+
+    ended = await asyncio.gather(
+        *(move_deadline(db_pool, agent_transport).sweep() for _ in range(2))
+    )
+
+    assert sorted(ended) == [0, 1]
+    await migration_status(db_pool, migration.uuid, MigrationStatus.ERROR)
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+        message = await conn.fetchval(
+            "SELECT message FROM instance_actions WHERE instance_uuid = $1 AND action = 'migrate'",
+            instance_uuid,
+        )
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.STOPPED,
+        None,
+        node_a,
+    )
+    assert instance.power_state == PowerState.SHUTDOWN
+    assert "dl-stray-b is down but not forced down" in message
+    assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
+    # Nothing started the source's guest, and nothing was asked of the dead destination.
+    await asyncio.sleep(0.5)
+    assert agent_a.reverted == []
+    assert agent_b.removed == []
+
+
+async def test_an_evacuation_past_its_deadline_asks_its_destination_to_stop_the_copy(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "dl-evs")
+    _, agent_b = await silent_host(conductor, agent_transport, "dl-evs-b")
+    await force_down(db_pool, node_a)
+    migration = await start_move(db_pool, conductor, EVACUATION, instance_uuid, node_a)
+    pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    await until(lambda: instance_uuid in agent_b.rebuilt)
+    await aged(db_pool, pending)
+
+    await move_deadline(db_pool, agent_transport).sweep()
+
+    await until(lambda: agent_b.stopped == [instance_uuid])
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+    # The agent's stop is no task of the server's: it stays in ERROR on its source.
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ERROR,
+        None,
+        node_a,
+    )
 
 
 async def test_a_recent_move_or_a_disabled_deadline_is_left_alone(
