@@ -49,6 +49,10 @@ History:
   new flavor).
 * 16 (``oakum``) — a resize on its own host: compute 1.9 (``rebuild_instance`` may resize
   the existing guest in place; ``finish_revert`` may give it its old flavor back).
+* 17 (``painter``) — requests taken or withdrawn, never both: conductor 1.11
+  (``take_request``: an agent takes keel-api's request before it stops, starts, reboots,
+  pauses, unpauses, suspends, resumes or deletes a guest; a request keel-api withdrew
+  is not acted on).
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.8", conductor="1.9", scheduler="1.2"),
     ReleaseApis(compute="1.8", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.10", scheduler="1.2"),
+    ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -118,6 +123,7 @@ RELEASE_NAMES: dict[str, int] = {
     "marline": 14,
     "norman": 15,
     "oakum": 16,
+    "painter": 17,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -46,8 +46,9 @@ from services.compute.uptime import host_uptime
 from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, PowerAction
 from shared.context import RequestContext
-from shared.exceptions import GuestNotFound, KeelError
+from shared.exceptions import GuestNotFound, KeelError, MessagingError
 from shared.faults import FaultPoints
+from shared.rpc.settlement import is_transient
 
 LOG = logging.getLogger(__name__)
 
@@ -206,6 +207,8 @@ class ComputeManager:
     async def terminate_instance(self, ctx: RequestContext, req: TerminateInstance) -> None:
         instance_uuid = req.instance_uuid
         async with self.operations.hold(instance_uuid, "terminate"):
+            if not await self._taken(ctx, instance_uuid, "terminate"):
+                return
             existed = instance_uuid in await self._driver.list_instances()
             await self._driver.destroy(instance_uuid)
             if existed:
@@ -258,6 +261,41 @@ class ComputeManager:
 
         await self._power(ctx, req.instance_uuid, PowerAction.REBOOT, reboot, starts=True)
 
+    async def _taken(self, ctx: RequestContext, instance_uuid: UUID, what: str) -> bool:
+        """Take keel-api's request before acting on it; False if keel-api withdrew it.
+
+        keel-api withdraws a request whose message it could not confirm sent, and
+        answers 503: that message may still arrive here, and must then change nothing.
+        If no conductor answers (all down, or the database unreachable), the agent acts
+        anyway, as agents before release 17 do: a stop or delete is not held up by a
+        control-plane outage, and only a request both withdrawn and arriving during one
+        may still act.
+        """
+        try:
+            taken = await self._conductor.take_request(ctx, instance_uuid)
+        except MessagingError as exc:
+            if not is_transient(exc):
+                raise
+            LOG.warning(
+                "could not take request %s for %s of guest %s (%s): doing it anyway",
+                ctx.request_id,
+                what,
+                instance_uuid,
+                exc.message,
+                extra=_extra(instance_uuid),
+            )
+            return True
+        if taken:
+            return True
+        LOG.warning(
+            "not doing %s of guest %s: keel-api withdrew request %s (it answered 503)",
+            what,
+            instance_uuid,
+            ctx.request_id,
+            extra=_extra(instance_uuid),
+        )
+        return False
+
     async def _power(
         self,
         ctx: RequestContext,
@@ -270,6 +308,8 @@ class ComputeManager:
         """Run a power operation on the guest and tell the conductor how it went."""
         slot = self._may_start if starts else self.operations.hold
         async with slot(instance_uuid, action.value):
+            if not await self._taken(ctx, instance_uuid, action.value):
+                return
             try:
                 await operation(instance_uuid)
             except KeelError as exc:

@@ -37,6 +37,7 @@ from services.conductor.rpcapi import (
     ReportGuests,
     ResolveCompute,
     ServiceHeartbeat,
+    TakeRequest,
 )
 from shared.db import agent_users as issued
 from shared.db.placement import node_id_sql
@@ -174,7 +175,9 @@ async def _heartbeat(guard: AgentGuard, service: UUID, req: BaseModel) -> str | 
 
 
 async def _instance(guard: AgentGuard, service: UUID, req: BaseModel) -> str | None:
-    assert isinstance(req, InstanceBuildResult | InstanceActionResult | InstanceDeleted)
+    assert isinstance(
+        req, InstanceBuildResult | InstanceActionResult | InstanceDeleted | TakeRequest
+    )
     return await guard.owns_instance(service, req.instance_uuid)
 
 
@@ -203,6 +206,7 @@ _CHECKS: dict[str, Check] = {
     "instance_build_result": _instance,
     "instance_action_result": _instance,
     "instance_deleted": _instance,
+    "take_request": _instance,
     "check_build": _node,
     "report_guests": _node,
     "move_result": _move,

@@ -21,6 +21,8 @@ from services.conductor.rpcapi import (
     InstanceActionResult,
     InstanceBuildResult,
     PowerAction,
+    RequestTaken,
+    TakeRequest,
 )
 from services.conductor.tasks.build import CREATE_ACTION
 from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, placement
@@ -189,6 +191,26 @@ _POWER_OUTCOMES: dict[PowerAction, tuple[tuple[TaskState, ...], VmState, PowerSt
     PowerAction.SUSPEND: ((TaskState.SUSPENDING,), VmState.SUSPENDED, PowerState.SHUTDOWN),
     PowerAction.RESUME: ((TaskState.RESUMING,), VmState.ACTIVE, PowerState.RUNNING),
 }
+
+
+async def take_request(pool: asyncpg.Pool, req: TakeRequest) -> RequestTaken:
+    """An agent takes keel-api's request before acting on it: from then on keel-api cannot
+    withdraw it; if keel-api withdrew it first, the agent is told not to act.
+
+    Idempotent (an agent handling a message twice takes it twice), and serialised with
+    the withdrawal on the request's record (``instance_actions.take``).
+    """
+    async with pool.acquire() as conn:
+        proceed = await instance_actions.take(conn, req.instance_uuid, req.request_id)
+    if not proceed:
+        LOG.warning(
+            "request %s on instance %s was withdrawn by keel-api (it answered 503): its "
+            "agent will not act on it",
+            req.request_id,
+            req.instance_uuid,
+            extra={"instance_uuid": str(req.instance_uuid), "decision": "request_withdrawn"},
+        )
+    return RequestTaken(proceed=proceed)
 
 
 async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) -> None:

@@ -35,10 +35,12 @@ from services.conductor.rpcapi import (
     RegisterCompute,
     Registration,
     ReportGuests,
+    RequestTaken,
     ResizeInstance,
     ResolveCompute,
     RevertMigration,
     ServiceHeartbeat,
+    TakeRequest,
 )
 from services.conductor.tasks.build import BuildInstanceTask
 from services.scheduler.rpcapi import SchedulerAPI
@@ -100,6 +102,9 @@ class ConductorManager:
 
     async def instance_build_result(self, ctx: RequestContext, req: InstanceBuildResult) -> None:
         await instance_events.record_build_result(self._pool, req)
+
+    async def take_request(self, ctx: RequestContext, req: TakeRequest) -> RequestTaken:
+        return await instance_events.take_request(self._pool, req)
 
     async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
         await instance_events.record_deleted(self._pool, req.instance_uuid)

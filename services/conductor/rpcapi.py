@@ -27,6 +27,9 @@ Conductor RPC API history:
 * 1.10 — resize_instance (cast, from keel-api): a cold migration with a new flavor (its
   record carries both flavors: the destination is claimed and built with the new one,
   a revert restores the old one).
+* 1.11 — take_request (call): an agent takes the request that sent it a stop, start,
+  reboot, pause, unpause, suspend, resume or delete before acting on it; the answer is
+  no if keel-api withdrew that request (it answered 503), and the agent does nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ RPC_VERSION = apis_for(SERVICE_VERSION).conductor
 #: The first conductor RPC version that carries out a resize.
 RESIZE_VERSION = "1.10"
 
+
+#: The first conductor RPC version that lets an agent take a request before acting.
+TAKE_VERSION = "1.11"
+#: How long an agent waits for ``take_request`` before it acts without an answer.
+TAKE_TIMEOUT = 10.0
 
 #: The conductor RPC version that carries a requested destination with a build.
 DESTINATION_VERSION = "1.6"
@@ -205,6 +213,18 @@ class BuildCheck(KeelModel):
     verdict: BuildVerdict
     #: Why, for the agent's log.
     reason: str = ""
+
+
+class TakeRequest(KeelModel):
+    """An agent takes keel-api's request ``request_id`` on the instance before acting."""
+
+    instance_uuid: UUID
+    request_id: str
+
+
+class RequestTaken(KeelModel):
+    #: False: keel-api withdrew the request; the agent must not act on it.
+    proceed: bool
 
 
 class EvacuateInstance(KeelModel):
@@ -411,6 +431,24 @@ class ConductorAPI:
         return await self.client.call(
             ctx, "check_build", req, version="1.1", returns=BuildCheck, idempotent=True
         )
+
+    async def take_request(self, ctx: RequestContext, instance_uuid: UUID) -> bool:
+        """Take the request ``ctx`` carries before acting on the instance; False if keel-api
+        withdrew it. True without asking while the conductor cap is below
+        :data:`TAKE_VERSION` (a conductor of an older release cannot say)."""
+        if not await self.client.can_send_version(TAKE_VERSION):
+            return True
+        req = TakeRequest(instance_uuid=instance_uuid, request_id=ctx.request_id)
+        answer = await self.client.call(
+            ctx,
+            "take_request",
+            req,
+            version=TAKE_VERSION,
+            returns=RequestTaken,
+            idempotent=True,
+            timeout=min(TAKE_TIMEOUT, self.client.timeout),
+        )
+        return answer.proceed
 
     async def instance_action_result(
         self,

@@ -48,6 +48,62 @@ async def finish(
     )
 
 
+async def take(conn: Connection, instance_uuid: UUID, request_id: str) -> bool:
+    """An agent takes request ``request_id`` before acting on it; False if keel-api has
+    withdrawn it (the agent must then do nothing).
+
+    Idempotent: a request taken already is taken again. A request with no record (work a
+    service started on its own) is always taken. Run outside a transaction: the second
+    statement must see a withdrawal that the first one waited for.
+    """
+    taken = await conn.fetchval(
+        """UPDATE instance_actions SET taken_at = COALESCE(taken_at, now())
+            WHERE instance_uuid = $1 AND request_id = $2 AND withdrawn_at IS NULL
+        RETURNING id""",
+        instance_uuid,
+        request_id,
+    )
+    if taken is not None:
+        return True
+    withdrawn: bool = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM instance_actions
+                           WHERE instance_uuid = $1 AND request_id = $2
+                             AND withdrawn_at IS NOT NULL)""",
+        instance_uuid,
+        request_id,
+    )
+    return not withdrawn
+
+
+async def lock_untaken(conn: Connection, instance_uuid: UUID, request_id: str) -> bool:
+    """Lock request ``request_id``'s record for a withdrawal; False once an agent took it.
+
+    Call inside the withdrawing transaction, after locking the instance's row (the
+    documented order), then :func:`withdraw` if the rest of the withdrawal holds.
+    """
+    taken = await conn.fetch(
+        """SELECT taken_at FROM instance_actions
+            WHERE instance_uuid = $1 AND request_id = $2
+              FOR UPDATE""",
+        instance_uuid,
+        request_id,
+    )
+    return all(row["taken_at"] is None for row in taken)
+
+
+async def withdraw(conn: Connection, instance_uuid: UUID, request_id: str, message: str) -> None:
+    """Mark request ``request_id`` withdrawn and ended in error, saying why."""
+    await conn.execute(
+        """UPDATE instance_actions
+              SET withdrawn_at = now(), finish_time = COALESCE(finish_time, now()),
+                  message = $3, result = 'Error'
+            WHERE instance_uuid = $1 AND request_id = $2""",
+        instance_uuid,
+        request_id,
+        message,
+    )
+
+
 async def list_for(
     conn: Connection,
     instance_uuid: UUID,

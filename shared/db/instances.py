@@ -65,6 +65,12 @@ async def get(conn: Connection, instance_uuid: UUID) -> Instance:
     return Instance.from_row(row)
 
 
+async def lock(conn: Connection, instance_uuid: UUID) -> None:
+    """Lock the instance's row for the rest of the transaction (first, in the documented
+    lock order: the instance, its move record, claims and other records)."""
+    await conn.execute("SELECT 1 FROM instances WHERE uuid = $1 FOR UPDATE", instance_uuid)
+
+
 async def find(conn: Connection, instance_uuid: UUID) -> Instance | None:
     """The instance, deleted or not; ``None`` if it never existed."""
     row = await conn.fetchrow("SELECT * FROM instances WHERE uuid = $1", instance_uuid)
@@ -126,21 +132,26 @@ async def set_build_failed(
     code: int = 500,
     details: str = "",
 ) -> Instance | None:
-    """building → error with a fault the API shows; ``None`` if lost (not building)."""
+    """building → error with a fault the API shows; ``None`` if lost (not building, or
+    being deleted: the delete wins, and its end removes the server)."""
     fault = new_fault(message, code=code, details=details)
     row = await conn.fetchrow(
         """UPDATE instances SET vm_state = $2, task_state = NULL, fault = $3, updated_at = now()
-            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 RETURNING *""",
+            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4
+              AND task_state IS DISTINCT FROM $5
+        RETURNING *""",
         instance_uuid,
         VmState.ERROR.value,
         fault.model_dump(mode="json"),
         VmState.BUILDING.value,
+        TaskState.DELETING.value,
     )
     return None if row is None else Instance.from_row(row)
 
 
 async def expire_builds(conn: Connection, timeout: float, *, batch: int = 100) -> list[Instance]:
-    """Put instances building for longer than ``timeout`` seconds in ERROR.
+    """Put instances building for longer than ``timeout`` seconds in ERROR (not those
+    being deleted: the delete's own deadline, ``KEEL_TASK_TIMEOUT``, ends that task).
 
     Rows another transaction holds are skipped (it is about to change them anyway), so
     several conductors can run this at once without waiting on each other.
@@ -153,6 +164,7 @@ async def expire_builds(conn: Connection, timeout: float, *, batch: int = 100) -
         """UPDATE instances SET vm_state = $2, task_state = NULL, fault = $3, updated_at = now()
             WHERE id IN (SELECT id FROM instances
                           WHERE vm_state = $4 AND deleted_at IS NULL
+                            AND task_state IS DISTINCT FROM 'deleting'
                             AND created_at < now() - make_interval(secs => $1)
                           ORDER BY created_at LIMIT $5
                           FOR UPDATE SKIP LOCKED)

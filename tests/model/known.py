@@ -15,13 +15,8 @@ import pytest
 RETURNING_HOST = 1
 #: 4: deleting a server during a move strands its record.
 DELETE_DURING_MOVE = 4
-#: 9: a cast whose outcome was unknown is "undone" behind a message that still acts. Still
-#: open when every attempt is unconfirmed but went out: keel-api withdraws the task and
-#: answers 503, and the queued message then acts on the server anyway (a delete destroys
-#: the only copy of a server that stays ACTIVE; a stop stops it).
-AMBIGUOUS_PUBLISH = 9
 
-UNFIXED: frozenset[int] = frozenset({AMBIGUOUS_PUBLISH})
+UNFIXED: frozenset[int] = frozenset()
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

@@ -271,12 +271,6 @@ class KeelMachine(MachineBase):
         process = getattr(self.w, which)
         if not process.alive or process.transport is None:
             return
-        pending = process.transport.pending_cast_faults()
-        # While finding 9 is open, keel-api never gives up (three failures in a row) on a
-        # cast one of whose attempts went out (its example is in test_findings.py).
-        ambiguous = delivered or any(pending)
-        if known.AMBIGUOUS_PUBLISH in known.UNFIXED and ambiguous and len(pending) >= 2:
-            return
         process.transport.fail_next_cast(delivered=delivered)
 
     @rule(h=hosts, operation=st.sampled_from(["spawn", "rebuild"]))

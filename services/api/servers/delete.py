@@ -161,7 +161,7 @@ async def _terminate_on_host(
         await local_delete(pool, ctx, instance.uuid, why, started=True)
         return
     if failed is not None:
-        if await _restore(pool, instance, failed.message):
+        if await _restore(pool, ctx, instance, failed.message):
             raise ServiceUnavailable(
                 f"The server was not deleted: the message bus could not be reached "
                 f"({failed.message}). Retry once RabbitMQ is available."
@@ -242,17 +242,23 @@ async def _remove_other_copy(
             )
 
 
-async def _restore(pool: asyncpg.Pool, instance: Instance, reason: str) -> bool:
-    """Undo the ``deleting`` mark after the delete could not be sent; False if its agent
-    already took it (the server is deleted, or its task moved on)."""
+async def _restore(
+    pool: asyncpg.Pool, ctx: RequestContext, instance: Instance, reason: str
+) -> bool:
+    """Undo the ``deleting`` mark after the delete could not be sent, and withdraw the
+    request; False if its agent already took it (or, an agent of an older release,
+    deleted the server, or its task moved on)."""
 
     async def restore(conn: Connection) -> bool:
+        await instances.lock(conn, instance.uuid)
+        if not await instance_actions.lock_untaken(conn, instance.uuid, ctx.request_id):
+            return False
         restored = await instances.swap_task_state(
             conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
         )
         if restored is None:
             return False
-        await instance_actions.finish(conn, instance.uuid, DELETE_ACTION, reason)
+        await instance_actions.withdraw(conn, instance.uuid, ctx.request_id, reason)
         return True
 
     return await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")

@@ -181,13 +181,19 @@ async def _begin(
     )
 
 
-async def _withdraw(pool: asyncpg.Pool, instance_uuid: UUID, action: PowerAction, why: str) -> bool:
-    """Clear the task if no agent has ended it; False if one already has (work taken)."""
+async def _withdraw(
+    pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID, action: PowerAction, why: str
+) -> bool:
+    """Withdraw the request: clear its task and mark it withdrawn, if no agent took it (or,
+    an agent of an older release, ended its task); False if one did (work taken)."""
 
     async def withdraw(conn: Connection) -> bool:
+        await instances.lock(conn, instance_uuid)
+        if not await instance_actions.lock_untaken(conn, instance_uuid, ctx.request_id):
+            return False
         if await instances.finish_task(conn, instance_uuid, (action.task,)) is None:
             return False
-        await instance_actions.finish(conn, instance_uuid, action.name, why)
+        await instance_actions.withdraw(conn, instance_uuid, ctx.request_id, why)
         return True
 
     return await in_transaction(
@@ -248,13 +254,15 @@ async def run_power_action(
     try:
         failed = await publish.send(cast, what=f"{action.name} of server {instance.uuid}")
     except Unroutable:
-        await _withdraw(pool, instance.uuid, action, f"no queue for compute service {service.uuid}")
+        await _withdraw(
+            pool, ctx, instance.uuid, action, f"no queue for compute service {service.uuid}"
+        )
         raise ConflictingRequest(
             f"Cannot '{action.name}' instance {instance.uuid}: the compute service of host "
             f"{service.host} has no queue on the message bus; is its agent running?"
         ) from None
     if failed is not None:
-        if await _withdraw(pool, instance.uuid, action, failed.message):
+        if await _withdraw(pool, ctx, instance.uuid, action, failed.message):
             raise ServiceUnavailable(
                 f"The server was not changed: the message bus could not be reached "
                 f"({failed.message}). Retry once RabbitMQ is available."

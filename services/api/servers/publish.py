@@ -6,7 +6,10 @@ still have reached the broker, so keel-api sends it again (every receiver is ide
 a few times, with short pauses. If it still cannot, the caller withdraws what it wrote
 with a compare-and-swap that succeeds only while nothing has acted on it, and answers
 503; if the swap shows the work was already taken, the answer is the normal one. keel-api
-never reverts the database behind a message that has been acted on.
+never reverts the database behind a message that has been acted on, and a message that
+arrives after its withdrawal acts on nothing: an agent takes the request it carries
+before acting on a guest (``instance_actions.take``, through the conductor), and a
+conductor places a server, or starts a move, only while its record is still there.
 
 An unroutable cast (no queue bound: its agent never started, or was deleted) is
 definite, not retried: nothing was delivered.

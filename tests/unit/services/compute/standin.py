@@ -33,11 +33,13 @@ from services.conductor.rpcapi import (
     RegisterCompute,
     Registration,
     ReportGuests,
+    RequestTaken,
     ResolveCompute,
     ServiceHeartbeat,
+    TakeRequest,
 )
 from shared.context import RequestContext
-from shared.exceptions import HostRenameDetected, ServiceNotFound
+from shared.exceptions import HostRenameDetected, ServiceNotFound, TransientError
 from shared.objects.flavor import FlavorSnapshot
 from shared.rpc.server import RPCServer
 from shared.rpc.transport import Transport
@@ -86,6 +88,11 @@ class StandInConductor:
         self.answering.set()
         #: (what, instance) of the answers it gave to those, in order.
         self.answered: list[tuple[str, UUID | None]] = []
+        #: Requests keel-api withdrew: ``take_request`` answers no to them.
+        self.withdrawn: set[str] = set()
+        self.taken: list[TakeRequest] = []
+        #: Set, ``take_request`` fails as a conductor whose database is down does.
+        self.take_fails = False
 
     async def resolve_compute(self, ctx: RequestContext, req: ResolveCompute) -> ComputeResolution:
         self.resolutions.append(req)
@@ -132,6 +139,12 @@ class StandInConductor:
 
     async def instance_build_result(self, ctx: RequestContext, req: InstanceBuildResult) -> None:
         self.build_results.append(req)
+
+    async def take_request(self, ctx: RequestContext, req: TakeRequest) -> RequestTaken:
+        self.taken.append(req)
+        if self.take_fails:
+            raise TransientError("the database cannot be reached (test)")
+        return RequestTaken(proceed=req.request_id not in self.withdrawn)
 
     async def instance_deleted(self, ctx: RequestContext, req: InstanceDeleted) -> None:
         self.deleted.append(req.instance_uuid)

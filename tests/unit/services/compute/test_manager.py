@@ -179,6 +179,41 @@ async def test_terminate_removes_the_guest_and_reports_it_deleted(rig: Rig) -> N
     assert not rig.guest_dir(spec).exists()
 
 
+async def test_a_withdrawn_delete_or_stop_that_arrives_later_changes_nothing(rig: Rig) -> None:
+    """keel-api withdrew them (answered 503) before their messages arrived: the agent takes
+    each request first, is told no, and leaves the guest as it is."""
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    stop, delete = RequestContext(), RequestContext()
+    rig.conductor.withdrawn |= {stop.request_id, delete.request_id}
+
+    await rig.compute.stop_instance(stop, rig.service_uuid, spec.uuid)
+    await rig.compute.terminate_instance(delete, rig.service_uuid, spec.uuid)
+    await eventually(lambda: len(rig.conductor.taken) == 2)
+    await asyncio.sleep(0.1)
+
+    assert rig.guest_dir(spec).exists()
+    assert rig.conductor.deleted == []
+    assert rig.conductor.action_results == []
+    assert [t.request_id for t in rig.conductor.taken] == [stop.request_id, delete.request_id]
+
+
+async def test_a_delete_is_not_held_up_when_no_conductor_can_take_its_request(
+    rig: Rig,
+) -> None:
+    spec = make_spec()
+    await rig.build(spec)
+    await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+    rig.conductor.take_fails = True
+
+    await rig.terminate(spec.uuid)
+    await eventually(lambda: spec.uuid in rig.conductor.deleted)
+
+    assert not rig.guest_dir(spec).exists()
+    assert len(rig.conductor.taken) >= 1
+
+
 async def test_terminate_of_a_missing_guest_still_reports_it_deleted(rig: Rig) -> None:
     missing = uuid.uuid4()
 
