@@ -192,13 +192,13 @@ def protected(
     if row is None or row.deleted or row.task == "deleting" or node is None:
         return None
     reverting = [
-        m for m in moves if m.kind == "migration" and m.status == "reverting" and m.dest == node
+        m for m in moves if m.kind in states.COLD and m.status == "reverting" and m.dest == node
     ]
     for move in moves:
         if move.status in states.IN_FLIGHT and move.dest == node and not own_failure:
             return f"it is the destination of {move.kind} {move.uuid} ({move.status})"
         returns = move.status in ("finished", "reverting")
-        if move.kind == "migration" and move.source == node and returns:
+        if move.kind in states.COLD and move.source == node and returns:
             return f"a revert of migration {move.uuid} ({move.status}) returns to it"
     if row.node == node and established and not reverting:
         return f"it is on the server's node ({row.vm}/{row.task})"

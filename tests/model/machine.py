@@ -34,7 +34,7 @@ from tests.model import known
 from tests.model.base import TRACE, TRACE_FILE, MachineBase
 from tests.model.hosts import Host
 from tests.model.runtime import Activity, Process
-from tests.model.world import DOWN_TIME, IMAGE_ID
+from tests.model.world import BIG_FLAVOR, DOWN_TIME, IMAGE_ID
 
 LOG = logging.getLogger(__name__)
 
@@ -141,6 +141,14 @@ class KeelMachine(MachineBase):
             version="2.56",
             plan=plan,
         )
+
+    @rule(i=index, flavor=st.sampled_from(["1", BIG_FLAVOR]), plan=plans)
+    def resize(self, i: int, flavor: str, plan: dict[str, Any] | None = None) -> None:
+        """A cold migration to another flavor (to the server's own flavor: 400)."""
+        if not self.servers:
+            return
+        body = {"resize": {"flavorRef": flavor}}
+        self.api("resize", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
     @rule(i=index, confirm=st.booleans(), plan=plans)
     def finish_resize(self, i: int, confirm: bool, plan: dict[str, Any] | None = None) -> None:

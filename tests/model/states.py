@@ -120,6 +120,10 @@ CLAIMING = {
     "evacuation": frozenset({"accepted", "pre-migrating", "done"}),
     "migration": frozenset({"accepted", "pre-migrating", "finished", "confirming", "reverting"}),
 }
+#: A resize is a cold migration with a new flavor.
+CLAIMING["resize"] = CLAIMING["migration"]
+#: The kinds of cold migration.
+COLD = frozenset({"migration", "resize"})
 #: Statuses in which a move is still being carried out (a destination may be building).
 IN_FLIGHT = frozenset({"accepted", "pre-migrating", "migrating"})
 #: Statuses that may remain at quiescence: a cold migration may wait for its owner.
@@ -158,6 +162,9 @@ MIGRATION: dict[str, frozenset[tuple[str | None, str]]] = {
         }
     ),
 }
+
+
+MIGRATION["resize"] = MIGRATION["migration"]
 
 
 def migration_allowed(kind: str, old: str | None, new: str) -> bool:

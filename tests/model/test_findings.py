@@ -12,6 +12,7 @@ import pytest
 
 from tests.model.machine import KeelMachine
 from tests.model.script import A, B, Steps
+from tests.model.world import BIG_FLAVOR
 
 pytestmark = pytest.mark.functional
 
@@ -148,6 +149,25 @@ def test_finding_15_a_build_result_never_ends_a_delete(m: KeelMachine) -> None:
     assert m.state_of(0) == ("building", "deleting", "host0")
     s.deliver_all()  # I5: building/deleting → only deleted
     assert ("delete", 204) in m.answers
+    m.teardown()
+
+
+@pytest.mark.parametrize("confirm", [True, False])
+def test_a_resize_confirmed_or_reverted_keeps_one_copy_and_its_claims(
+    m: KeelMachine, confirm: bool
+) -> None:
+    """A resize (a cold migration with a new flavor) ends on one copy, claimed once, with
+    the flavor it ended with, through the invariants of every step."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.resize(0, BIG_FLAVOR)
+    s.deliver_all()
+    assert m.state_of(0)[:2] == ("resized", None)
+    s.finish_resize(0, confirm=confirm)
+    s.deliver_all()
+    assert m.state_of(0)[:2] == ("active", None)
+    assert (m.state_of(0)[2] == "host0") is not confirm
     m.teardown()
 
 

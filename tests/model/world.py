@@ -55,7 +55,7 @@ from shared.config import (
     Settings,
     TokenInfo,
 )
-from shared.db import fixed_ips, images
+from shared.db import fixed_ips, flavors, images
 from shared.db.pool import create_pool
 from shared.exceptions import KeelError
 from shared.metrics import Metrics
@@ -69,6 +69,8 @@ LOG = logging.getLogger(__name__)
 
 HOSTS = 3
 IMAGE_ID = UUID("0b5e5a1e-0000-4000-8000-00000000cafe")
+#: A flavor servers may be resized to (besides m1.tiny, "1"): two fit on a host.
+BIG_FLAVOR = "model.big"
 ADMIN_TOKEN = "model-admin"
 #: Seconds without a heartbeat before a service is down (keel's default).
 DOWN_TIME = 60.0
@@ -210,6 +212,9 @@ class World:
         async with self.db.acquire() as conn:
             await fixed_ips.ensure_network(conn, self.settings.network)
             await images.create(conn, image_id=IMAGE_ID, name="model-image")
+            await flavors.create(
+                conn, flavorid=BIG_FLAVOR, name=BIG_FLAVOR, vcpus=2, memory_mb=768, root_gb=1
+            )
             await conn.execute(SCHEMA)
         self.hosts = [self._new_host(index) for index in range(HOSTS)]
         await self._start_processes()
