@@ -31,6 +31,7 @@ from shared.db import (
     service_maintenance,
     services,
 )
+from shared.objects.instance import Instance
 from shared.objects.migration import EVACUATION, MIGRATION, Migration, MigrationStatus, MoveKind
 from shared.objects.states import PowerState, TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
@@ -137,6 +138,23 @@ def move_deadline(pool: asyncpg.Pool, transport: AmqpTransport) -> MoveDeadline:
     return MoveDeadline(pool, ComputeAPI(transport, timeout=SOON), timeout=60, down_time=60)
 
 
+async def ended_by_two_sweeps(
+    pool: asyncpg.Pool, transport: AmqpTransport, migration: Migration
+) -> tuple[Instance, str | None]:
+    """Two sweeps at once (two conductors) end the overdue cold migration exactly once;
+    the server then, and what its ``migrate`` action says."""
+    ended = await asyncio.gather(*(move_deadline(pool, transport).sweep() for _ in range(2)))
+    assert sorted(ended) == [0, 1]
+    await migration_status(pool, migration.uuid, MigrationStatus.ERROR)
+    async with pool.acquire() as conn:
+        instance = await instances.get(conn, migration.instance_uuid)
+        message: str | None = await conn.fetchval(
+            "SELECT message FROM instance_actions WHERE instance_uuid = $1 AND action = 'migrate'",
+            migration.instance_uuid,
+        )
+    return instance, message
+
+
 async def test_a_cold_migration_whose_destination_died_goes_back_to_its_source(
     db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
 ) -> None:
@@ -154,25 +172,16 @@ async def test_a_cold_migration_whose_destination_died_goes_back_to_its_source(
     pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
     await aged(db_pool, pending)
 
-    sweeps = [move_deadline(db_pool, agent_transport) for _ in range(2)]
-    ended = await asyncio.gather(*(sweep.sweep() for sweep in sweeps))
+    instance, message = await ended_by_two_sweeps(db_pool, agent_transport, migration)
 
-    assert sorted(ended) == [0, 1]
-    await migration_status(db_pool, migration.uuid, MigrationStatus.ERROR)
-    async with db_pool.acquire() as conn:
-        instance = await instances.get(conn, instance_uuid)
-        action = await conn.fetchrow(
-            "SELECT * FROM instance_actions WHERE instance_uuid = $1 AND action = 'migrate'",
-            instance_uuid,
-        )
     assert (instance.vm_state, instance.task_state, instance.compute_id) == (
         VmState.ACTIVE,
         None,
         node_a,
     )
     assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
-    assert action is not None
-    assert "KEEL_MOVE_TIMEOUT" in action["message"]
+    assert message is not None
+    assert "KEEL_MOVE_TIMEOUT" in message
     # The source's guest (shut down for the move) is started again.
     await until(lambda: any(r.power_on for r in agent_a.reverted))
 
@@ -218,24 +227,15 @@ async def test_a_cold_migration_whose_destination_may_run_the_copy_stays_shut_of
     await silenced(db_pool, node_b)
     await aged(db_pool, pending)
 
-    ended = await asyncio.gather(
-        *(move_deadline(db_pool, agent_transport).sweep() for _ in range(2))
-    )
+    instance, message = await ended_by_two_sweeps(db_pool, agent_transport, migration)
 
-    assert sorted(ended) == [0, 1]
-    await migration_status(db_pool, migration.uuid, MigrationStatus.ERROR)
-    async with db_pool.acquire() as conn:
-        instance = await instances.get(conn, instance_uuid)
-        message = await conn.fetchval(
-            "SELECT message FROM instance_actions WHERE instance_uuid = $1 AND action = 'migrate'",
-            instance_uuid,
-        )
     assert (instance.vm_state, instance.task_state, instance.compute_id) == (
         VmState.STOPPED,
         None,
         node_a,
     )
     assert instance.power_state == PowerState.SHUTDOWN
+    assert message is not None
     assert "dl-stray-b is down but not forced down" in message
     assert await claims(db_pool, instance_uuid) == {("instance", node_a)}
     # Nothing started the source's guest, and nothing was asked of the dead destination.
