@@ -21,7 +21,7 @@ run (its agent may have died while the host runs on), so nothing starts the sour
 copy: a cold migration's server stays SHUTOFF on its source, and keel-api refuses to
 start or hard-reboot the server (:func:`shared.fencing.stray_copy_may_run`) until the
 destination's agent is back — it stops the stray copy when it reports its guests —
-or an operator forces that host down. The fault and the instance action say so.
+or an operator forces that host down. The instance action (and an evacuation's fault) say so.
 
 The instance action records the timeout. Several conductors sweep at once safely: each
 move is ended by one compare-and-swap on its status; the others find it ended.
