@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.model import known
 from tests.model.machine import KeelMachine
 from tests.model.script import A, B, Steps
 from tests.model.world import BIG_FLAVOR
@@ -169,6 +170,34 @@ def test_a_resize_confirmed_or_reverted_keeps_one_copy_and_its_claims(
     assert m.state_of(0)[:2] == ("active", None)
     assert (m.state_of(0)[2] == "host0") is not confirm
     m.teardown()
+
+
+@known.xfail_until_fixed(
+    known.BUILD_DELIVERIES_RACE,
+    "a delivery told to abandon the build discards the guest whose success is on its way",
+)
+def test_finding_16_a_failed_delivery_of_a_build_never_discards_the_guest_of_another(
+    m: KeelMachine,
+) -> None:
+    """Finding 16 (found by the 5,000-example search): the build reached A three times; the
+    first spawn failed, the second ran the guest, both reports held; the failure is
+    recorded (ERROR), then the third delivery asked the conductor, was told to abandon
+    the build and discarded the second's guest — whose success then made the server
+    ACTIVE with no copy anywhere."""
+    s = Steps(m)
+    s.create(on=A)
+    assert s.deliver_named("build_instances")
+    s.fail_next(A, "spawn")
+    s.duplicate(k=0)
+    s.duplicate(k=0)
+    assert s.deliver_named("build_and_run_instance", A)  # fails; its report held
+    assert s.deliver_named("build_and_run_instance", A)  # runs the guest; report held
+    assert s.deliver_named("instance_build_result")  # the failure: ERROR
+    assert m.state_of(0) == ("error", None, "host0")
+    assert s.deliver_named("build_and_run_instance", A)  # must not discard the guest
+    s.deliver_all()
+    assert m.state_of(0) == ("active", None, "host0")
+    m.teardown()  # I2: exactly one copy of the live server
 
 
 def test_finding_3_a_host_gone_for_good_is_deleted(m: KeelMachine) -> None:
