@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from uuid import UUID
 
@@ -89,6 +90,26 @@ async def lock_untaken(conn: Connection, instance_uuid: UUID, request_id: str) -
         request_id,
     )
     return all(row["taken_at"] is None for row in taken)
+
+
+async def withdraw_untaken(
+    conn: Connection,
+    instance_uuid: UUID,
+    request_id: str,
+    message: str,
+    undo: Callable[[], Awaitable[bool]],
+) -> bool:
+    """keel-api withdraws its request ``request_id``: False once an agent took it, or if
+    ``undo`` (the task's compare-and-swap back) finds the task already moved on; else the
+    request is marked withdrawn, saying why. Call inside a transaction: it locks the
+    instance's row, then the request's (the documented lock order)."""
+    await conn.execute("SELECT 1 FROM instances WHERE uuid = $1 FOR UPDATE", instance_uuid)
+    if not await lock_untaken(conn, instance_uuid, request_id):
+        return False
+    if not await undo():
+        return False
+    await withdraw(conn, instance_uuid, request_id, message)
+    return True
 
 
 async def withdraw(conn: Connection, instance_uuid: UUID, request_id: str, message: str) -> None:

@@ -65,12 +65,6 @@ async def get(conn: Connection, instance_uuid: UUID) -> Instance:
     return Instance.from_row(row)
 
 
-async def lock(conn: Connection, instance_uuid: UUID) -> None:
-    """Lock the instance's row for the rest of the transaction (first, in the documented
-    lock order: the instance, its move record, claims and other records)."""
-    await conn.execute("SELECT 1 FROM instances WHERE uuid = $1 FOR UPDATE", instance_uuid)
-
-
 async def find(conn: Connection, instance_uuid: UUID) -> Instance | None:
     """The instance, deleted or not; ``None`` if it never existed."""
     row = await conn.fetchrow("SELECT * FROM instances WHERE uuid = $1", instance_uuid)

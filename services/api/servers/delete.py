@@ -250,16 +250,15 @@ async def _restore(
     deleted the server, or its task moved on)."""
 
     async def restore(conn: Connection) -> bool:
-        await instances.lock(conn, instance.uuid)
-        if not await instance_actions.lock_untaken(conn, instance.uuid, ctx.request_id):
-            return False
-        restored = await instances.swap_task_state(
-            conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
+        async def undo() -> bool:
+            restored = await instances.swap_task_state(
+                conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
+            )
+            return restored is not None
+
+        return await instance_actions.withdraw_untaken(
+            conn, instance.uuid, ctx.request_id, reason, undo
         )
-        if restored is None:
-            return False
-        await instance_actions.withdraw(conn, instance.uuid, ctx.request_id, reason)
-        return True
 
     return await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
 

@@ -188,13 +188,12 @@ async def _withdraw(
     an agent of an older release, ended its task); False if one did (work taken)."""
 
     async def withdraw(conn: Connection) -> bool:
-        await instances.lock(conn, instance_uuid)
-        if not await instance_actions.lock_untaken(conn, instance_uuid, ctx.request_id):
-            return False
-        if await instances.finish_task(conn, instance_uuid, (action.task,)) is None:
-            return False
-        await instance_actions.withdraw(conn, instance_uuid, ctx.request_id, why)
-        return True
+        async def undo() -> bool:
+            return await instances.finish_task(conn, instance_uuid, (action.task,)) is not None
+
+        return await instance_actions.withdraw_untaken(
+            conn, instance_uuid, ctx.request_id, why, undo
+        )
 
     return await in_transaction(
         pool, withdraw, what=f"withdrawing {action.name} of {instance_uuid}"
