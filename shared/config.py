@@ -313,6 +313,9 @@ class FencingSettings(_Group):
     #: fence window before they let its servers be evacuated (the agent's time to power
     #: its guests off, and clocks that drift).
     margin: float = Field(default=30.0, ge=0)
+    #: A watchdog device keel-fence keeps open and pets (``/dev/watchdog``): a fence that
+    #: dies or hangs then resets the host. Unset (the default): no watchdog.
+    watchdog_device: Path | None = None
 
 
 class RecoverySettings(_Group):

@@ -26,6 +26,7 @@
     │   ├── HypervisorInUse         a new host whose hypervisor already holds servers
     │   └── ComputeNodeDeleted      its node was deleted by an operator
     ├── ServiceTooOld               this release is too old for the deployment
+    ├── HostHeld                    another keel-compute runs with this state directory
     ├── CallerRefused               the broker user that sent a request may not ask it
     ├── BuildFailed                 the virt driver could not build a guest
     ├── GuestNotFound               the hypervisor has no guest for an instance
@@ -173,6 +174,10 @@ class ComputeNodeDeleted(IdentityRefused):
 
 
 class ServiceTooOld(KeelError):
+    pass
+
+
+class HostHeld(KeelError):
     pass
 
 

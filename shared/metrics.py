@@ -38,15 +38,35 @@ class Metrics:
         )
         self.self_fences = Counter(
             "keel_self_fences",
-            "Times this compute agent fenced itself (powered its guests off) after going "
-            "KEEL_FENCING__SELF_FENCE_AFTER seconds without a successful heartbeat",
+            "Times this compute host's fence fired (powered its guests off) because the "
+            "agent's lease ran out: KEEL_FENCING__SELF_FENCE_AFTER seconds without an "
+            "answered heartbeat",
+            registry=self.registry,
+        )
+        self.fence_armed = Gauge(
+            "keel_fence_armed",
+            "1 while this compute host's fence runs and enforces the agent's lease, else 0 "
+            "(the host is then never evacuated without an operator)",
+            registry=self.registry,
+        )
+        self.fence_lease_left = Gauge(
+            "keel_fence_lease_seconds_left",
+            "Seconds until this compute host's fence lease runs out unless renewed",
+            registry=self.registry,
+        )
+        self.copies_refused = Counter(
+            "keel_copies_refused",
+            "Guest copies, results and reports refused because their copy token is not the "
+            "server's current one, by what was refused",
+            ["what"],
             registry=self.registry,
         )
 
         self.hosts_fenced = Gauge(
             "keel_hosts_fenced",
-            "Compute hosts down and fenced (forced down, or silent past their agent's "
-            "self-fence window), as the last recovery sweep of this conductor saw them",
+            "Compute hosts down whose guests are known to be off (their fence's lease ran "
+            "out, or forced down without a fence), as this conductor's last recovery sweep "
+            "saw them",
             registry=self.registry,
         )
         self.auto_evacuations_started = Counter(

@@ -53,6 +53,9 @@ History:
   (``take_request``: an agent takes keel-api's request before it stops, starts, reboots,
   pauses, unpauses, suspends, resumes or deletes a guest; a request keel-api withdrew
   is not acted on).
+* 18 (``quoin``) — host fences: conductor 1.12 (``service_heartbeat`` carries the lease
+  of the host's armed fence, keel-fence; only such a host counts as fenced once its
+  silence outlasts that lease).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.8", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.2"),
+    ReleaseApis(compute="1.9", conductor="1.12", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -124,6 +128,7 @@ RELEASE_NAMES: dict[str, int] = {
     "norman": 15,
     "oakum": 16,
     "painter": 17,
+    "quoin": 18,
 }
 
 #: The first release whose agents never register without an identity file the
@@ -135,6 +140,15 @@ STABLE_IDENTITY_VERSION = 4
 #: The first release whose agents report their self-fencing setting: a host whose agent
 #: runs an older release never counts as fenced until an operator forces it down.
 SELF_FENCING_VERSION = 14
+
+#: The first release whose agents take keel-api's request before acting on a guest
+#: (conductor RPC 1.11): keel-api may withdraw a request only while every agent that
+#: could receive it is at least this release.
+TAKING_REQUESTS_VERSION = 17
+
+#: The first release whose agents keep a host fence (keel-fence) and report its lease:
+#: only such a host counts as fenced without an operator.
+HOST_FENCE_VERSION = 18
 
 
 def apis_for(service_version: int) -> ReleaseApis:

@@ -46,7 +46,7 @@ from services.compute.uptime import host_uptime
 from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, PowerAction
 from shared.context import RequestContext
-from shared.exceptions import GuestNotFound, KeelError, MessagingError
+from shared.exceptions import GuestNotFound, KeelError, MessagingError, TransientError
 from shared.faults import FaultPoints
 from shared.rpc.settlement import is_transient
 
@@ -77,6 +77,10 @@ class Gate(Protocol):
     def serving(self) -> bool: ...
 
     async def wait_serving(self, what: str, instance_uuid: UUID) -> None: ...
+
+    async def wait_answered(self) -> None:
+        """Until a heartbeat is answered again (or a while has passed: try again)."""
+        ...
 
 
 class ComputeManager:
@@ -266,25 +270,36 @@ class ComputeManager:
 
         keel-api withdraws a request whose message it could not confirm sent, and
         answers 503: that message may still arrive here, and must then change nothing.
-        If no conductor answers (all down, or the database unreachable), the agent acts
-        anyway, as agents before release 17 do: a stop or delete is not held up by a
-        control-plane outage, and only a request both withdrawn and arriving during one
-        may still act.
+        So nothing is done before a conductor has answered: while none can (all down,
+        or the database unreachable), the request waits here, its message unsettled,
+        and is taken once heartbeats are answered again (a message redelivered meanwhile
+        waits likewise). Without a contact watch to wait on, the failure is transient:
+        the message is tried again later.
         """
-        try:
-            taken = await self._conductor.take_request(ctx, instance_uuid)
-        except MessagingError as exc:
-            if not is_transient(exc):
-                raise
-            LOG.warning(
-                "could not take request %s for %s of guest %s (%s): doing it anyway",
-                ctx.request_id,
-                what,
-                instance_uuid,
-                exc.message,
-                extra=_extra(instance_uuid),
-            )
-            return True
+        told = False
+        while True:
+            try:
+                taken = await self._conductor.take_request(ctx, instance_uuid)
+                break
+            except MessagingError as exc:
+                if not is_transient(exc):
+                    raise
+                if self._gate is None:
+                    raise TransientError(
+                        f"no conductor took request {ctx.request_id} ({exc.message})"
+                    ) from None
+                if not told:
+                    LOG.warning(
+                        "%s of guest %s waits: no conductor answered whether request %s "
+                        "may act (%s); nothing is done before one does",
+                        what,
+                        instance_uuid,
+                        ctx.request_id,
+                        exc.message,
+                        extra={**_extra(instance_uuid), "decision": "waiting_to_take"},
+                    )
+                    told = True
+                await self._gate.wait_answered()
         if taken:
             return True
         LOG.warning(

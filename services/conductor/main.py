@@ -57,6 +57,7 @@ async def run_conductor(
         boot_images=BootImages.from_settings(settings),
         minimums=pins.minimums,
         same_host_resize=settings.allow_resize_to_same_host,
+        fence_margin=settings.fencing.margin,
     )
     server = RPCServer(
         transport,
@@ -68,7 +69,7 @@ async def run_conductor(
         guard=AgentGuard(pool),
     )
     lifecycle.on_reload(pins.reload)
-    deadlines = Deadlines(pool, compute, settings)
+    deadlines = Deadlines(pool, compute, settings, ConductorAPI(transport, timeout=timeout))
     recovery = Recovery(pool, ConductorAPI(transport, timeout=timeout), settings, lifecycle.metrics)
     periodic = [
         Periodic("deadlines", deadlines.sweep, deadlines.interval),

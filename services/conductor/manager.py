@@ -63,8 +63,10 @@ class ConductorManager:
         minimums: MinimumVersions | None = None,
         boot_images: BootImages | None = None,
         same_host_resize: bool = False,
+        fence_margin: float = 30.0,
     ) -> None:
         self._pool = pool
+        self._fence_margin = fence_margin
         self._boot_images = boot_images
         self._same_host_resize = same_host_resize
         self._scheduler = scheduler
@@ -135,6 +137,7 @@ class ConductorManager:
             faults=self._faults,
             boot_images=self._boot_images,
             same_host_resize=self._same_host_resize,
+            fence_margin=self._fence_margin,
         )
         await task.run()
 

@@ -30,6 +30,9 @@ Conductor RPC API history:
 * 1.11 — take_request (call): an agent takes the request that sent it a stop, start,
   reboot, pause, unpause, suspend, resume or delete before acting on it; the answer is
   no if keel-api withdrew that request (it answered 503), and the agent does nothing.
+* 1.12 — service_heartbeat carries ``fence_lease``: the lease of the host's fence while
+  it is armed (absent: no armed fence), recorded with the service; a host counts as
+  fenced by time only once that lease has run out.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ DESTINATION_VERSION = "1.6"
 #: The conductor RPC version whose registrations and heartbeats carry the agent's
 #: self-fencing setting.
 FENCING_VERSION = "1.9"
+#: The conductor RPC version whose heartbeats carry the lease of the host's armed fence.
+FENCE_LEASE_VERSION = "1.12"
 
 
 class BuildInstances(KeelModel):
@@ -145,10 +150,15 @@ class ServiceHeartbeat(KeelModel):
     resources: NodeResources | None = None
     #: As in :class:`RegisterCompute` (1.9).
     self_fence_after: float | None = Field(default=None, ge=0, le=10**7)
+    #: The lease of the host's fence, while it is armed (1.12).
+    fence_lease: float | None = Field(default=None, gt=0, le=10**7)
 
     @model_serializer(mode="wrap")
     def _compat(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_unset_fencing(handler(self), self.self_fence_after)
+        data = _without_unset_fencing(handler(self), self.self_fence_after)
+        if isinstance(data, dict) and self.fence_lease is None:
+            data.pop("fence_lease", None)
+        return data
 
 
 class InstanceBuildResult(KeelModel):
@@ -401,15 +411,22 @@ class ConductorAPI:
         node_uuid: UUID | None = None,
         resources: NodeResources | None = None,
         self_fence_after: float | None = None,
+        fence_lease: float | None = None,
         timeout: float | None = None,
     ) -> None:
+        """Say the agent lives; with the lease of its host's fence where 1.12 may be sent."""
         fence, at = await self._fencing(self_fence_after)
+        if await self.client.can_send_version(FENCE_LEASE_VERSION):
+            at = FENCE_LEASE_VERSION
+        else:
+            fence_lease = None
         req = ServiceHeartbeat(
             service_uuid=service_uuid,
             version=version,
             node_uuid=node_uuid,
             resources=resources,
             self_fence_after=fence,
+            fence_lease=fence_lease,
         )
         await self.client.call(
             ctx, "service_heartbeat", req, version=at, timeout=timeout, idempotent=True

@@ -1,10 +1,11 @@
 """Compute hosts of the model: a disk that outlives its agent, and a driver that is watched.
 
 A :class:`Host` is the machine: its name (changed by ``service rename``), its state
-directory (the node identity file), its power, and its hypervisor — a
-:class:`ModelDriver` that lives as long as the host, so guests survive the agent's kill
-and restart as they survive keel-compute's on a real host. A crash (power loss) stops
-every guest but keeps them on disk.
+directory (the node identity file), its power, its hypervisor — a :class:`ModelDriver`
+that lives as long as the host, so guests survive the agent's kill and restart as they
+survive keel-compute's on a real host — and the lease its agent and its fence share (in
+memory, on the model's clock). A crash (power loss) stops every guest but keeps them on
+disk, and begins a new boot (a lease of the last one guards nothing).
 
 The driver reports every destroy of an existing guest to the world before doing it, so
 invariant I3 (a copy keel still needs is never destroyed) is judged against the
@@ -21,6 +22,7 @@ from uuid import UUID
 
 from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.fake import FakeDriver
+from services.fence.api import Clock, MemoryLeaseStore
 from shared.exceptions import KeelError
 
 #: ``on_destroy(host, instance_uuid, own_failed_build)``, awaited before a guest goes.
@@ -97,9 +99,18 @@ class Host:
     node_uuid: UUID | None = None
     #: Set once the service was deleted: the host is gone for good.
     gone: bool = False
-    #: While the host is cut off from the control plane: the seconds it has been (its
-    #: agent fences itself once they reach its window); ``None`` when it is not.
+    #: While the host is cut off from the control plane: the seconds it has been;
+    #: ``None`` when it is not.
     cut_for: float | None = None
+    #: The agent's lease and the fence's status (see :mod:`services.fence.api`).
+    lease: MemoryLeaseStore = field(init=False)
+    boots: int = 0
 
-    def attach(self, on_destroy: DestroyWatch) -> None:
+    def attach(self, on_destroy: DestroyWatch, clock: Clock) -> None:
         self.driver = ModelDriver(self, on_destroy)
+        self.lease = MemoryLeaseStore(clock=clock, boot=f"{self.hypervisor}-boot0")
+
+    def reboot(self) -> None:
+        """Power comes back: a new boot, whose fence ignores the old boot's lease."""
+        self.boots += 1
+        self.lease.boot = f"{self.hypervisor}-boot{self.boots}"

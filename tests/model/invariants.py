@@ -168,7 +168,8 @@ def running_problems(snap: Snapshot, hosts: Iterable[Host]) -> list[str]:
     """I2 after any step: never two running copies."""
     where: dict[UUID, list[str]] = {}
     for host in hosts:
-        if host.powered and not host.gone:
+        # A host whose service was deleted counts until it is off: its guests may run.
+        if host.powered:
             for guest in host.driver.running():
                 where.setdefault(guest, []).append(host.name)
     return [
@@ -212,6 +213,9 @@ class Observer:
         self.world = world
         self.last_transition = 0
         self.api_errors: list[str] = []
+        #: Servers an admin reset (os-resetState) since the last check: any state of theirs
+        #: may become ACTIVE or ERROR with no task, as the admin asked.
+        self.reset: set[UUID] = set()
         #: Every server, in the order created, as of the last check.
         self.servers: list[UUID] = []
         world.on_destroy = self.destroying
@@ -275,6 +279,8 @@ class Observer:
             )
             if t["old_deleted"]:
                 old = ("deleted", None)
+            if t["subject"] in self.reset and new in states.RESET and old != states.DELETED:
+                continue
             if not states.instance_allowed(old, new):
                 problems.append(f"I5 server {t['subject']}: {old} → {new}")
             elif (
@@ -305,6 +311,7 @@ class Observer:
         async with self.world.db.acquire() as conn:
             snap = await snapshot(conn)
             problems = await self.transition_problems(conn)
+        self.reset.clear()
         self.servers = snap.order
         problems += claim_problems(snap)
         problems += running_problems(snap, self.world.hosts)

@@ -56,7 +56,7 @@ from services.api.http.faults import (
 from services.api.http.microversion import APIVersion
 from services.compute.rpcapi import SINCE, ComputeAPI
 from services.conductor.rpcapi import RESIZE_VERSION, ConductorAPI
-from shared import fencing
+from shared import host_fencing
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import (
@@ -212,13 +212,15 @@ async def _source(
 ) -> HostState:
     async with pool.acquire() as conn:
         source = await placement.host_of(conn, instance, down_time)
-        silent = None if source is None else await fencing.silent_for(conn, source.service.id)
+        silent = None if source is None else await host_fencing.silent_for(conn, source.service.id)
     if source is None:
         raise ConflictingRequest(
             f"Cannot '{kind.action}' instance {instance.uuid} while it has no compute host"
         )
     if kind is EVACUATION:
-        fenced = fencing.fence_state(source.service, silent, down_time=down_time, margin=margin)
+        fenced = host_fencing.fence_state(
+            source.service, silent, down_time=down_time, margin=margin
+        )
         if not fenced.fenced:
             raise BadRequest(fenced.why)
     if kind is not EVACUATION and not source.service.is_up:

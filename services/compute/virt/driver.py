@@ -48,6 +48,11 @@ class Driver(Protocol):
         """
         ...
 
+    async def open_node(self, node_uuid: UUID) -> None:
+        """Watch node ``node_uuid``'s guests without changing anything on the host (what
+        a host fence does beside a running agent, instead of :meth:`init_host`)."""
+        ...
+
     async def resources(self) -> HypervisorResources:
         """Current totals and the number of guests present."""
         ...
@@ -97,6 +102,11 @@ class Driver(Protocol):
 
     async def power_off(self, instance_uuid: UUID) -> None:
         """Shut the guest down; one already off stays off. GuestNotFound if it is missing."""
+        ...
+
+    async def halt(self, instance_uuid: UUID) -> None:
+        """Power the guest off at once, as pulling its plug (a host fence's power-off:
+        no clean shutdown is waited for); its disk stays. GuestNotFound if missing."""
         ...
 
     async def power_on(self, instance_uuid: UUID) -> None:

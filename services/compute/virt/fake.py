@@ -52,6 +52,9 @@ class FakeDriver:
     async def init_host(self, node_uuid: UUID) -> None:
         LOG.info("fake driver: %s starts with no guests", self._hostname)
 
+    async def open_node(self, node_uuid: UUID) -> None:
+        """Nothing to open: the guests are this object's."""
+
     async def resources(self) -> HypervisorResources:
         return self._totals.model_copy(update={"running_vms": len(self._guests)})
 
@@ -109,6 +112,9 @@ class FakeDriver:
         if self._existing(instance_uuid) in self._running:
             self._running.discard(instance_uuid)
             self._consoles[instance_uuid] += stamped("powered off")
+
+    async def halt(self, instance_uuid: UUID) -> None:
+        await self.power_off(instance_uuid)
 
     async def power_on(self, instance_uuid: UUID) -> None:
         if self._existing(instance_uuid) not in self._running:

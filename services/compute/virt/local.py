@@ -90,6 +90,9 @@ class LocalDriver:
             LOG.warning("removed %s: left half-done by an earlier run", self.instances_dir / name)
         LOG.info("local driver keeps guests in %s", self.instances_dir)
 
+    async def open_node(self, node_uuid: UUID) -> None:
+        """Nothing to open: the guests are the state directory's."""
+
     async def resources(self) -> HypervisorResources:
         return await asyncio.to_thread(self._measure)
 
@@ -142,6 +145,9 @@ class LocalDriver:
         return _POWER_STATES.get(state, PowerState.SHUTDOWN)
 
     async def power_off(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)
+
+    async def halt(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)
 
     async def power_on(self, instance_uuid: UUID) -> None:

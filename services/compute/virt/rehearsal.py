@@ -55,6 +55,9 @@ class RehearsalDriver:
     async def init_host(self, node_uuid: UUID) -> None:
         await self._driver.init_host(node_uuid)
 
+    async def open_node(self, node_uuid: UUID) -> None:
+        await self._driver.open_node(node_uuid)
+
     async def resources(self) -> HypervisorResources:
         return await self._driver.resources()
 
@@ -88,6 +91,9 @@ class RehearsalDriver:
     async def power_off(self, instance_uuid: UUID) -> None:
         await self._rehearse("power_off", instance_uuid)
         await self._driver.power_off(instance_uuid)
+
+    async def halt(self, instance_uuid: UUID) -> None:
+        await self._driver.halt(instance_uuid)
 
     async def power_on(self, instance_uuid: UUID) -> None:
         await self._rehearse("power_on", instance_uuid)

@@ -143,6 +143,9 @@ class LibvirtDriver:
             self.instances_dir,
         )
 
+    async def open_node(self, node_uuid: UUID) -> None:
+        self._node_uuid = node_uuid
+
     async def resources(self) -> HypervisorResources:
         info, hostname = await self._conn.run(lambda conn: (conn.getInfo(), conn.getHostname()))
         self.machine = str(hostname)
@@ -415,6 +418,10 @@ class LibvirtDriver:
     async def power_off(self, instance_uuid: UUID) -> None:
         dom = await self._domain(instance_uuid)
         await self._shut_down(dom, instance_uuid)
+
+    async def halt(self, instance_uuid: UUID) -> None:
+        dom = await self._domain(instance_uuid)
+        await self._conn.run(lambda _conn: self._force_off(dom))
 
     async def _shut_down(self, dom: Any, instance_uuid: UUID) -> None:
         """Press the power button until the guest is off; force it after the timeout.
