@@ -44,7 +44,7 @@ from services.compute.rpcapi import (
 )
 from services.compute.uptime import host_uptime
 from services.compute.virt.driver import Driver
-from services.conductor.rpcapi import BuildVerdict, ConductorAPI, PowerAction
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI, CopyToken, PowerAction
 from shared.context import RequestContext
 from shared.exceptions import GuestNotFound, KeelError, MessagingError, TransientError
 from shared.faults import FaultPoints
@@ -125,7 +125,10 @@ class ComputeManager:
         spec = req.instance
         async with self._may_start(spec.uuid, "build"):
             existed = spec.uuid in await self._driver.list_instances()
-            verdict = await self._verdict(ctx, spec.uuid, "before building")
+            have = await self._token_of(spec.uuid) if existed else None
+            #: The token of the guest this delivery builds (its spec's).
+            built = CopyToken(token=spec.origin)
+            verdict = await self._verdict(ctx, spec.uuid, "before building", have)
             if verdict is BuildVerdict.ABANDON and existed:
                 await self._discard(spec.uuid, "a build nobody wants any more left it")
             if verdict is not BuildVerdict.BUILD:
@@ -141,19 +144,32 @@ class ComputeManager:
                 error = await self._spawn(spec)
                 if error is not None:
                     await self._conductor.instance_build_result(
-                        ctx, spec.uuid, success=False, message=error
+                        ctx, spec.uuid, success=False, message=error, built=built
                     )
                     return
                 self._faults.reached("compute.build.after_spawn")
-                if await self._verdict(ctx, spec.uuid, "after building") is not BuildVerdict.BUILD:
+                after = await self._verdict(ctx, spec.uuid, "after building", built)
+                if after is not BuildVerdict.BUILD:
                     await self._discard(spec.uuid, "its build was given up while it ran")
                     return
                 LOG.info("guest %s is running", spec.uuid, extra=_extra(spec.uuid))
-            await self._conductor.instance_build_result(ctx, spec.uuid, success=True)
+            await self._conductor.instance_build_result(
+                ctx, spec.uuid, success=True, built=have or built
+            )
 
-    async def _verdict(self, ctx: RequestContext, instance_uuid: UUID, when: str) -> BuildVerdict:
-        """Ask the conductor whether this node should (still) build the guest."""
-        check = await self._conductor.check_build(ctx, instance_uuid, self._node_uuid)
+    async def _token_of(self, instance_uuid: UUID) -> CopyToken | None:
+        """The copy token the guest here carries (``None`` if it went meanwhile)."""
+        try:
+            return CopyToken(token=await self._driver.origin(instance_uuid))
+        except GuestNotFound:
+            return None
+
+    async def _verdict(
+        self, ctx: RequestContext, instance_uuid: UUID, when: str, guest: CopyToken | None
+    ) -> BuildVerdict:
+        """Ask the conductor whether this node should (still) build the guest; ``guest``:
+        the token of the guest already here, if any."""
+        check = await self._conductor.check_build(ctx, instance_uuid, self._node_uuid, guest)
         if check is None:
             return BuildVerdict.BUILD
         if check.verdict is not BuildVerdict.BUILD:

@@ -57,6 +57,8 @@ class Instance(KeelModel):
     #: The request that created it with others (``r-xxxxxxxx``), and its place among them.
     reservation_id: str | None = None
     launch_index: int = 0
+    #: The token of the server's current copy (see :mod:`shared.copy_tokens`).
+    copy_token: UUID | None = None
 
 
 class RequestedDestination(KeelModel):

@@ -73,6 +73,8 @@ class Migration(KeelModel):
     #: An evacuation waiting until then for its source's fence (see
     #: :mod:`services.conductor.moves.held`).
     held_until: datetime | None = None
+    #: The token of the copy the move started from: what a revert makes current again.
+    source_token: UUID | None = None
 
     @property
     def in_place(self) -> bool:

@@ -1,4 +1,4 @@
-"""Findings of issue 21 that are still open on main, by number.
+"""Findings of the model-based test, by number, and which of them are still open on main.
 
 While a finding is listed here, the rules that would run into it are gated off in the
 search (so the search keeps finding new problems, and main stays green), and its
@@ -33,11 +33,7 @@ WITHDRAWN_WITHOUT_CONDUCTOR = 18
 #: 19: keel-api withdraws a request an agent of a release before 17 acts on regardless.
 WITHDRAWN_FROM_AN_OLD_AGENT = 19
 
-UNFIXED: frozenset[int] = frozenset(
-    {
-        BUILD_DELIVERIES_RACE,
-    }
-)
+UNFIXED: frozenset[int] = frozenset()
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

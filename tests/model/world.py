@@ -207,7 +207,7 @@ class World:
         self.http: httpx.AsyncClient | None = None
         #: Destroys of copies keel still needed (invariant I3), as found when they happened.
         self.i3_violations: list[str] = []
-        self.on_destroy: Callable[[Host, UUID, bool], Awaitable[None]] | None = None
+        self.on_destroy: Callable[[Host, UUID, UUID | None], Awaitable[None]] | None = None
         self._stops: list[Callable[[], Awaitable[None]]] = []
         self._reset_sql = ""
         self._shift_sql = ""
@@ -578,10 +578,10 @@ class World:
 
     # -- the I3 watch --------------------------------------------------------------------
 
-    async def _destroying(self, host: Host, instance_uuid: UUID, own: bool) -> None:
+    async def _destroying(self, host: Host, instance_uuid: UUID, token: UUID | None) -> None:
         if self.on_destroy is not None:
             self.rt.inflight.started()
             try:
-                await self.on_destroy(host, instance_uuid, own)
+                await self.on_destroy(host, instance_uuid, token)
             finally:
                 self.rt.inflight.finished()

@@ -465,6 +465,10 @@ async def finish_resize(
         )
         if swapped is None:
             raise _Changed()
+        if not confirming:
+            # From now on the copy the migration started from is the server's again: the
+            # revert removes the destination's.
+            await instances.set_copy_token(conn, instance.uuid, swapped.source_token)
         await instance_actions.start(conn, ctx, instance.uuid, action)
         return True
 
