@@ -41,6 +41,21 @@ ENV_PREFIX = "KEEL_"
 ENV_NESTED_DELIMITER = "__"
 
 
+
+#: RabbitMQ's own heartbeat, used when neither keel nor the URL sets one.
+BROKER_DEFAULT_HEARTBEAT = 60
+#: Seconds one attempt to connect to a broker node may take (shared.rpc.amqp_connection).
+BROKER_ATTEMPT_TIMEOUT = 10.0
+
+
+def url_heartbeat(url: str) -> int | None:
+    """The ``heartbeat`` a transport URL's query sets, if any."""
+    for pair in url.partition("?")[2].split("&"):
+        key, _, value = pair.partition("=")
+        if key == "heartbeat" and value.isdigit():
+            return int(value)
+    return None
+
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +91,11 @@ class RpcSettings(_Group):
     #: Replicas of a topic's quorum queue when it is created (RabbitMQ's
     #: ``x-quorum-initial-group-size``; it places ``min(this, cluster nodes)``).
     quorum_group_size: int = Field(default=3, ge=1, le=255)
+    #: Seconds between AMQP heartbeats: a connection whose node stops answering (frozen,
+    #: or cut) is dropped after about three times this and the next node tried. A
+    #: ``?heartbeat=`` in the transport URL wins; 0 takes the broker's (RabbitMQ: 60 s,
+    #: noticed only after three minutes — longer than a host fence's lease).
+    heartbeat: int = Field(default=10, ge=0, le=600)
     #: RabbitMQ's management API, for ``keel-manage agent``; unset, port 15672 of the
     #: transport URL's first host, as the transport URL's user.
     management_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
@@ -467,6 +487,16 @@ class Settings(BaseSettings):
                 "itself between two heartbeats; 0 disables self-fencing"
             )
         return self
+
+    def broker_failover(self) -> float:
+        """Seconds, at most, an agent whose broker node froze goes without an answered
+        heartbeat: the AMQP heartbeat's grace (three heartbeats and a second each),
+        connecting to another node, and the next report. It must stay well inside the
+        fence's lease, or every agent on a frozen node would fence its host."""
+        heartbeat = url_heartbeat(self.transport_url)
+        if heartbeat is None:
+            heartbeat = self.rpc.heartbeat or BROKER_DEFAULT_HEARTBEAT
+        return 3 * (heartbeat + 1) + BROKER_ATTEMPT_TIMEOUT + self.report_interval
 
     @property
     def self_fence_after(self) -> float:

@@ -321,6 +321,21 @@ def fencing_reported(settings: Settings, service_version: int) -> float | None:
     return settings.self_fence_after
 
 
+def warn_if_failover_outlasts_the_lease(settings: Settings) -> None:
+    """Say so if losing the broker node could outlast half the fence's lease."""
+    lease, failover = settings.self_fence_after, settings.broker_failover()
+    if lease > 0 and failover > lease / 2:
+        LOG.warning(
+            "if this agent's RabbitMQ node froze, it could go %.0fs without an answered "
+            "heartbeat before it is on another node: more than half its fence's lease "
+            "(KEEL_FENCING__SELF_FENCE_AFTER=%g), so its host could be fenced for nothing. "
+            "Lower KEEL_RPC__HEARTBEAT (or the URL's ?heartbeat=) or lengthen the lease",
+            failover,
+            lease,
+            extra={"decision": "failover_outlasts_lease"},
+        )
+
+
 def new_contact_watch(
     settings: Settings, fence: FenceLink, clock: Clock, *, self_ticking: bool = True
 ) -> ContactWatch:
@@ -500,6 +515,7 @@ async def start_agent(
         identity.read_identity, settings.state_dir, settings.config_file
     )
     fence = fence or new_fence_link(settings, driver, metrics)
+    warn_if_failover_outlasts_the_lease(settings)
     if not await asyncio.to_thread(fence.store.hold_agent):
         raise HostHeld(
             f"another keel-compute runs with the state directory {settings.state_dir} "

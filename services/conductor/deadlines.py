@@ -106,6 +106,8 @@ class Deadlines:
         settings: Settings,
         conductor: ConductorAPI | None = None,
     ) -> None:
+        """``conductor``: also send held evacuations on in each pass (keel-conductor runs
+        :class:`HeldMoves` on a shorter period of its own instead)."""
         down_time = settings.service_down_time
         self.held = None if conductor is None else HeldMoves(pool, conductor)
         self.build = BuildDeadline(pool, settings.build_timeout)

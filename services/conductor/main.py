@@ -23,6 +23,7 @@ from services.conductor.agent_guard import AgentGuard
 from services.conductor.boot_images import BootImages
 from services.conductor.deadlines import Deadlines
 from services.conductor.manager import ConductorManager
+from services.conductor.moves.held import HELD_INTERVAL, HeldMoves
 from services.conductor.recovery import Recovery
 from services.conductor.rpcapi import TOPIC, ConductorAPI
 from services.scheduler.rpcapi import SchedulerAPI
@@ -69,10 +70,12 @@ async def run_conductor(
         guard=AgentGuard(pool),
     )
     lifecycle.on_reload(pins.reload)
-    deadlines = Deadlines(pool, compute, settings, ConductorAPI(transport, timeout=timeout))
+    deadlines = Deadlines(pool, compute, settings)
+    held = HeldMoves(pool, ConductorAPI(transport, timeout=timeout))
     recovery = Recovery(pool, ConductorAPI(transport, timeout=timeout), settings, lifecycle.metrics)
     periodic = [
         Periodic("deadlines", deadlines.sweep, deadlines.interval),
+        Periodic("held evacuations", held.sweep, HELD_INTERVAL),
         Periodic("recovery", recovery.sweep, recovery.interval),
     ]
     # A build waits at most one scheduler call; give it that long, and a little more.

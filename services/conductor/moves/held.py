@@ -8,8 +8,8 @@ move task holds it (:func:`hold`): the record stays ``pre-migrating`` with
 ``held_until`` set to when the lease has certainly run out, and the server's evacuate
 action says what it waits for (``openstack server event show``).
 
-Every conductor's deadline sweep sends a held evacuation on once ``held_until`` has
-passed (:class:`HeldMoves`): it casts ``evacuate_instance`` again, and the move task,
+Every conductor sends a held evacuation on once ``held_until`` has passed
+(:class:`HeldMoves`, every :data:`HELD_INTERVAL` seconds): it casts ``evacuate_instance`` again, and the move task,
 delivered at least once, checks the fence afresh (holding again if the source's lease
 was renewed meanwhile — its agent is alive) before it asks the destination to build.
 A held move is never held past its own deadline (``KEEL_MOVE_TIMEOUT``), which ends it
@@ -33,6 +33,8 @@ LOG = logging.getLogger(__name__)
 #: Seconds between two looks at a held move whose source gave no end to wait for (it
 #: came back up, or its lease is being renewed).
 RECHECK = 30.0
+#: Seconds between two sweeps for held moves whose wait is over (one indexed query).
+HELD_INTERVAL = 2.0
 
 
 async def hold(pool: asyncpg.Pool, migration: Migration, state: FenceState) -> None:

@@ -140,3 +140,12 @@ def test_a_stray_copy_is_off_once_the_agent_heartbeated_after_the_move_ended() -
     assert stray_copy_may_run(down(last_seen_up=before, **unarmed), 1, margin=1, ended_at=ENDED)
     assert stray_copy_may_run(down(last_seen_up=None, **unarmed), None, margin=1, ended_at=ENDED)
     assert not stray_copy_may_run(down(last_seen_up=after, **unarmed), 1, margin=1, ended_at=ENDED)
+
+
+def test_by_default_losing_a_broker_node_fits_well_inside_the_fences_lease() -> None:
+    """A frozen node is noticed after three AMQP heartbeats: at RabbitMQ's own 60 s that
+    is three minutes, longer than the lease, and every agent on it would fence its host."""
+    settings = Settings()
+    assert settings.broker_failover() <= settings.self_fence_after / 2
+    brokers_own = Settings(transport_url="amqp://guest:guest@localhost:5672/?heartbeat=60")
+    assert brokers_own.broker_failover() > brokers_own.self_fence_after
