@@ -9,9 +9,10 @@ move task holds it (:func:`hold`): the record stays ``pre-migrating`` with
 action says what it waits for (``openstack server event show``).
 
 Every conductor sends a held evacuation on once ``held_until`` has passed
-(:class:`HeldMoves`, every :data:`HELD_INTERVAL` seconds): it casts ``evacuate_instance`` again, and the move task,
-delivered at least once, checks the fence afresh (holding again if the source's lease
-was renewed meanwhile — its agent is alive) before it asks the destination to build.
+(:class:`HeldMoves`, every :data:`HELD_INTERVAL` seconds): it casts
+``evacuate_instance`` again, and the move task, delivered at least once, checks the
+fence afresh (holding again if the source's lease was renewed meanwhile — its agent is
+alive) before it asks the destination to build.
 A held move is never held past its own deadline (``KEEL_MOVE_TIMEOUT``), which ends it
 as it ends any move.
 """
