@@ -41,7 +41,6 @@ ENV_PREFIX = "KEEL_"
 ENV_NESTED_DELIMITER = "__"
 
 
-
 #: RabbitMQ's own heartbeat, used when neither keel nor the URL sets one.
 BROKER_DEFAULT_HEARTBEAT = 60
 #: Seconds one attempt to connect to a broker node may take (shared.rpc.amqp_connection).
@@ -55,6 +54,7 @@ def url_heartbeat(url: str) -> int | None:
         if key == "heartbeat" and value.isdigit():
             return int(value)
     return None
+
 
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid")
