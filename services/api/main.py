@@ -121,6 +121,7 @@ async def serve_api(
         ConductorAPI(transport, timeout=timeout, version_cap=pins.conductor.cap),
         ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
         policy=policy,
+        pins=pins,
     )
     lifecycle.on_reload(pins.reload)
     config = uvicorn.Config(
