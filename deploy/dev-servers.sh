@@ -5,7 +5,8 @@
 # machine up, so a step missing here fails CI too. Each step is skipped when already done:
 #
 #   1. install postgresql, rabbitmq-server and python3-venv from the system packages
-#      when missing;
+#      when missing, and the browser the e2e tier drives the operator's page with
+#      (chromium and chromium-driver: /usr/bin/chromium, /usr/bin/chromedriver);
 #   2. start PostgreSQL (pg_ctlcluster --skip-systemctl-redirect <version> main start)
 #      and let the user postgres connect over 127.0.0.1 without a password (trust);
 #   3. start RabbitMQ (rabbitmq-server -detached), whose user guest/guest may connect
@@ -49,6 +50,8 @@ install_packages() {
     command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
     command -v rabbitmq-server >/dev/null || missing+=(rabbitmq-server)
     python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v chromedriver >/dev/null || missing+=(chromium-driver)
     if (( ${#missing[@]} )); then
         log "installing ${missing[*]}"
         apt-get update -qq

@@ -3,7 +3,7 @@
 * ``Content-Security-Policy``: scripts, styles and requests only to keel-api itself, no
   inline script, no framing, forms posted only here;
 * ``X-Frame-Options: DENY`` for older browsers, ``X-Content-Type-Options: nosniff``,
-  ``Referrer-Policy: no-referrer``;
+  ``Referrer-Policy: same-origin``;
 * ``Cache-Control: no-store`` unless the route chose otherwise (the static files), so no
   cache keeps a page or an answer with the fleet's data.
 """
@@ -22,7 +22,7 @@ _FIXED = (
     ("Content-Security-Policy", POLICY),
     ("X-Frame-Options", "DENY"),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    ("Referrer-Policy", "same-origin"),
 )
 
 

@@ -14,7 +14,6 @@ _HEAD = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="referrer" content="no-referrer">
 {meta}<title>{title}</title>
 <link rel="stylesheet" href="/ops/static/ops.css">
 {script}</head>

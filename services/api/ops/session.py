@@ -150,9 +150,13 @@ async def require_operator(request: Request) -> Operator:
 
 
 def same_origin(request: Request) -> bool:
-    """False when the request says it comes from a page of another site."""
+    """False when the request says it comes from a page of another site.
+
+    ``Origin`` decides when it names one; without it (or with ``null``, which a browser
+    sends where the referrer policy withholds the origin) ``Sec-Fetch-Site`` does.
+    """
     origin = request.headers.get("Origin")
-    if origin is None:
+    if origin is None or origin == "null":
         return request.headers.get("Sec-Fetch-Site", "same-origin") in ("same-origin", "none")
     parts = urlsplit(origin)
     return parts.netloc == request.headers.get("Host") and parts.scheme in ("http", "https")

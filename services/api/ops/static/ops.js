@@ -287,7 +287,7 @@
       : "enabled";
     return el(
       "tr",
-      { "data-host": host.host, "data-state": host.state, "data-disabled": host.disabled },
+      { "data-host": host.host, "data-state": host.state, "data-disabled": String(host.disabled) },
       el("th", { scope: "row" }, host.host, el("br"), el("span", { class: "detail", text: `zone ${host.zone || "none"}` })),
       el("td", {}, el("span", { class: `badge ${STATE_CLASS[host.state] || ""}`, text: host.state })),
       el("td", { class: host.disabled ? "disabled-host" : "", text: scheduling }),
