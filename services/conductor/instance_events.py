@@ -82,8 +82,12 @@ async def _built_after_its_deadline(conn: Connection, instance_uuid: UUID) -> bo
     return True
 
 
-async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> None:
-    """ACTIVE on success; on failure ERROR with the agent's message and claims released."""
+async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> Instance | None:
+    """ACTIVE on success; on failure ERROR with the agent's message and claims released.
+
+    The instance as this result left it; ``None`` when it changed nothing (a repeat, or a
+    result that lost its race with a delete or the build deadline).
+    """
     extra = {"instance_uuid": str(req.instance_uuid)}
     async with pool.acquire() as conn, conn.transaction():
         if req.success:
@@ -93,7 +97,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
             instance = await instances.set_build_failed(conn, req.instance_uuid, message=message)
         if instance is None:
             if req.success and await _built_after_its_deadline(conn, req.instance_uuid):
-                return
+                return None
             if not await _release_if_deleted(conn, req.instance_uuid):
                 LOG.info(
                     "ignoring a build result for instance %s: it is no longer spawning "
@@ -101,7 +105,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
                     req.instance_uuid,
                     extra=extra,
                 )
-            return
+            return None
         if req.success:
             await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION)
             LOG.info(
@@ -110,7 +114,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
                 instance.host,
                 extra={**extra, "decision": "build_succeeded"},
             )
-            return
+            return instance
         released = await allocations.release_instance(conn, req.instance_uuid)
         await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION, message)
     LOG.info(
@@ -121,6 +125,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
         len(released),
         extra={**extra, "decision": "build_failed"},
     )
+    return instance
 
 
 async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:

@@ -57,6 +57,7 @@ async def run_conductor(
         boot_images=BootImages.from_settings(settings),
         minimums=pins.minimums,
         same_host_resize=settings.allow_resize_to_same_host,
+        metrics=lifecycle.metrics,
     )
     server = RPCServer(
         transport,
@@ -81,7 +82,7 @@ async def run_conductor(
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
-    async with connected(settings) as (pool, transport):
+    async with connected(settings, lifecycle.metrics) as (pool, transport):
         await run_conductor(settings, lifecycle, pool, transport)
 
 

@@ -170,3 +170,27 @@ async def recent_recoveries(conn: Connection, *, limit: int) -> list[Recovery]:
         )
         for row in rows
     ]
+
+
+async def server_states(conn: Connection) -> list[tuple[str, str | None, int]]:
+    """(vm state, task state, how many live servers are in it)."""
+    rows = await conn.fetch(
+        """SELECT vm_state, task_state, count(*) AS n FROM instances
+            WHERE deleted_at IS NULL GROUP BY vm_state, task_state"""
+    )
+    return [(row["vm_state"], row["task_state"], row["n"]) for row in rows]
+
+
+async def move_counts(conn: Connection, *, ended_within: float) -> list[tuple[str, str, int]]:
+    """(type, status, how many): every move not yet ended, and those that ended (their
+    record last changed) within the last ``ended_within`` seconds."""
+    rows = await conn.fetch(
+        """SELECT migration_type, status, count(*) AS n FROM migrations
+            WHERE deleted_at IS NULL
+              AND (status = ANY($1::text[])
+                   OR COALESCE(updated_at, created_at) > now() - make_interval(secs => $2))
+            GROUP BY migration_type, status""",
+        list(OPEN_STATUSES),
+        ended_within,
+    )
+    return [(row["migration_type"], row["status"], row["n"]) for row in rows]
