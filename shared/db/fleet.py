@@ -51,6 +51,8 @@ class OpenMove:
     source: str | None
     dest: str | None
     user_id: str | None
+    #: The name of the user who asked, when the identity API knows them.
+    user_name: str | None
     created_at: datetime
     #: Seconds since the move was asked for.
     age: float
@@ -116,6 +118,7 @@ def _move(row: asyncpg.Record) -> OpenMove:
         source=row["source_compute"],
         dest=row["dest_compute"],
         user_id=row["user_id"],
+        user_name=row["user_name"],
         created_at=row["created_at"],
         age=row["age"],
         idle=row["idle"],
@@ -123,10 +126,11 @@ def _move(row: asyncpg.Record) -> OpenMove:
 
 
 _MOVE_COLUMNS = """m.uuid, m.migration_type, m.status, m.instance_uuid, i.display_name,
-       m.source_compute, m.dest_compute, m.user_id, m.created_at,
+       m.source_compute, m.dest_compute, m.user_id, u.name AS user_name, m.created_at,
        EXTRACT(EPOCH FROM now() - m.created_at)::float8 AS age,
        EXTRACT(EPOCH FROM now() - COALESCE(m.updated_at, m.created_at))::float8 AS idle
-  FROM migrations m LEFT JOIN instances i ON i.uuid = m.instance_uuid"""
+  FROM migrations m LEFT JOIN instances i ON i.uuid = m.instance_uuid
+  LEFT JOIN users u ON u.id = m.user_id"""
 
 
 async def open_moves(conn: Connection, *, limit: int) -> list[OpenMove]:

@@ -93,6 +93,8 @@ class MoveView(BaseModel):
     source: str | None
     dest: str | None
     user_id: str | None
+    #: Who asked, by name when the identity API knows them (else their user id).
+    asked_by: str | None
     created_at: datetime
     age: float
     #: Seconds since its record last changed.
@@ -102,6 +104,8 @@ class MoveView(BaseModel):
     deadline_in: float | None
     #: What the deadline does when it comes.
     deadline: str | None
+    #: What the move waits for, when it waits for someone: ``None`` otherwise.
+    waiting_for: str | None
 
 
 class MovesView(BaseModel):
@@ -205,6 +209,14 @@ def _deadline(move: OpenMove, settings: Settings) -> tuple[float | None, str | N
     return None, None
 
 
+def _waiting_for(move: OpenMove) -> str | None:
+    if move.status == "done":
+        return f"{move.source}'s agent to remove the old copy (when it starts again)"
+    if move.status == "finished":
+        return "its owner's confirm or revert"
+    return None
+
+
 def move_view(move: OpenMove, settings: Settings) -> MoveView:
     left, what = _deadline(move, settings)
     return MoveView(
@@ -216,11 +228,13 @@ def move_view(move: OpenMove, settings: Settings) -> MoveView:
         source=move.source,
         dest=move.dest,
         user_id=move.user_id,
+        asked_by=move.user_name or move.user_id,
         created_at=move.created_at,
         age=move.age,
         idle=move.idle,
         deadline_in=left,
         deadline=what,
+        waiting_for=_waiting_for(move),
     )
 
 

@@ -336,6 +336,7 @@
   }
 
   function deadlineText(move) {
+    if (move.waiting_for) return `waits for ${move.waiting_for}`;
     if (move.deadline_in === null) return "none";
     if (move.deadline_in < 0) return `overdue by ${duration(-move.deadline_in)}: ${move.deadline}`;
     return `in ${duration(move.deadline_in)}: ${move.deadline}`;
@@ -394,7 +395,7 @@
         el("td", { text: move.source || "" }),
         el("td", { text: move.dest || "(choosing)" }),
         el("td", { text: move.status }),
-        el("td", { text: move.user_id || "" }),
+        el("td", { text: move.asked_by || "" }),
         el("td", { text: ago(move.age) })
       )
     );

@@ -200,6 +200,7 @@ async def test_evacuate_only_once_the_host_is_fenced_one_move_per_server(
     assert events["fenced"] == ["alive"]
     assert [e["server_id"] for e in events["evacuations"]] == [server]
     assert events["evacuations"][0]["user_id"] == "root"
+    assert events["evacuations"][0]["asked_by"] == "root"  # a static token's user id
 
 
 async def test_force_up_is_refused_while_evacuations_away_are_unconfirmed(
@@ -216,6 +217,9 @@ async def test_force_up_is_refused_while_evacuations_away_are_unconfirmed(
             conn, migration.uuid, expected=[MigrationStatus.ACCEPTED], new=MigrationStatus.DONE
         )
 
+    waiting = (await client.get("/ops/api/moves", headers=ADMIN)).json()["moves"][0]
+    assert waiting["status"] == "done"
+    assert waiting["waiting_for"].startswith("forced's agent to remove the old copy")
     refused = await act(client, host, "force-up")
     assert refused.status_code == 400
     assert "not confirmed" in refused.json()["badRequest"]["message"]
