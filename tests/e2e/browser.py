@@ -99,6 +99,18 @@ class Browser:
 
         self.until(clicked)
 
+    def press(self, css: str, key: str) -> None:
+        """Focus what ``css`` names and press ``key`` there (keyboard only, no click)."""
+
+        def pressed(driver: webdriver.Chrome) -> bool:
+            found = driver.find_elements(By.CSS_SELECTOR, css)
+            if not found or not found[0].is_enabled():
+                return False
+            found[0].send_keys(key)
+            return True
+
+        self.until(pressed)
+
     def type(self, css: str, text: str) -> None:
         field = self.until(lambda d: d.find_element(By.CSS_SELECTOR, css))
         field.clear()

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.keys import Keys
 
 from shared.db import projects, users
 from shared.objects.identity import Role
@@ -110,8 +112,11 @@ async def test_an_operator_works_the_fleet_from_the_page(browser: Browser, cloud
     assert "disabled: kernel patch" in browser.text(f"{host_row('compute1')} td:nth-of-type(2)")
     browser.screenshot("05-host-disabled")
 
-    browser.click('button[data-action="enable"][data-host="compute1"]')
-    confirm(browser)
+    # With the keyboard only: the button, then Tab from Cancel to Enable in the dialog.
+    browser.press('button[data-action="enable"][data-host="compute1"]', Keys.ENTER)
+    browser.until(lambda d: d.find_element("css selector", "#confirm").is_displayed())
+    assert browser.driver.switch_to.active_element.get_attribute("id") == "confirm-cancel"
+    ActionChains(browser.driver).send_keys(Keys.TAB, Keys.ENTER).perform()
     browser.until(lambda d: d.find_elements("css selector", host_row("compute1", disabled="false")))
 
     browser.click('button[data-action="evacuate"][data-host="compute2"]')
