@@ -351,6 +351,17 @@ class RecoverySettings(_Group):
     max_down_fraction: float = Field(default=0.55, gt=0, le=1)
 
 
+class OpsSettings(_Group):
+    """The operator's page keel-api serves at ``/ops/`` (README, "The operator's page")."""
+
+    #: Seconds a login to the page lasts; the session then ends and the form is shown.
+    session_lifetime: float = Field(default=28800.0, ge=60, le=7 * 86400)
+    #: Mark the session cookie ``Secure``: browsers send it over HTTPS only (and to
+    #: loopback addresses). Turn it off only to reach the page over plain HTTP on a
+    #: network you trust.
+    secure_cookie: bool = True
+
+
 class WorkaroundSettings(_Group):
     #: Start conductor, scheduler and api even while compute services older than this
     #: release supports are registered (a fast-forward upgrade); a warning instead.
@@ -426,6 +437,7 @@ class Settings(BaseSettings):
     workarounds: WorkaroundSettings = Field(default_factory=WorkaroundSettings)
     fencing: FencingSettings = Field(default_factory=FencingSettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
+    ops: OpsSettings = Field(default_factory=OpsSettings)
 
     #: The ``--config`` file these settings were read with (not itself a setting).
     _config_file: Path | None = PrivateAttr(default=None)

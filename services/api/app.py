@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncpg
 from fastapi import FastAPI
 
-from services.api import identity
+from services.api import identity, ops
 from services.api.http import faults, openapi
 from services.api.http.input_guard import InputGuard
 from services.api.http.middleware import ApiMiddleware
 from services.api.http.policy import Policy
 from services.api.network import routes as network_routes
+from services.api.ops.headers import OpsHeaders
 from services.api.resources import (
     aggregates,
     availability_zones,
@@ -46,6 +47,7 @@ from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
+from shared.version_pins import Pins
 
 
 def create_app(
@@ -55,6 +57,7 @@ def create_app(
     compute: ComputeAPI,
     *,
     policy: Policy | None = None,
+    pins: Pins | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="keel-api",
@@ -68,10 +71,14 @@ def create_app(
     app.state.conductor = conductor
     app.state.compute = compute
     app.state.policy = policy or Policy.load(settings.api.policy_file)
+    #: keel-api's RPC pins, shown on the operator's page (made there when not given).
+    app.state.pins = pins
     faults.install(app)
-    # The last added runs first: request id and microversion, then the input guard.
+    # The last added runs first: the operator's page's headers, request id and
+    # microversion, then the input guard.
     app.add_middleware(InputGuard, max_body_bytes=settings.api.max_body_bytes)
     app.add_middleware(ApiMiddleware)
+    app.add_middleware(OpsHeaders)
     app.include_router(openapi.router)
     app.include_router(versions.router)
     app.include_router(servers.router)
@@ -98,4 +105,5 @@ def create_app(
     app.include_router(image_data.download_router)
     app.include_router(identity.router())
     app.include_router(network_routes.router)
+    app.include_router(ops.router())
     return app

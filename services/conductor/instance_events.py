@@ -83,15 +83,16 @@ async def _built_after_its_deadline(conn: Connection, instance_uuid: UUID) -> bo
     return True
 
 
-async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> None:
+async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> Instance | None:
     """ACTIVE on success; on failure ERROR with the agent's message and claims released.
 
-    A result for a copy that is not the server's current one (its copy token differs:
-    the server was moved, or deleted, meanwhile) changes nothing.
+    The instance as this result left it; ``None`` when it changed nothing (a repeat, a
+    result that lost its race with a delete or the build deadline, or one for a copy that
+    is not the server's current one: its copy token differs).
     """
     extra = {"instance_uuid": str(req.instance_uuid)}
     if req.built is not None and not await _for_the_current_copy(pool, req):
-        return
+        return None
     async with pool.acquire() as conn, conn.transaction():
         if req.success:
             instance = await instances.set_active(conn, req.instance_uuid)
@@ -100,7 +101,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
             instance = await instances.set_build_failed(conn, req.instance_uuid, message=message)
         if instance is None:
             if req.success and await _built_after_its_deadline(conn, req.instance_uuid):
-                return
+                return None
             if not await _release_if_deleted(conn, req.instance_uuid):
                 LOG.info(
                     "ignoring a build result for instance %s: it is no longer spawning "
@@ -108,7 +109,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
                     req.instance_uuid,
                     extra=extra,
                 )
-            return
+            return None
         if req.success:
             await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION)
             LOG.info(
@@ -117,7 +118,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
                 instance.host,
                 extra={**extra, "decision": "build_succeeded"},
             )
-            return
+            return instance
         released = await allocations.release_instance(conn, req.instance_uuid)
         await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION, message)
     LOG.info(
@@ -128,6 +129,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
         len(released),
         extra={**extra, "decision": "build_failed"},
     )
+    return instance
 
 
 async def _for_the_current_copy(pool: asyncpg.Pool, req: InstanceBuildResult) -> bool:

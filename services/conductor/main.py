@@ -59,6 +59,7 @@ async def run_conductor(
         minimums=pins.minimums,
         same_host_resize=settings.allow_resize_to_same_host,
         fence_margin=settings.fencing.margin,
+        metrics=lifecycle.metrics,
     )
     server = RPCServer(
         transport,
@@ -85,7 +86,7 @@ async def run_conductor(
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
-    async with connected(settings) as (pool, transport):
+    async with connected(settings, lifecycle.metrics) as (pool, transport):
         await run_conductor(settings, lifecycle, pool, transport)
 
 
