@@ -27,6 +27,7 @@ from services.api.resources import (
     hypervisors,
     image_data,
     image_proxy,
+    image_schemas,
     images,
     keypairs,
     limits,
@@ -41,6 +42,7 @@ from services.api.servers import instance_actions
 from services.api.servers import ips as server_ips
 from services.api.servers import metadata as server_metadata
 from services.api.servers import routes as servers
+from services.api.servers import security_groups as server_security_groups
 from services.api.servers import tags as server_tags
 from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
@@ -82,6 +84,7 @@ def create_app(
     app.include_router(server_metadata.router)
     app.include_router(server_tags.router)
     app.include_router(server_ips.router)
+    app.include_router(server_security_groups.router)
     app.include_router(flavors.router)
     app.include_router(flavor_extra_specs.router)
     app.include_router(os_services.router)
@@ -95,6 +98,7 @@ def create_app(
     app.include_router(image_proxy.router)
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(image_data.router, prefix="/image/v2")
+    app.include_router(image_schemas.router, prefix="/image/v2")
     app.include_router(image_data.download_router)
     app.include_router(identity.router())
     app.include_router(network_routes.router)

@@ -45,7 +45,7 @@ from uuid import UUID
 from pydantic import Field
 
 from shared.context import RequestContext
-from shared.exceptions import ServiceTooOld
+from shared.exceptions import ServiceTooOld, Unroutable
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.network import FixedIp
@@ -489,6 +489,10 @@ class ComputeAPI:
             raise ServiceTooOld(
                 f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
             )
+        if await client.transport.is_consumed(client.topic) is False:
+            # A dead agent whose service is not reported down yet: its queue has no
+            # consumer, and the call would only wait for its timeout.
+            raise Unroutable(f"no agent consumes {client.topic}: its agent is not running")
         reply = await client.call(
             ctx, method, GetHostUptime(), version=SINCE[method], returns=HostUptime
         )
