@@ -11,6 +11,7 @@
     │   ├── ProjectNotFound
     │   ├── UserNotFound
     │   ├── KeyPairNotFound
+    │   ├── ServerGroupNotFound
     │   └── ConsoleNotAvailable     a guest's console log cannot be read
     ├── Conflict
     │   ├── InstanceInvalidState
@@ -101,6 +102,10 @@ class ConsoleNotAvailable(NotFound):
 
 
 class KeyPairNotFound(NotFound):
+    pass
+
+
+class ServerGroupNotFound(NotFound):
     pass
 
 

@@ -53,6 +53,10 @@ History:
   (``take_request``: an agent takes keel-api's request before it stops, starts, reboots,
   pauses, unpauses, suspends, resumes or deletes a guest; a request keel-api withdrew
   is not acted on).
+* 18 (``quoin``) — server groups: scheduler 1.3 (``select_destinations`` honours the
+  server group the instance is in, read under the group's lock in the transaction that
+  claims; keel-api accepts the ``group`` scheduler hint only once every scheduler speaks
+  it).
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.8", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.2"),
+    ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -124,6 +129,7 @@ RELEASE_NAMES: dict[str, int] = {
     "norman": 15,
     "oakum": 16,
     "painter": 17,
+    "quoin": 18,
 }
 
 #: The first release whose agents never register without an identity file the

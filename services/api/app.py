@@ -34,6 +34,7 @@ from services.api.resources import (
     os_migrations,
     os_services,
     quota_sets,
+    server_groups,
     usage,
     versions,
 )
@@ -47,7 +48,9 @@ from services.api.servers import tags as server_tags
 from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
+from services.scheduler.rpcapi import RPC_VERSION as SCHEDULER_RPC_VERSION
 from shared.config import Settings
+from shared.rpc.client import CapSource
 
 
 def create_app(
@@ -57,6 +60,7 @@ def create_app(
     compute: ComputeAPI,
     *,
     policy: Policy | None = None,
+    scheduler_cap: str | CapSource = SCHEDULER_RPC_VERSION,
 ) -> FastAPI:
     app = FastAPI(
         title="keel-api",
@@ -70,6 +74,9 @@ def create_app(
     app.state.conductor = conductor
     app.state.compute = compute
     app.state.policy = policy or Policy.load(settings.api.policy_file)
+    #: What the schedulers speak (the automatic pin in a real process): a server joins a
+    #: group only once every scheduler honours groups.
+    app.state.scheduler_cap = scheduler_cap
     faults.install(app)
     # The last added runs first: request id and microversion, then the input guard.
     app.add_middleware(InputGuard, max_body_bytes=settings.api.max_body_bytes)
@@ -93,6 +100,7 @@ def create_app(
     app.include_router(availability_zones.router)
     app.include_router(keypairs.router)
     app.include_router(quota_sets.router)
+    app.include_router(server_groups.router)
     app.include_router(limits.router)
     app.include_router(usage.router)
     app.include_router(image_proxy.router)

@@ -121,6 +121,7 @@ async def serve_api(
         ConductorAPI(transport, timeout=timeout, version_cap=pins.conductor.cap),
         ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
         policy=policy,
+        scheduler_cap=pins.scheduler.cap,
     )
     lifecycle.on_reload(pins.reload)
     config = uvicorn.Config(

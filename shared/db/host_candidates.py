@@ -96,7 +96,9 @@ async def filter_counts(
         test = " AND ".join(applied) or "true"
         columns.append(f"count(*) FILTER (WHERE {test})")
     select = ", ".join(["count(*)", *columns])
-    row = await conn.fetchrow(f"SELECT {select} {_FROM}", *sql.args)
+    # $1 (the down time) is typed here too: the conditions of a forced destination do
+    # not use it, and PostgreSQL refuses a parameter it cannot type.
+    row = await conn.fetchrow(f"SELECT {select} {_FROM} AND $1::float8 >= 0", *sql.args)
     assert row is not None
     values = [int(value) for value in row.values()]
     return values[0], values[1:]

@@ -37,8 +37,8 @@ from services.api.http.bounds import INT4_MAX
 from services.api.http.faults import BadRequest, ConflictingRequest, ServiceUnavailable
 from services.api.http.microversion import APIVersion
 from services.api.http.policy import Policy
+from services.api.servers import group_hint, publish, requested_destination
 from services.api.servers import keys as server_keys
-from services.api.servers import publish, requested_destination
 from services.api.servers.fields import PreparedFields, ServerFields
 from services.api.servers.lookup import last_segment
 from services.api.servers.requested_destination import ZoneRequest, parse_zone
@@ -62,6 +62,7 @@ from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError, Ser
 from shared.objects.flavor import Flavor
 from shared.objects.image import Image
 from shared.objects.instance import Instance, RequestedDestination, RequestSpec
+from shared.objects.server_group import ServerGroup
 
 LOG = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class CreateRequest:
 
     zone: str | None
     destination: RequestedDestination | None
+    group: ServerGroup | None = None
 
 
 class NewServer(ServerFields):
@@ -136,6 +138,14 @@ class NewServerBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     server: NewServer
+    #: Scheduler hints: keel reads ``group`` (:mod:`services.api.servers.group_hint`).
+    scheduler_hints: dict[str, Any] | None = Field(default=None, alias="os:scheduler_hints")
+    legacy_scheduler_hints: dict[str, Any] | None = Field(
+        default=None, alias="OS-SCH-HNT:scheduler_hints"
+    )
+
+    def hints(self) -> dict[str, Any]:
+        return {**(self.legacy_scheduler_hints or {}), **(self.scheduler_hints or {})}
 
 
 def counts(server: NewServer, fields: PreparedFields) -> tuple[int, int]:
@@ -211,8 +221,10 @@ async def _validate(
     *,
     policy: Policy,
     version: APIVersion,
+    hints: dict[str, Any],
 ) -> tuple[Flavor, Image, CreateRequest]:
     zone = parse_zone(server.availability_zone)
+    group = await group_hint.find(conn, ctx, group_hint.group_id(hints))
     destination = await requested_destination.resolve(
         conn,
         ctx,
@@ -226,7 +238,9 @@ async def _validate(
     image = await _image(conn, server.image_ref, ctx)
     check_fits(flavor, image)
     await _check_zone(conn, zone)
-    return flavor, image, CreateRequest(zone=zone.zone, destination=destination)
+    if destination is not None:
+        await group_hint.check_destination(conn, group, destination.node_ids)
+    return flavor, image, CreateRequest(zone=zone.zone, destination=destination, group=group)
 
 
 @dataclass(frozen=True)
@@ -251,7 +265,7 @@ async def _record(
     flavor: Flavor,
     image: Image,
     *,
-    zone: str | None,
+    request: CreateRequest,
     fields: PreparedFields,
     quota: QuotaSettings,
     batch: Batch,
@@ -281,7 +295,7 @@ async def _record(
             display_name=batch.name(server.name, count, index),
             flavor=snapshot,
             image_ref=str(image.id),
-            availability_zone=zone,
+            availability_zone=request.zone,
             reservation_id=batch.reservation_id,
             launch_index=index,
         )
@@ -292,12 +306,13 @@ async def _record(
             user_id=user_id,
             flavor=snapshot,
             image_ref=str(image.id),
-            availability_zone=zone,
+            availability_zone=request.zone,
         )
         await request_specs.create(conn, spec)
         await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
         await server_keys.record_key(conn, instance, key)
         created.append(instance)
+    await group_hint.join(conn, request.group, [i.uuid for i in created], quota=quota)
     return created
 
 
@@ -377,11 +392,14 @@ async def create_server(
     quota: QuotaSettings,
     policy: Policy,
     version: APIVersion,
+    hints: dict[str, Any] | None = None,
 ) -> list[Instance]:
     """Record the servers and ask the conductor to build each; see the module docstring."""
     least, most = counts(server, fields)
     async with pool.acquire() as conn:
-        flavor, image, request = await _validate(conn, ctx, server, policy=policy, version=version)
+        flavor, image, request = await _validate(
+            conn, ctx, server, policy=policy, version=version, hints=hints or {}
+        )
     destination = request.destination
     if destination is not None and not await conductor.can_take_destinations():
         raise _conductor_too_old(await conductor.client.cap())
@@ -397,7 +415,7 @@ async def create_server(
             server,
             flavor,
             image,
-            zone=request.zone,
+            request=request,
             fields=fields,
             quota=quota,
             batch=batch,

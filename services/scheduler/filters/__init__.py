@@ -9,6 +9,7 @@ from services.scheduler.filters.disk import DiskFilter
 from services.scheduler.filters.ignore_hosts import IgnoreHostsFilter
 from services.scheduler.filters.ram import RamFilter
 from services.scheduler.filters.requested_destination import RequestedDestinationFilter
+from services.scheduler.filters.server_group import ServerGroupFilter
 from services.scheduler.filters.vcpus import VcpuFilter
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "IgnoreHostsFilter",
     "RamFilter",
     "RequestedDestinationFilter",
+    "ServerGroupFilter",
     "VcpuFilter",
     "default_filters",
 ]
@@ -37,4 +39,5 @@ def default_filters() -> list[HostFilter]:
         VcpuFilter(),
         RamFilter(),
         DiskFilter(),
+        ServerGroupFilter(),
     ]
