@@ -392,3 +392,11 @@ async def reset_state(
     )
     assert after is not None
     return Instance.from_row(before), Instance.from_row(after)
+
+
+async def live_projects(conn: Connection) -> list[str]:
+    """The projects that have live servers."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT project_id FROM instances WHERE deleted_at IS NULL ORDER BY project_id"
+    )
+    return [row["project_id"] for row in rows]

@@ -5,34 +5,28 @@ and every server is in it (servers show ``security_groups: [{"name": "default"}]
 This route answers that group in the shape Nova proxies from Neutron, so clients that
 compare a server's groups with the ones they want (Ansible's ``openstack.cloud.server``
 on its second run) find it there. The group's id is derived from the project, so it is
-the same on every call and every server of the project.
+the same on every call and every server of the project, and the Networking API shows
+the same group (``/network/v2.0/security-groups``).
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from fastapi import APIRouter
 
 from services.api.http.auth import Context
 from services.api.http.deps import DbPool
-from services.api.servers.fields import DEFAULT_SECURITY_GROUP
+from services.api.network.views import DEFAULT_SECURITY_GROUP, security_group_id
 from services.api.servers.lookup import find_instance
 
 router = APIRouter(prefix="/v2.1/servers")
 
-_GROUP_IDS = uuid.UUID("6b2f3c1e-9d0a-4c55-8a3e-2f1d7c9b0e41")
-
-
-def default_group_id(project_id: str) -> uuid.UUID:
-    """The id of ``project_id``'s default security group: stable, derived from the project."""
-    return uuid.uuid5(_GROUP_IDS, f"security-group {project_id} {DEFAULT_SECURITY_GROUP}")
-
 
 def default_group(project_id: str) -> dict[str, Any]:
+    """The group as the compute API proxies it (the Networking API shows the same one)."""
     return {
-        "id": str(default_group_id(project_id)),
+        "id": str(security_group_id(project_id)),
         "name": DEFAULT_SECURITY_GROUP,
         "description": "Default security group",
         "tenant_id": project_id,

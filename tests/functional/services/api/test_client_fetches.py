@@ -87,3 +87,30 @@ async def test_uptime_of_a_host_whose_agent_is_gone_is_refused_at_once(
     assert answer.status_code == 400, answer.text
     assert "compute-1 is unavailable" in answer.json()["badRequest"]["message"]
     assert time.monotonic() - began < 5
+
+
+async def test_the_networking_api_shows_the_same_default_group(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    server = await create(client, "web-1")
+    [group] = (
+        await client.get(f"/v2.1/servers/{server}/os-security-groups", headers=MEMBER)
+    ).json()["security_groups"]
+
+    listed = await client.get("/network/v2.0/security-groups?name=default", headers=MEMBER)
+    [found] = listed.json()["security_groups"]
+    assert (found["id"], found["project_id"], found["security_group_rules"]) == (
+        group["id"],
+        "team",
+        [],
+    )
+    shown = await client.get(f"/network/v2.0/security-groups/{group['id']}", headers=MEMBER)
+    assert shown.json()["security_group"]["name"] == "default"
+    hidden = await client.get(f"/network/v2.0/security-groups/{group['id']}", headers=OTHER_MEMBER)
+    assert hidden.status_code == 404
+    assert hidden.json()["NeutronError"]["type"] == "SecurityGroupNotFound"
+    by_admin = await client.get(f"/network/v2.0/security-groups/{group['id']}", headers=ADMIN)
+    assert by_admin.status_code == 200
+    theirs = await client.get("/network/v2.0/security-groups?project_id=team", headers=ADMIN)
+    assert [g["id"] for g in theirs.json()["security_groups"]] == [group["id"]]
