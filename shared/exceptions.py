@@ -12,6 +12,7 @@
     │   ├── UserNotFound
     │   ├── KeyPairNotFound
     │   ├── ServerGroupNotFound
+    │   ├── AggregateNotFound
     │   └── ConsoleNotAvailable     a guest's console log cannot be read
     ├── Conflict
     │   ├── InstanceInvalidState
@@ -106,6 +107,10 @@ class KeyPairNotFound(NotFound):
 
 
 class ServerGroupNotFound(NotFound):
+    pass
+
+
+class AggregateNotFound(NotFound):
     pass
 
 

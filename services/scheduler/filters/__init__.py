@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from services.scheduler.filters.aggregate_extra_specs import AggregateInstanceExtraSpecsFilter
+from services.scheduler.filters.aggregate_tenancy import AggregateMultiTenancyIsolation
 from services.scheduler.filters.availability_zone import AvailabilityZoneFilter
 from services.scheduler.filters.base import HostFilter
 from services.scheduler.filters.compute import ComputeFilter
@@ -13,6 +15,8 @@ from services.scheduler.filters.server_group import ServerGroupFilter
 from services.scheduler.filters.vcpus import VcpuFilter
 
 __all__ = [
+    "AggregateInstanceExtraSpecsFilter",
+    "AggregateMultiTenancyIsolation",
     "AvailabilityZoneFilter",
     "ComputeFilter",
     "DiskFilter",
@@ -36,6 +40,8 @@ def default_filters() -> list[HostFilter]:
         ComputeFilter(),
         IgnoreHostsFilter(),
         AvailabilityZoneFilter(),
+        AggregateMultiTenancyIsolation(),
+        AggregateInstanceExtraSpecsFilter(),
         VcpuFilter(),
         RamFilter(),
         DiskFilter(),
