@@ -58,6 +58,9 @@ class Instance(KeelModel):
     #: The request that created it with others (``r-xxxxxxxx``), and its place among them.
     reservation_id: str | None = None
     launch_index: int = 0
+    #: Who locked it (``owner`` or ``admin``) and why; ``None`` while unlocked.
+    locked_by: str | None = None
+    locked_reason: str | None = None
 
 
 class RequestedDestination(KeelModel):

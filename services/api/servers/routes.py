@@ -28,7 +28,7 @@ from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker
-from services.api.servers import group_hint
+from services.api.servers import group_hint, locks
 from services.api.servers.create import NewServerBody, create_server
 from services.api.servers.delete import delete_server
 from services.api.servers.fields import prepare
@@ -217,5 +217,6 @@ async def delete(
 ) -> Response:
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
+    locks.check_unlocked(ctx, instance)
     await delete_server(pool, compute, ctx, instance, settings.service_down_time)
     return Response(status_code=204)

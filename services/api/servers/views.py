@@ -290,7 +290,7 @@ class ServerView:
     def _versioned_fields(self, instance: Instance, *, show: bool) -> dict[str, Any]:
         fields: dict[str, Any] = {}
         if self.version.at_least("2.9"):
-            fields["locked"] = False
+            fields["locked"] = instance.locked_by is not None
         if self.version.at_least("2.19"):
             fields["description"] = instance.description
         if self.version.at_least("2.26"):
@@ -301,5 +301,5 @@ class ServerView:
             group = self.groups.get(instance.uuid)
             fields["server_groups"] = [] if group is None else [str(group)]
         if self.version.at_least("2.73"):
-            fields["locked_reason"] = None
+            fields["locked_reason"] = instance.locked_reason
         return fields
