@@ -22,6 +22,7 @@ from services.api.network import routes as network_routes
 from services.api.resources import (
     aggregates,
     availability_zones,
+    flavor_access,
     flavor_extra_specs,
     flavors,
     hypervisors,
@@ -94,6 +95,7 @@ def create_app(
     app.include_router(server_security_groups.router)
     app.include_router(flavors.router)
     app.include_router(flavor_extra_specs.router)
+    app.include_router(flavor_access.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)

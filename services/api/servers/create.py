@@ -37,6 +37,7 @@ from services.api.http.bounds import INT4_MAX
 from services.api.http.faults import BadRequest, ConflictingRequest, ServiceUnavailable
 from services.api.http.microversion import APIVersion
 from services.api.http.policy import Policy
+from services.api.resources.flavors import may_use
 from services.api.servers import group_hint, publish, requested_destination
 from services.api.servers import keys as server_keys
 from services.api.servers.fields import PreparedFields, ServerFields
@@ -165,13 +166,13 @@ def new_reservation_id() -> str:
 
 
 async def _flavor(conn: Connection, ref: str, ctx: RequestContext) -> Flavor:
-    """The flavor asked for; a private one only for admins (keel has no access lists)."""
+    """The flavor asked for; a private one only for admins and projects on its access list."""
     flavor_id = last_segment(ref)
     try:
         flavor = await flavors.get(conn, flavor_id)
     except FlavorNotFound:
         raise BadRequest(f"Flavor {flavor_id} could not be found.") from None
-    if not flavor.is_public and not ctx.is_admin:
+    if not await may_use(conn, ctx, flavor):
         raise BadRequest(f"Flavor {flavor_id} could not be found.")
     if flavor.disabled:
         raise BadRequest(f"Flavor {flavor_id} is disabled.")

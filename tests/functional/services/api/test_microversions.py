@@ -219,6 +219,11 @@ async def locked_filter_count(w: World, v: str) -> int:
     return await count(w, v, "servers?locked=true", "servers", MEMBER)
 
 
+async def public_flavor_access_status(w: World, v: str) -> int:
+    added = await w.post("flavors/1/action", v, {"addTenantAccess": {"tenant": f"p-{v}"}})
+    return added.status_code
+
+
 async def group_status(w: World, v: str, group: dict[str, Any]) -> int:
     made = await w.post("os-server-groups", v, {"server_group": {"name": "g", **group}})
     return made.status_code
@@ -277,6 +282,7 @@ CASES = [
         False,
     ),
     Case("2.5", "ip6 filter for members", ip6_member_count, 0, 1),
+    Case("2.7", "no access list for a public flavor", public_flavor_access_status, 409, 200),
     Case("2.9", "locked in server", lambda w, v: has(w, v, "locked"), True, False),
     Case("2.10", "admin keypair for a user", keypair_for_user, 201, 400),
     Case("2.11", "forced_down in os-services", services_forced_down, True, False),
