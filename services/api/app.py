@@ -43,6 +43,7 @@ from services.api.servers import actions as server_actions
 from services.api.servers import instance_actions
 from services.api.servers import ips as server_ips
 from services.api.servers import metadata as server_metadata
+from services.api.servers import password as server_password
 from services.api.servers import routes as servers
 from services.api.servers import security_groups as server_security_groups
 from services.api.servers import tags as server_tags
@@ -93,6 +94,7 @@ def create_app(
     app.include_router(server_tags.router)
     app.include_router(server_ips.router)
     app.include_router(server_security_groups.router)
+    app.include_router(server_password.router)
     app.include_router(flavors.router)
     app.include_router(flavor_extra_specs.router)
     app.include_router(flavor_access.router)

@@ -114,3 +114,15 @@ async def test_the_networking_api_shows_the_same_default_group(
     assert by_admin.status_code == 200
     theirs = await client.get("/network/v2.0/security-groups?project_id=team", headers=ADMIN)
     assert [g["id"] for g in theirs.json()["security_groups"]] == [group["id"]]
+
+
+async def test_a_servers_password_is_empty_and_clearing_it_keeps_it_so(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+    server = await create(client, "web-1")
+    path = f"/v2.1/servers/{server}/os-server-password"
+    assert (await client.get(path, headers=MEMBER)).json() == {"password": ""}
+    assert (await client.delete(path, headers=MEMBER)).status_code == 204
+    assert (await client.get(path, headers=MEMBER)).json() == {"password": ""}
+    assert (await client.get(path, headers=OTHER_MEMBER)).status_code == 404
