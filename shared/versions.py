@@ -57,6 +57,8 @@ History:
   server group the instance is in, read under the group's lock in the transaction that
   claims; keel-api accepts the ``group`` scheduler hint only once every scheduler speaks
   it).
+* 19 (``rivet``) — server diagnostics: compute 1.10 (``get_instance_diagnostics``: what
+  the driver knows of a guest).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.9", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.3"),
+    ReleaseApis(compute="1.10", conductor="1.11", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -130,6 +133,7 @@ RELEASE_NAMES: dict[str, int] = {
     "oakum": 16,
     "painter": 17,
     "quoin": 18,
+    "rivet": 19,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -40,6 +40,7 @@ from services.api.resources import (
     versions,
 )
 from services.api.servers import actions as server_actions
+from services.api.servers import diagnostics as server_diagnostics
 from services.api.servers import instance_actions
 from services.api.servers import ips as server_ips
 from services.api.servers import metadata as server_metadata
@@ -95,6 +96,7 @@ def create_app(
     app.include_router(server_ips.router)
     app.include_router(server_security_groups.router)
     app.include_router(server_password.router)
+    app.include_router(server_diagnostics.router)
     app.include_router(flavors.router)
     app.include_router(flavor_extra_specs.router)
     app.include_router(flavor_access.router)

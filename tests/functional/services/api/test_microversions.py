@@ -19,7 +19,9 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api.http.microversion import MAX_VERSION
+from services.api.http.microversion import MAX_VERSION, APIVersion
+from services.api.servers.diagnostics import diagnostics_view
+from services.compute.rpcapi import GuestDiagnostics
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
@@ -224,6 +226,12 @@ async def public_flavor_access_status(w: World, v: str) -> int:
     return added.status_code
 
 
+async def diagnostics_standard(w: World, v: str) -> bool:
+    """The view of an agent's answer at ``v`` (the agent itself is not in this world)."""
+    found = GuestDiagnostics(state="running", driver="libvirt")
+    return "num_cpus" in diagnostics_view(found, APIVersion.parse(v))
+
+
 async def group_status(w: World, v: str, group: dict[str, Any]) -> int:
     made = await w.post("os-server-groups", v, {"server_group": {"name": "g", **group}})
     return made.status_code
@@ -363,6 +371,7 @@ CASES = [
     Case("2.42", "network tags again", network_tag_status, 202, 400),
     Case("2.46", "X-OpenStack-Request-ID", request_id_header, True, True),
     Case("2.47", "the flavor embedded in servers", flavor_is_embedded, True, False),
+    Case("2.48", "standard server diagnostics", diagnostics_standard, True, False),
     Case("2.51", "action events for members", member_sees_events, True, False),
     Case("2.52", "tags on create", tags_on_create, 202, 400),
     Case("2.53", "service ids are UUIDs", service_id_type, "str", "int"),
