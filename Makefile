@@ -144,6 +144,20 @@ tempest: $(BIN)/python $(CHECKOUT_PTH) $(TEMPEST_STAMP) ## Tempest's compute API
 test-tempest: prerequisites $(TEMPEST_STAMP)
 	$(BIN)/python -m tests.tempest.run --venv $(TEMPEST_VENV) --concurrency $(TEMPEST_CONCURRENCY)
 
+# Stock tools nobody here wrote, driving a cloud of their own: Ansible's openstack.cloud
+# collection (bundled by the `ansible` package on PyPI), in a virtualenv of its own.
+CLIENTS_VENV ?= .clients-venv
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+
+$(CLIENTS_STAMP): tests/clients/requirements.txt
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install --quiet -r tests/clients/requirements.txt
+	touch $@
+
+.PHONY: test-clients
+test-clients: prerequisites $(CLIENTS_STAMP) ## Ansible playbooks against a cloud of their own (not in make test)
+	KEEL_CLIENTS_VENV=$(CLIENTS_VENV) $(BIN)/pytest tests/clients $(PYTEST_ARGS)
+
 # Each benchmark prints a human line and a JSON line per figure, and PASS/FAIL against
 # its targets (never enforced). `make bench` is the quick set (a few minutes);
 # `make bench-full` runs the issue's sizes. bench/RESULTS.md records a run.

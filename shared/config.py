@@ -282,6 +282,10 @@ class QuotaSettings(_Group):
     key_pairs: int = Field(default=100, ge=-1)
     #: Metadata items one server may have.
     metadata_items: int = Field(default=128, ge=-1)
+    #: Server groups a project may have.
+    server_groups: int = Field(default=10, ge=-1)
+    #: Servers one server group may hold.
+    server_group_members: int = Field(default=10, ge=-1)
 
 
 class IdentitySettings(_Group):

@@ -11,6 +11,8 @@
     │   ├── ProjectNotFound
     │   ├── UserNotFound
     │   ├── KeyPairNotFound
+    │   ├── ServerGroupNotFound
+    │   ├── AggregateNotFound
     │   └── ConsoleNotAvailable     a guest's console log cannot be read
     ├── Conflict
     │   ├── InstanceInvalidState
@@ -102,6 +104,14 @@ class ConsoleNotAvailable(NotFound):
 
 
 class KeyPairNotFound(NotFound):
+    pass
+
+
+class ServerGroupNotFound(NotFound):
+    pass
+
+
+class AggregateNotFound(NotFound):
     pass
 
 

@@ -23,30 +23,38 @@ from services.api.ops.headers import OpsHeaders
 from services.api.resources import (
     aggregates,
     availability_zones,
+    flavor_access,
     flavor_extra_specs,
     flavors,
     hypervisors,
     image_data,
     image_proxy,
+    image_schemas,
     images,
     keypairs,
     limits,
     os_migrations,
     os_services,
     quota_sets,
+    server_groups,
     usage,
     versions,
 )
 from services.api.servers import actions as server_actions
+from services.api.servers import diagnostics as server_diagnostics
 from services.api.servers import instance_actions
 from services.api.servers import ips as server_ips
 from services.api.servers import metadata as server_metadata
+from services.api.servers import password as server_password
 from services.api.servers import routes as servers
+from services.api.servers import security_groups as server_security_groups
 from services.api.servers import tags as server_tags
 from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
+from services.scheduler.rpcapi import RPC_VERSION as SCHEDULER_RPC_VERSION
 from shared.config import Settings
+from shared.rpc.client import CapSource
 from shared.version_pins import Pins
 
 
@@ -58,6 +66,7 @@ def create_app(
     *,
     policy: Policy | None = None,
     pins: Pins | None = None,
+    scheduler_cap: str | CapSource = SCHEDULER_RPC_VERSION,
 ) -> FastAPI:
     app = FastAPI(
         title="keel-api",
@@ -73,6 +82,9 @@ def create_app(
     app.state.policy = policy or Policy.load(settings.api.policy_file)
     #: keel-api's RPC pins, shown on the operator's page (made there when not given).
     app.state.pins = pins
+    #: What the schedulers speak (the automatic pin in a real process): a server joins a
+    #: group only once every scheduler honours groups.
+    app.state.scheduler_cap = scheduler_cap
     faults.install(app)
     # The last added runs first: the operator's page's headers, request id and
     # microversion, then the input guard.
@@ -89,19 +101,25 @@ def create_app(
     app.include_router(server_metadata.router)
     app.include_router(server_tags.router)
     app.include_router(server_ips.router)
+    app.include_router(server_security_groups.router)
+    app.include_router(server_password.router)
+    app.include_router(server_diagnostics.router)
     app.include_router(flavors.router)
     app.include_router(flavor_extra_specs.router)
+    app.include_router(flavor_access.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)
     app.include_router(availability_zones.router)
     app.include_router(keypairs.router)
     app.include_router(quota_sets.router)
+    app.include_router(server_groups.router)
     app.include_router(limits.router)
     app.include_router(usage.router)
     app.include_router(image_proxy.router)
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(image_data.router, prefix="/image/v2")
+    app.include_router(image_schemas.router, prefix="/image/v2")
     app.include_router(image_data.download_router)
     app.include_router(identity.router())
     app.include_router(network_routes.router)

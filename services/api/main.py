@@ -123,6 +123,7 @@ async def serve_api(
         ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
         policy=policy,
         pins=pins,
+        scheduler_cap=pins.scheduler.cap,
     )
     lifecycle.on_reload(pins.reload)
     config = uvicorn.Config(

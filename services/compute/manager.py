@@ -29,7 +29,9 @@ from services.compute.rpcapi import (
     FinishRevert,
     GetConsoleOutput,
     GetHostUptime,
+    GetInstanceDiagnostics,
     GuestAction,
+    GuestDiagnostics,
     HostUptime,
     InstanceSpec,
     PreparedMigration,
@@ -554,6 +556,12 @@ class ComputeManager:
             " and is running" if req.power_on else " (left shut down, as it was)",
             extra=_extra(req.instance_uuid),
         )
+
+    async def get_instance_diagnostics(
+        self, ctx: RequestContext, req: GetInstanceDiagnostics
+    ) -> GuestDiagnostics:
+        """What the driver knows of the guest, read-only (no guest slot is taken)."""
+        return await self._driver.diagnostics(req.instance_uuid)
 
     async def get_console_output(self, ctx: RequestContext, req: GetConsoleOutput) -> ConsoleOutput:
         """The end of the guest's console log, read-only (no guest slot is taken).

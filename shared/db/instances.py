@@ -412,3 +412,26 @@ async def reset_state(
     )
     assert after is not None
     return Instance.from_row(before), Instance.from_row(after)
+
+
+async def live_projects(conn: Connection) -> list[str]:
+    """The projects that have live servers."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT project_id FROM instances WHERE deleted_at IS NULL ORDER BY project_id"
+    )
+    return [row["project_id"] for row in rows]
+
+
+async def set_lock(
+    conn: Connection, instance_uuid: UUID, locked_by: str | None, reason: str | None
+) -> bool:
+    """Lock (``locked_by`` ``owner`` or ``admin``) or unlock (``None``) a live instance;
+    False if there is none. Setting the same lock twice changes nothing."""
+    status = await conn.execute(
+        """UPDATE instances SET locked_by = $2, locked_reason = $3
+            WHERE uuid = $1 AND deleted_at IS NULL""",
+        instance_uuid,
+        locked_by,
+        reason if locked_by is not None else None,
+    )
+    return status != "UPDATE 0"

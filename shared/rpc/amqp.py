@@ -503,6 +503,17 @@ class AmqpTransport(Transport):
             raise MessagingError("the RabbitMQ transport is not connected")
         return await self.broker.ready(self.connect_timeout)
 
+    async def is_consumed(self, topic: str) -> bool | None:
+        """Asked of the broker with a passive declaration of the topic's queue: no queue,
+        or a queue without a consumer, is False; a broker that cannot say is ``None``."""
+        try:
+            connection = await self._connection()
+            async with asyncio.timeout(self.connect_timeout):
+                return await self.topology.is_consumed(connection, topic)
+        except (TimeoutError, MessagingError, *_CHANNEL_ERRORS) as exc:
+            LOG.debug("could not tell whether %s has a consumer: %r", topic, exc)
+            return None
+
     async def dead_letters(self, limit: int = 100, *, calls: bool = False) -> list[DeadLetter]:
         connection = await self._connection()
         return await self.topology.browse(connection, calls=calls, limit=limit)

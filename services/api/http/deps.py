@@ -17,6 +17,7 @@ from services.api.http.policy import Policy
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
+from shared.rpc.client import CapSource
 
 
 def get_settings(request: Request) -> Settings:
@@ -50,6 +51,12 @@ def get_policy(request: Request) -> Policy:
     return policy
 
 
+async def get_scheduler_cap(request: Request) -> str:
+    """The scheduler RPC version every scheduler speaks now."""
+    cap: str | CapSource = request.app.state.scheduler_cap
+    return cap if isinstance(cap, str) else await cap()
+
+
 def get_links(request: Request) -> Links:
     return Links(str(request.base_url))
 
@@ -61,3 +68,4 @@ Compute = Annotated[ComputeAPI, Depends(get_compute)]
 Version = Annotated[APIVersion, Depends(get_version)]
 RequestLinks = Annotated[Links, Depends(get_links)]
 AppPolicy = Annotated[Policy, Depends(get_policy)]
+SchedulerCap = Annotated[str, Depends(get_scheduler_cap)]

@@ -54,6 +54,7 @@ from services.api.http.faults import (
     ServiceUnavailable,
 )
 from services.api.http.microversion import APIVersion
+from services.api.servers import group_hint
 from services.compute.rpcapi import SINCE, ComputeAPI
 from services.conductor.rpcapi import RESIZE_VERSION, ConductorAPI
 from shared import host_fencing
@@ -251,12 +252,17 @@ async def _check_target(
             raise ItemNotFound(f"Compute host {target} not found.")
         if found[0].id == source.service.id:
             raise BadRequest("The target host can't be the same one.")
-        return
-    if not found:
+    elif not found:
         raise BadRequest(f"Compute host {target} could not be found.")
-    if found[0].id == source.service.id:
+    elif found[0].id == source.service.id:
         raise BadRequest(
             f"Unable to migrate instance ({instance.uuid}) to current host ({source.service.host})."
+        )
+    async with pool.acquire() as conn:
+        nodes = await compute_nodes.named(conn, host=target, node=None)
+        group = await group_hint.group_of(conn, instance.uuid)
+        await group_hint.check_destination(
+            conn, group, [node.id for node in nodes], moving=instance.uuid
         )
 
 

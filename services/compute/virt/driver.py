@@ -16,7 +16,7 @@ from uuid import UUID
 
 from pydantic import Field
 
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
@@ -139,4 +139,9 @@ class Driver(Protocol):
         GuestNotFound if the guest is missing; ConsoleNotAvailable if its log cannot be
         read. A guest that has printed nothing yet has an empty log.
         """
+        ...
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        """What the driver knows of the guest (state, vCPUs, memory, NICs, disks, uptime);
+        GuestNotFound if it is missing."""
         ...

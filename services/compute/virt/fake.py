@@ -12,8 +12,9 @@ import asyncio
 import logging
 from uuid import UUID
 
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.console import boot_banner, stamped, up_line
+from services.compute.virt.diagnostics import simulated
 from services.compute.virt.driver import MAX_CONSOLE_BYTES, HypervisorResources
 from shared.exceptions import GuestNotFound
 from shared.objects.flavor import FlavorSnapshot
@@ -156,6 +157,16 @@ class FakeDriver:
         if hard or instance_uuid in self._running:
             self._consoles[instance_uuid] += stamped(f"{'hard' if hard else 'soft'} reboot")
             self._boot(instance_uuid)
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        spec = self._guests[self._existing(instance_uuid)]
+        if instance_uuid in self._suspended:
+            state = "suspended"
+        elif instance_uuid in self._paused:
+            state = "paused"
+        else:
+            state = "running" if instance_uuid in self._running else "shutdown"
+        return simulated(spec, state=state, hypervisor="fake", uptime=None)
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         log = self._consoles[self._existing(instance_uuid)].encode()

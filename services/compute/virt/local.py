@@ -25,12 +25,14 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from uuid import UUID
 
 from services.compute.durable import fsync_dir, write_synced
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.console import append_line, boot_banner, read_tail, up_line
+from services.compute.virt.diagnostics import simulated
 from services.compute.virt.driver import HypervisorResources
 from shared.exceptions import BuildFailed, GuestNotFound, GuestStateError
 from shared.objects.flavor import FlavorSnapshot
@@ -177,6 +179,20 @@ class LocalDriver:
         if current not in from_states:
             raise GuestStateError(f"guest {instance_uuid} is {current}, so it cannot become {to}")
         self._set_power(instance_uuid, to)
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        return await asyncio.to_thread(self._diagnostics, instance_uuid)
+
+    def _diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        guest = self._guest(instance_uuid)
+        spec = InstanceSpec.model_validate_json((guest / METADATA_FILE).read_bytes())
+        state = self.power_state(instance_uuid)
+        try:
+            since = (guest / POWER_FILE).stat().st_mtime
+        except FileNotFoundError:
+            since = (guest / METADATA_FILE).stat().st_mtime
+        uptime = max(0, int(time.time() - since))
+        return simulated(spec, state=state, hypervisor="local", uptime=uptime)
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         guest = await asyncio.to_thread(self._guest, instance_uuid)

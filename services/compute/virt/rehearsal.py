@@ -13,7 +13,7 @@ import asyncio
 import logging
 from uuid import UUID
 
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.driver import Driver, HypervisorResources
 from shared.config import VIRT_OPERATIONS
 from shared.exceptions import BuildFailed
@@ -121,3 +121,6 @@ class RehearsalDriver:
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         return await self._driver.console_output(instance_uuid)
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        return await self._driver.diagnostics(instance_uuid)
