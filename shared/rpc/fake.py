@@ -28,7 +28,8 @@ Faults for the model-based test (``tests/model/``), which decides every delivery
   stop (or kill) a sender just before it sends;
 * :meth:`FakeTransport.fail_next_cast` makes a cast raise ``MessagingError`` once: before
   the broker took the message, or after (the ambiguous publish: the sender cannot tell
-  whether it went).
+  whether it went); :meth:`FakeTransport.disturb_next_call` does the like to a call — lost
+  before or after the callee acted, delivered twice, or held for the test to deliver.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from shared.exceptions import MessagingError, MessagingTimeout, Unroutable
 from shared.rpc.transport import (
@@ -54,6 +56,15 @@ from shared.rpc.transport import (
 )
 
 LOG = logging.getLogger(__name__)
+
+
+#: How a call may be disturbed (:meth:`FakeTransport.disturb_next_call`):
+#: ``unsent`` — it never reaches the callee, and the caller times out;
+#: ``early`` — the caller times out at once, the callee gets it and acts later;
+#: ``reply_lost`` — the callee acts, its reply is lost, the caller times out;
+#: ``twice`` — the callee gets it twice (the caller takes the first reply);
+#: ``held`` — it waits in its queue for the test to deliver it, as a held cast does.
+CallFault = Literal["unsent", "early", "reply_lost", "twice", "held"]
 
 
 @dataclass(eq=False)
@@ -100,14 +111,17 @@ class FakeBroker:
         self.held: list[HeldMessage] = []
         self._seq = itertools.count()
 
-    def publish(self, topic: str, message: IncomingMessage) -> None:
+    def publish(self, topic: str, message: IncomingMessage, *, hold: bool = False) -> None:
+        """Route ``message``; with ``hold``, keep it for the test whatever the policy."""
         queue = self.queues.get(topic)
         if queue is None:
             raise Unroutable(f"no queue is bound for topic {topic!r}")
-        self._enqueue(topic, queue, message)
+        self._enqueue(topic, queue, message, hold=hold)
 
-    def _enqueue(self, topic: str, queue: _Queue, message: IncomingMessage) -> None:
-        if self.hold is not None and self.hold(topic, message):
+    def _enqueue(
+        self, topic: str, queue: _Queue, message: IncomingMessage, *, hold: bool = False
+    ) -> None:
+        if hold or (self.hold is not None and self.hold(topic, message)):
             self.held.append(HeldMessage(next(self._seq), topic, message))
             return
         queue.pending.append(message)
@@ -306,6 +320,10 @@ class FakeTransport(Transport):
         self.before_publish: Callable[[str], Awaitable[None]] | None = None
         #: One-shot failures of the next casts: True once the broker took the message.
         self._cast_faults: list[bool] = []
+        #: One-shot disturbances of the next calls (see :meth:`disturb_next_call`).
+        self._call_faults: list[CallFault] = []
+        #: Calls whose reply is lost on its way back.
+        self._lost_replies: set[str] = set()
 
     async def connect(self) -> None:
         self.broker.reply_boxes[self.reply_address] = self
@@ -370,6 +388,10 @@ class FakeTransport(Transport):
         """The failures armed for the next casts, in order (``delivered`` of each)."""
         return list(self._cast_faults)
 
+    def disturb_next_call(self, fault: CallFault) -> None:
+        """The next call of this transport is disturbed (see :data:`CallFault`)."""
+        self._call_faults.append(fault)
+
     def serves(self, topic: str) -> bool:
         """Whether this transport consumes ``topic`` now."""
         return any(c.topic == topic and not c.stopped for c in self._consumers)
@@ -398,33 +420,46 @@ class FakeTransport(Transport):
 
     def deliver_reply(self, correlation_id: str, body: bytes) -> None:
         future = self._waiting.get(correlation_id)
-        if future is not None and not future.done():
-            future.set_result(body)
+        if future is None or future.done():
+            return
+        if correlation_id in self._lost_replies:
+            # The callee acted; its answer never comes back: the caller times out.
+            future.set_exception(MessagingTimeout("no reply (lost on its way back: injected)"))
+            return
+        future.set_result(body)
 
     async def call(self, topic: str, body: bytes, *, message_id: str, timeout: float) -> bytes:
         self._check_open()
         if self.before_publish is not None:
             await self.before_publish(topic)
             self._check_open()
+        fault = self._call_faults.pop(0) if self._call_faults else None
+        if fault == "unsent":
+            raise MessagingTimeout(f"no reply from {topic} (injected: the call never arrived)")
         correlation_id = str(uuid.uuid4())
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = future
+        if fault == "reply_lost":
+            self._lost_replies.add(correlation_id)
         try:
-            self.broker.publish(
-                topic,
-                IncomingMessage(
-                    body=body,
-                    message_id=message_id,
-                    correlation_id=correlation_id,
-                    reply_to=self.reply_address,
-                ),
+            message = IncomingMessage(
+                body=body,
+                message_id=message_id,
+                correlation_id=correlation_id,
+                reply_to=self.reply_address,
             )
+            self.broker.publish(topic, message, hold=fault == "held")
+            if fault == "twice":
+                self.broker.publish(topic, message)
+            if fault == "early":
+                raise MessagingTimeout(f"no reply from {topic} in time (injected)")
             async with asyncio.timeout(timeout):
                 return await future
         except TimeoutError:
             raise MessagingTimeout(f"no reply from {topic} within {timeout:g}s") from None
         finally:
             self._waiting.pop(correlation_id, None)
+            self._lost_replies.discard(correlation_id)
 
     async def cast(self, topic: str, body: bytes, *, message_id: str) -> None:
         self._check_open()

@@ -27,7 +27,7 @@ from typing import Any
 
 from shared.exceptions import MessagingError
 from shared.rpc.amqp import AmqpTransport
-from shared.rpc.fake import HeldMessage
+from shared.rpc.fake import CallFault, HeldMessage
 from shared.rpc.transport import (
     Consumer,
     DeadLetter,
@@ -231,6 +231,9 @@ class RelayedTransport(Transport):
 
     def pending_cast_faults(self) -> list[bool]:
         return list(self._faults)
+
+    def disturb_next_call(self, fault: CallFault) -> None:
+        """Over RabbitMQ a call is never disturbed on purpose: its own faults are real."""
 
     async def _checkpoint(self, topic: str) -> None:
         if not self.alive:

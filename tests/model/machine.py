@@ -32,6 +32,7 @@ from hypothesis.stateful import initialize, invariant, rule
 
 from shared.db import service_maintenance
 from shared.exceptions import KeelError
+from shared.rpc.fake import CallFault
 from shared.versions import HOST_FENCE_VERSION, SERVICE_VERSION, TAKING_REQUESTS_VERSION
 from tests.model import known
 from tests.model.base import TRACE, TRACE_FILE, MachineBase
@@ -342,6 +343,21 @@ class KeelMachine(MachineBase):
         if not process.alive or process.transport is None:
             return
         process.transport.fail_next_cast(delivered=delivered)
+
+    @rule(
+        who=st.sampled_from(["api", "conductor", "scheduler", "agent"]),
+        h=hosts,
+        fault=st.sampled_from(["unsent", "early", "reply_lost", "twice", "held"]),
+    )
+    def call_disturbed(self, who: str, h: int, fault: CallFault) -> None:
+        """The next call a process makes is disturbed: it never arrives, its caller times
+        out before or after the callee acted, the callee gets it twice, or it waits in
+        its queue for the model to deliver it (an agent's heartbeats and reports are
+        calls too)."""
+        process = self.w.agent(self.host(h)) if who == "agent" else getattr(self.w, who)
+        if process is None or not process.alive or process.transport is None:
+            return
+        process.transport.disturb_next_call(fault)
 
     @rule(h=hosts, operation=st.sampled_from(["spawn", "rebuild"]))
     def fail_next(self, h: int, operation: str) -> None:

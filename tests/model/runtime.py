@@ -41,7 +41,7 @@ import asyncpg
 from anyio import to_thread
 
 from shared.exceptions import MessagingError
-from shared.rpc.fake import FakeBroker, FakeTransport, HeldMessage
+from shared.rpc.fake import CallFault, FakeBroker, FakeTransport, HeldMessage
 from shared.rpc.transport import Consumer, DeadLetter, Handler, Transport
 from tests.model.pool import InFlight, ModelPool
 
@@ -101,6 +101,8 @@ class ModelTransport(Protocol):
     def fail_next_cast(self, *, delivered: bool) -> None: ...
 
     def pending_cast_faults(self) -> list[bool]: ...
+
+    def disturb_next_call(self, fault: CallFault) -> None: ...
 
 
 @dataclass(eq=False)

@@ -190,3 +190,46 @@ async def test_a_cast_fails_once_before_or_after_the_broker_took_it(
         await client.cast("t", b"sent", message_id="sent")
     await client.cast("t", b"fine", message_id="fine")
     assert [h.message.body for h in held_broker.held] == [b"sent", b"fine"]
+
+
+async def test_a_disturbed_call_is_lost_before_or_after_its_callee_acted(
+    held_broker: FakeBroker,
+) -> None:
+    server, client = await _transport(held_broker), await _transport(held_broker)
+    handler = Recorder()
+    await server.serve("t", handler, prefetch=10)
+
+    client.disturb_next_call("unsent")
+    with pytest.raises(MessagingTimeout, match="never arrived"):
+        await client.call("t", b"unsent", message_id="u", timeout=5)
+    client.disturb_next_call("reply_lost")
+    with pytest.raises(MessagingTimeout, match="lost on its way back"):
+        await client.call("t", b"acted", message_id="a", timeout=5)
+    client.disturb_next_call("early")
+    with pytest.raises(MessagingTimeout, match="in time"):
+        await client.call("t", b"later", message_id="l", timeout=5)
+    await asyncio.sleep(0.01)
+
+    assert handler.finished == [b"acted", b"later"]
+    assert await client.call("t", b"fine", message_id="f", timeout=5) == b"reply"
+
+
+async def test_a_disturbed_call_may_arrive_twice_or_wait_to_be_delivered(
+    held_broker: FakeBroker,
+) -> None:
+    server, client = await _transport(held_broker), await _transport(held_broker)
+    handler = Recorder()
+    await server.serve("t", handler, prefetch=10)
+
+    client.disturb_next_call("twice")
+    assert await client.call("t", b"twice", message_id="t", timeout=5) == b"reply"
+    await asyncio.sleep(0.01)
+    assert handler.finished == [b"twice", b"twice"]
+
+    client.disturb_next_call("held")
+    waiting = asyncio.create_task(client.call("t", b"held", message_id="h", timeout=5))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    [held] = held_broker.held
+    await held_broker.deliver(held)
+    assert await waiting == b"reply"
