@@ -33,6 +33,8 @@ T = TypeVar("T")
 TRACE = bool(os.environ.get("KEEL_MODEL_TRACE"))
 #: Append a line per step to this file (KEEL_MODEL_TRACE_FILE): two runs must match.
 TRACE_FILE = os.environ.get("KEEL_MODEL_TRACE_FILE")
+#: Rounds of delivering, healing and passing deadlines the cloud gets to drain.
+SETTLE_ROUNDS = 6
 
 
 class MachineBase(RuleBasedStateMachine):
@@ -303,8 +305,8 @@ class MachineBase(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            self.run(self.settle())
-            problems = self.run(self.observer.at_quiescence())
+            problems = self.run(self.settle())
+            problems += self.run(self.observer.at_quiescence())
             problems += self.run(self.answered_problems())
             if problems and TRACE:
                 print("model: at quiescence:", *problems, sep="\n  ")
@@ -332,14 +334,15 @@ class MachineBase(RuleBasedStateMachine):
                 problems.append(f"I0 server {server} lives although its delete got {status}")
         return problems
 
-    async def settle(self) -> None:
-        """Everything delivered and resumed, every host back, every deadline passed."""
+    async def settle(self) -> list[str]:
+        """Everything delivered and resumed, every host back, every deadline passed; what
+        still would not drain after :data:`SETTLE_ROUNDS` rounds is a problem (I4)."""
         w, rt = self.w, self.rt
         w.seed(1000 + self.steps)
         for host in w.hosts:
             if host.cut_for is not None:
                 await self._heal(host)
-        for _ in range(6):
+        for _ in range(SETTLE_ROUNDS):
             for activity in rt.paused():
                 rt.resume(activity, step=False)
             if not w.conductor.alive:
@@ -364,7 +367,12 @@ class MachineBase(RuleBasedStateMachine):
                 w.reconcile(host)
             await self.drain()
             if not rt.broker.held and not rt.paused():
-                break
+                return []
+        held = [h.message.body[:80].decode(errors="replace") for h in rt.broker.held]
+        return [
+            f"I4 the cloud did not drain in {SETTLE_ROUNDS} rounds: {len(held)} message(s) "
+            f"held ({held[:3]}), {len(rt.paused())} activity(ies) paused"
+        ]
 
     async def force_up(self) -> None:
         """The operator brings every host back up once its agent runs (keel-api may refuse

@@ -47,8 +47,8 @@ hosts = st.integers(min_value=0, max_value=2)
 #: What happens to the activity a rule starts: nothing, a pause or a kill at step n.
 plans = st.one_of(
     st.just({}),
-    st.builds(lambda n: {"pause_at": n}, st.integers(1, 6)),
-    st.builds(lambda n: {"kill_at": n}, st.integers(1, 6)),
+    st.builds(lambda n: {"pause_at": n}, st.integers(1, 12)),
+    st.builds(lambda n: {"kill_at": n}, st.integers(1, 12)),
 )
 #: The release the agents run when an example begins: this one mostly, sometimes the one
 #: before requests were taken (conductor RPC 1.11): a rolling upgrade under way, whose
@@ -358,6 +358,14 @@ class KeelMachine(MachineBase):
         if process is None or not process.alive or process.transport is None:
             return
         process.transport.disturb_next_call(fault)
+
+    @rule(who=st.sampled_from(["api", "conductor", "scheduler"]), count=st.integers(1, 4))
+    def database_outage(self, who: str, count: int) -> None:
+        """The next ``count`` connections a control-plane process asks for are refused:
+        the database (or the path to it) is gone for a moment, mid-step or between."""
+        process = getattr(self.w, who)
+        if process.alive:
+            process.pool.outage += count
 
     @rule(h=hosts, operation=st.sampled_from(["spawn", "rebuild"]))
     def fail_next(self, h: int, operation: str) -> None:

@@ -10,7 +10,9 @@ killed inside one loses it to a rollback, which a kill just before it already co
 and a handler paused inside one would hold its row locks against everyone else).
 
 It also counts the database operations in flight, so the world knows when every task
-is waiting on something only the model can release (:meth:`World.idle`).
+is waiting on something only the model can release (:meth:`World.idle`), and fails the
+next connections a process asks for when the model says the database is unreachable
+for it (:attr:`ModelPool.outage`).
 """
 
 from __future__ import annotations
@@ -160,6 +162,9 @@ class _Acquire:
         pool = self._pool
         if not pool.inflight.in_transaction():
             await pool.checkpoint("acquire")
+        if pool.outage > 0:
+            pool.outage -= 1
+            raise ConnectionRefusedError("the database cannot be reached (injected)")
         self._ctx = pool.inner.acquire(timeout=self._timeout)
         inner = await _Counted(pool.inflight).run(self._ctx.__aenter__())
         return ModelConnection(inner, pool.checkpoint, pool.inflight)
@@ -180,6 +185,8 @@ class ModelPool:
         self.inner = inner
         self.checkpoint = checkpoint
         self.inflight = inflight
+        #: Connections still to be refused, as if the database were unreachable.
+        self.outage = 0
 
     def acquire(self, *, timeout: float | None = None) -> _Acquire:
         return _Acquire(self, timeout)
