@@ -59,6 +59,10 @@ ADMIN = {"user_id": "admin", "project_id": "admin-project", "roles": ["admin", "
 MEMBER = {"user_id": "demo", "project_id": "demo-project", "roles": ["member"]}
 
 
+#: A fence lease longer than any outage a test causes: no host is fenced by one.
+OUTAGE_LEASE = 60.0
+
+
 class CloudError(Exception):
     """The cloud could not be started; the message carries the processes' logs."""
 
@@ -82,9 +86,13 @@ class CloudConfig:
     database_password: str | None = None
     #: Extra ``KEEL_*`` settings of every process.
     env: tuple[tuple[str, str], ...] = ()
-    #: Agents' ``KEEL_FENCING__SELF_FENCE_AFTER``: long, so the outage tests' cuts of a
-    #: few seconds never fence a host (the partitions tier tests fencing).
-    self_fence_after: float = 60.0
+    #: Agents' ``KEEL_FENCING__SELF_FENCE_AFTER``, the lease of each host's fence: short,
+    #: so that a host forced down is evacuated seconds later (its evacuation waits for the
+    #: lease); the outage tests, whose cuts last longer, set a long one
+    #: (:data:`OUTAGE_LEASE`).
+    self_fence_after: float = 10.0
+    #: ``KEEL_FENCING__MARGIN`` of every process (the fence looks twice a second here).
+    fence_margin: float = 1.0
 
 
 @dataclass
@@ -353,6 +361,7 @@ def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[s
         local_gb=config.local_gb,
         extra={
             "KEEL_FENCING__SELF_FENCE_AFTER": f"{config.self_fence_after:g}",
+            "KEEL_FENCING__MARGIN": f"{config.fence_margin:g}",
             **dict(config.env),
         },
     )

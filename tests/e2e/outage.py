@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from shared.db import allocations
-from tests.e2e.cloud import ADMIN, CIRROS_ID, Cloud, CloudConfig
+from tests.e2e.cloud import ADMIN, CIRROS_ID, OUTAGE_LEASE, Cloud, CloudConfig
 from tests.faults.proxy import TcpProxy
 from tests.polling import wait_until
 
@@ -46,6 +46,7 @@ def boot_cloud(
         database_address=database_address,
         broker_address=broker_address,
         env=(("KEEL_COMPUTE__DRIVER", "fake"),),
+        self_fence_after=OUTAGE_LEASE,
     )
 
 

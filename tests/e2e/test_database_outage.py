@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.e2e.cloud import CIRROS_ID, PG_SERVER, Cloud, CloudConfig
+from tests.e2e.cloud import CIRROS_ID, OUTAGE_LEASE, PG_SERVER, Cloud, CloudConfig
 from tests.e2e.outage import assert_no_tracebacks, assert_nothing_restarted, proxy_to
 from tests.faults.proxy import TcpProxy
 from tests.polling import wait_until
@@ -38,7 +38,7 @@ async def proxy() -> AsyncIterator[TcpProxy]:
 
 @pytest.fixture(scope="module")
 def cloud_config(proxy: TcpProxy) -> CloudConfig:
-    return CloudConfig(computes=(), database_address=proxy.address)
+    return CloudConfig(computes=(), database_address=proxy.address, self_fence_after=OUTAGE_LEASE)
 
 
 async def wait_for_log(cloud: Cloud, name: str, text: str, times: int = 1) -> None:

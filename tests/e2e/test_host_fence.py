@@ -37,7 +37,8 @@ def cloud_config() -> CloudConfig:
     return CloudConfig(
         computes=HOSTS,
         self_fence_after=LEASE,
-        env=(("KEEL_COMPUTE__RECONCILE_INTERVAL", "1"), ("KEEL_FENCING__MARGIN", f"{MARGIN:g}")),
+        fence_margin=MARGIN,
+        env=(("KEEL_COMPUTE__RECONCILE_INTERVAL", "1"),),
     )
 
 

@@ -40,10 +40,9 @@ async def cloud(
         ("KEEL_IMAGES__URL_SECRET", "libvirt-tier-secret-0123456789"),
         ("KEEL_IMAGES__STORE_DIR", str(workdir / "image-store")),
         ("KEEL_LIBVIRT__SHUTDOWN_TIMEOUT", "15"),
-        ("KEEL_FENCING__MARGIN", "2"),
     )
     # A short fence lease: a forced-down host's evacuation waits for it (test_fence.py).
-    config = CloudConfig(computes=(), env=env, self_fence_after=20)
+    config = CloudConfig(computes=(), env=env, self_fence_after=20, fence_margin=2)
     async with running_cloud(workdir, config) as running:
         for host in HOSTS:
             running.start(host, "keel-compute", host, **agent_settings(host))

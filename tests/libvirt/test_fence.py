@@ -52,9 +52,8 @@ async def cloud(
         ("KEEL_IMAGES__URL_SECRET", "libvirt-fence-secret-0123456789"),
         ("KEEL_IMAGES__STORE_DIR", str(workdir / "image-store")),
         ("KEEL_LIBVIRT__SHUTDOWN_TIMEOUT", "15"),
-        ("KEEL_FENCING__MARGIN", f"{MARGIN:g}"),
     )
-    config = CloudConfig(computes=(), env=env, self_fence_after=LEASE)
+    config = CloudConfig(computes=(), env=env, self_fence_after=LEASE, fence_margin=MARGIN)
     async with running_cloud(workdir, config) as running:
         for host in HOSTS:
             running.start(host, "keel-compute", host, **agent_settings(host))
