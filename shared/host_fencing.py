@@ -72,6 +72,14 @@ def armed_lease(service: Service) -> float | None:
     return service.fence_lease if service.fence_lease > 0 else None
 
 
+def fence_note(service: Service) -> str:
+    """What an operator reads of a compute host's fence (``service list --long``)."""
+    lease = armed_lease(service)
+    if lease is None:
+        return "no armed fence"
+    return f"fence armed, lease {lease:g}s"
+
+
 def lease_left(service: Service, silent_for: float | None, margin: float) -> float | None:
     """Seconds until the host's fence has certainly powered its guests off (≤ 0: it has);
     ``None``: it has no armed fence, or never heartbeated."""

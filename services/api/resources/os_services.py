@@ -34,6 +34,7 @@ from shared.context import RequestContext
 from shared.db import service_maintenance, services
 from shared.db.pool import Connection
 from shared.exceptions import ServiceNotFound
+from shared.host_fencing import fence_note
 from shared.objects.service import NOVA_BINARIES, Binary, Service, canonical_binary
 
 LOG = logging.getLogger(__name__)
@@ -65,6 +66,12 @@ async def list_services(
             conn, down_time, host=host, binary=None if binary is None else canonical_binary(binary)
         )
     views = [service_view(s, version, service_zone(s, zones)) for s in found]
+    for service, view in zip(found, views, strict=True):
+        if service.binary == Binary.COMPUTE:
+            # The one free-text column ``compute service list --long`` shows.
+            note = fence_note(service)
+            reason = view["disabled_reason"]
+            view["disabled_reason"] = f"{reason}; {note}" if reason else note
     if binary in NOVA_BINARIES:
         # Asked by Nova's name, answered by it: tools match the binary they asked for.
         for view in views:

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from shared.db import services
+from shared.versions import SERVICE_VERSION
 from tests.functional.services.api.conftest import ADMIN, add_compute, at
 
 pytestmark = pytest.mark.functional
@@ -131,3 +132,23 @@ async def test_nova_binary_names_find_keel_services(
             "/v2.1/os-services", headers=at(version), params={"binary": "nova-conductor"}
         )
         assert [s["host"] for s in conductors.json()["services"]] == ["control"]
+
+
+async def test_the_list_says_whether_each_compute_hosts_fence_is_armed(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool
+) -> None:
+    """``openstack compute service list --long`` shows it in its Disabled Reason column."""
+    await add_compute(db_pool, "armed-1")
+    await add_compute(db_pool, "unarmed-1")
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET fence_lease = 90, version = $1
+                WHERE host = 'armed-1' AND "binary" = 'keel-compute'""",
+            SERVICE_VERSION,
+        )
+
+    listed = await client.get("/v2.1/os-services", headers=at("2.53"))
+
+    reasons = {s["host"]: s["disabled_reason"] for s in listed.json()["services"]}
+    assert reasons["armed-1"] == "fence armed, lease 90s"
+    assert reasons["unarmed-1"] == "no armed fence"

@@ -33,7 +33,8 @@ async def test_disable_with_a_reason_enable_and_force_down(
     assert disabled.json() == {
         "service": {**COMPUTE, "status": "disabled", "disabled_reason": "maintenance"}
     }
-    assert (await state(client))["disabled_reason"] == "maintenance"
+    # The list adds what an operator reads of the host's fence (service list --long).
+    assert (await state(client))["disabled_reason"] == "maintenance; no armed fence"
 
     enabled = await client.put("/v2.1/os-services/enable", headers=ADMIN, json=COMPUTE)
     assert enabled.json() == {"service": {**COMPUTE, "status": "enabled"}}
