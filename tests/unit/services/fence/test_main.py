@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from services.fence.main import guard, watchdog_device
-from shared.config import Settings
+from shared.config import FencingSettings, Settings
+from shared.exceptions import ConfigError
 from shared.runtime import Lifecycle
 
 
@@ -31,7 +32,7 @@ def test_without_a_device_nothing_is_held() -> None:
 
 
 async def test_with_fencing_off_there_is_nothing_to_guard(tmp_path: Path) -> None:
-    settings = Settings(state_dir=tmp_path, fencing={"self_fence_after": 0})
+    settings = Settings(state_dir=tmp_path, fencing=FencingSettings(self_fence_after=0))
 
     await guard(settings, Lifecycle())
 
@@ -39,7 +40,5 @@ async def test_with_fencing_off_there_is_nothing_to_guard(tmp_path: Path) -> Non
 
 
 async def test_a_host_whose_agent_never_registered_has_no_fence(tmp_path: Path) -> None:
-    from shared.exceptions import ConfigError  # noqa: PLC0415
-
     with pytest.raises(ConfigError, match="no node identity"):
         await guard(Settings(state_dir=tmp_path), Lifecycle())
