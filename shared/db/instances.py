@@ -16,6 +16,7 @@ from uuid import UUID
 from shared.db import moves
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
+from shared.objects import transitions
 from shared.objects.compute_node import ComputeNode
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Instance, InstanceFault
@@ -54,6 +55,10 @@ async def create(
     )
     assert row is not None
     return Instance.from_row(row)
+
+
+def _value(state: TaskState | VmState | None) -> str | None:
+    return None if state is None else state.value
 
 
 async def get(conn: Connection, instance_uuid: UUID) -> Instance:
@@ -194,6 +199,7 @@ async def swap_task_state(
     new: TaskState | None,
 ) -> Instance | None:
     """``expected`` → ``new`` task state; ``None`` if lost (gone, or in another state)."""
+    transitions.require_task_change(_value(expected), _value(new))
     row = await conn.fetchrow(
         """UPDATE instances SET task_state = $2, updated_at = now()
             WHERE uuid = $1 AND deleted_at IS NULL AND task_state IS NOT DISTINCT FROM $3
@@ -217,6 +223,9 @@ async def begin_task(
 
     ``None`` if the swap was lost (gone, or in another state): the caller refuses with 409.
     """
+    for vm in vm_states:
+        for begun in from_tasks:
+            transitions.require((vm.value, _value(begun)), (vm.value, task.value))
     allowed_tasks = [t.value for t in from_tasks if t is not None]
     row = await conn.fetchrow(
         """UPDATE instances SET task_state = $2, updated_at = now()
@@ -241,6 +250,8 @@ async def finish_task(
     power_state: PowerState | None = None,
 ) -> Instance | None:
     """End one of ``tasks``, setting the states it led to; ``None`` if lost (not in it)."""
+    for task in tasks:
+        transitions.require_task_change(task.value, None, to_vm=_value(vm_state))
     row = await conn.fetchrow(
         """UPDATE instances SET task_state = NULL, updated_at = now(),
                   vm_state = COALESCE($3, vm_state), power_state = COALESCE($4, power_state)
@@ -339,6 +350,7 @@ async def fail_task(
     conn: Connection, instance_uuid: UUID, task: TaskState, *, message: str
 ) -> Instance | None:
     """End ``task`` in ERROR with a fault, the instance where it was; ``None`` if lost."""
+    transitions.require_task_change(task.value, None, to_vm=VmState.ERROR.value)
     fault = new_fault(message)
     row = await conn.fetchrow(
         """UPDATE instances SET vm_state = $3, task_state = NULL, fault = $4, updated_at = now()

@@ -19,7 +19,8 @@
   it is built, a move's new copy while the move runs, the copy a revert returns to.
 * **I4** at quiescence no task state, no server still building, no move that has not
   ended.
-* **I5** every committed transition is in the state table (:mod:`tests.model.states`).
+* **I5** every committed transition is in the state table
+  (:mod:`shared.objects.transitions`, which keel's writers of states check too).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from uuid import UUID
 
 from shared.db import allocations as allocation_queries
 from shared.db.pool import Connection
-from tests.model import states
+from shared.objects import transitions as states
 from tests.model.hosts import Host
 from tests.model.world import World
 

@@ -26,6 +26,7 @@ from shared.exceptions import MessagingTimeout
 from shared.objects.instance import RequestedDestination
 from shared.objects.states import PowerState, TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
+from shared.versions import SERVICE_VERSION
 from tests.functional.services.api.conftest import ADMIN, add_compute, add_image
 from tests.functional.services.api.test_servers import server_body
 
@@ -132,6 +133,7 @@ async def test_a_create_that_cannot_be_sent_is_503_and_withdrawn(
     client, conductor, _ = api
     await add_image(db_pool)
     await add_compute(db_pool, "pub-a")
+    await takes_requests(db_pool, "pub-a")
 
     response = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
 
@@ -149,6 +151,7 @@ async def test_a_create_a_conductor_already_took_is_202_and_goes_on(
     client, conductor, _ = api
     await add_image(db_pool)
     await add_compute(db_pool, "pub-b")
+    await takes_requests(db_pool, "pub-b")
     conductor.taken = True
 
     response = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
@@ -160,12 +163,44 @@ async def test_a_create_a_conductor_already_took_is_202_and_goes_on(
     assert server.host == "pub-b"
 
 
+async def takes_requests(pool: asyncpg.Pool, host: str) -> None:
+    """The host's agent runs a release that takes keel-api's requests before acting: only
+    such an agent's requests may be withdrawn (an older one acts on whatever arrives)."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET version = $2 WHERE host = $1 AND "binary" = 'keel-compute'""",
+            host,
+            SERVICE_VERSION,
+        )
+
+
+async def test_an_older_agents_request_is_never_withdrawn_a_stop_is_202(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    """Finding 19: an agent of a release before requests were taken may act on the
+    unconfirmed message: keel-api answers 202 and leaves the task to the agent."""
+    client, conductor, _ = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-old")
+    server = await _active_server(client, db_pool, conductor)
+
+    response = await client.post(
+        f"/v2.1/servers/{server}/action", headers=ADMIN, json={"os-stop": None}
+    )
+
+    assert response.status_code == 202, response.text
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+    assert shown.task_state == "powering-off"
+
+
 async def test_a_stop_that_cannot_be_sent_is_503_and_its_task_cleared(
     api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
 ) -> None:
     client, conductor, compute = api
     await add_image(db_pool)
     await add_compute(db_pool, "pub-c")
+    await takes_requests(db_pool, "pub-c")
     server = await _active_server(client, db_pool, conductor)
 
     response = await client.post(
@@ -185,6 +220,7 @@ async def test_a_stop_its_agent_already_finished_is_202(
     client, conductor, compute = api
     await add_image(db_pool)
     await add_compute(db_pool, "pub-d")
+    await takes_requests(db_pool, "pub-d")
     server = await _active_server(client, db_pool, conductor)
     compute.taken = True
 
@@ -204,6 +240,7 @@ async def test_a_delete_that_cannot_be_sent_is_503_and_the_server_unchanged(
     client, conductor, compute = api
     await add_image(db_pool)
     await add_compute(db_pool, "pub-e")
+    await takes_requests(db_pool, "pub-e")
     server = await _active_server(client, db_pool, conductor)
 
     response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)

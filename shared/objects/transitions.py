@@ -1,11 +1,12 @@
-"""The documented state table, as data: which transitions an instance or a move may make.
+"""The state table, as data: which transitions an instance or a move may make.
 
-Read from the code that writes them (``shared/db/instances.py`` and its callers, the
-move workflows) and from the README's sections on servers, evacuation and cold
-migration. Invariant I5 checks every committed transition the database triggers
-recorded against these tables. A transition that is missing here is either a bug in
-keel or a gap in this table: decide which from the code and the README before adding
-a row, and say why in the row's comment.
+The one copy: the functions of ``shared/db/instances.py`` that write an instance's
+state check what they are asked to write against it (:func:`require`: a transition not
+in the table is a bug, raised before anything is written), and the model-based test's
+invariant I5 checks every committed transition the database triggers recorded against
+it (``tests/model/invariants.py``). A transition missing here is either a bug in keel or
+a gap in this table: decide which from the code and the README before adding a row, and
+say why in the row's comment.
 
 An instance state is ``(vm_state, task_state)``; ``None`` before it exists. A change of
 the instance's node is allowed only by the transitions in :data:`NODE_CHANGES`.
@@ -42,6 +43,17 @@ def _instance_transitions() -> set[tuple[State, State]]:
     # A build whose success arrives after the build deadline put it in ERROR: the guest
     # runs, so the server is ACTIVE again, its claim recorded (instance_events.py).
     add(("error", None), ("active", None))
+    # Pause, unpause, suspend and resume: as the power actions above (services/api/servers/
+    # power.py and the agent's result, conductor instance_events.py).
+    for vm, task, success in (
+        ("active", "pausing", "paused"),
+        ("paused", "unpausing", "active"),
+        ("active", "suspending", "suspended"),
+        ("paused", "suspending", "suspended"),
+        ("suspended", "resuming", "active"),
+    ):
+        add((vm, None), (vm, task))
+        add((vm, task), (success, None), (vm, None))
     for task, (starts, success) in _POWER.items():
         for vm in starts:
             # Started by keel-api; ended by the agent's result (success or failure), or
@@ -177,3 +189,35 @@ def migration_allowed(kind: str, old: str | None, new: str) -> bool:
     if new == "cancelled":
         return old is not None
     return (old, new) in MIGRATION.get(kind, frozenset())
+
+
+class InvalidTransition(ValueError):
+    """A writer of states was asked for a transition the table does not have: a bug."""
+
+
+def require(old: State, new: State) -> None:
+    """Raise :class:`InvalidTransition` unless ``old`` → ``new`` is in the table."""
+    if not instance_allowed(old, new):
+        raise InvalidTransition(f"an instance may not go from {old} to {new}")
+
+
+def require_task_change(
+    from_task: str | None,
+    to_task: str | None,
+    *,
+    to_vm: str | None = None,
+    vm_states: tuple[str, ...] | None = None,
+) -> None:
+    """For a writer that swaps the task whatever the vm state (one of ``vm_states``, any
+    if None): some vm state with ``from_task`` must be allowed to go to ``to_task``, in
+    ``to_vm`` if given (else staying as it is). Raises :class:`InvalidTransition`."""
+    for vm in vm_states or _VM_STATES:
+        if instance_allowed((vm, from_task), (to_vm or vm, to_task)):
+            return
+    raise InvalidTransition(
+        f"no instance in task {from_task} may go to task {to_task}"
+        + (f" in {to_vm}" if to_vm else "")
+    )
+
+
+_VM_STATES = ("building", "active", "stopped", "resized", "paused", "suspended", "error")
