@@ -234,14 +234,20 @@ async def test_deleting_a_server_during_a_slowed_cold_migration_leaves_nothing(
     come_back(cloud, "mv-b")
 
 
+@pytest.mark.parametrize("fenced", [False, True], ids=["no-fence", "fence"])
 async def test_a_destination_killed_mid_move_is_ended_by_the_move_deadline(
-    cloud: Cloud, restored: None
+    cloud: Cloud, restored: None, fenced: bool
 ) -> None:
+    """mv-b dies while it builds the copy; the move's deadline ends the move. With an armed
+    fence on mv-b its lease runs out and its copy is off: the server runs on mv-a again.
+    Without one (fencing off), the copy may run: the server stays shut off on mv-a, and
+    starting it is refused until an operator says mv-b is off."""
     assert cloud.processes["conductor"].stop() == 0
     cloud.start("conductor", "keel-conductor", KEEL_MOVE_TIMEOUT=str(MOVE_TIMEOUT))
-    sid = str((await on(cloud, "mv-a", "mv-killed-dest"))["id"])
+    sid = str((await on(cloud, "mv-a", f"mv-killed-dest-{fenced}"))["id"])
     assert cloud.processes["mv-b"].stop() == 0
-    come_back(cloud, "mv-b", KEEL_VIRT__DELAY_S="300")
+    fencing = {} if fenced else {"KEEL_FENCING__SELF_FENCE_AFTER": "0"}
+    come_back(cloud, "mv-b", KEEL_VIRT__DELAY_S="300", **fencing)
     await cloud.wait_for_service("mv-b", up=True)
     try:
         migrate(cloud, sid, "mv-b")
@@ -262,8 +268,13 @@ async def test_a_destination_killed_mid_move_is_ended_by_the_move_deadline(
         assert record["dest_compute"] == "mv-b"
         assert await claimed_on(cloud, sid) == ["mv-a"]
         assert took < MOVE_TIMEOUT + 60
-        # mv-b's agent is dead but its host is not known to be off: the copy it may
-        # have started there may run, so the server stays shut off on mv-a...
+        if fenced:
+            # mv-b's fence powered its copy off when the lease ran out: mv-a runs again.
+            server = await until_server(cloud, sid, "ACTIVE")
+            assert server["OS-EXT-SRV-ATTR:host"] == "mv-a"
+            return
+        # mv-b's agent is dead and its host has no armed fence: the copy it may have
+        # started there may run, so the server stays shut off on mv-a...
         server = await shown(cloud, sid)
         assert (server["status"], server["OS-EXT-SRV-ATTR:host"]) == ("SHUTOFF", "mv-a")
         refused = cloud.openstack_raw("server", "start", sid, as_json=False)
@@ -277,10 +288,11 @@ async def test_a_destination_killed_mid_move_is_ended_by_the_move_deadline(
     finally:
         cloud.processes["conductor"].stop()
         cloud.start("conductor", "keel-conductor")
-        come_back(cloud, "mv-b")
+        if cloud.processes["mv-b"].popen.poll() is not None:
+            come_back(cloud, "mv-b")
         service_set(cloud, "mv-b", "--up")
-    await cloud.wait_for_service("mv-b", up=True)
-    await cloud.delete_server(sid)
+        await cloud.wait_for_service("mv-b", up=True)
+        await cloud.delete_server(sid)
 
 
 async def test_resize_with_the_cli_confirm_and_revert(cloud: Cloud, restored: None) -> None:
