@@ -10,6 +10,7 @@
     │   ├── ComputeNodeNotFound
     │   ├── ProjectNotFound
     │   ├── UserNotFound
+    │   ├── RoleNotFound
     │   ├── KeyPairNotFound
     │   └── ConsoleNotAvailable     a guest's console log cannot be read
     ├── Conflict
@@ -93,6 +94,10 @@ class ProjectNotFound(NotFound):
 
 
 class UserNotFound(NotFound):
+    pass
+
+
+class RoleNotFound(NotFound):
     pass
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.db import images, projects, users
-from shared.objects.identity import Project, Role
+from shared.objects.identity import Project
 from shared.passwords import hash_password
 from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig, running_cloud
 from tests.tempest import config
@@ -86,7 +86,9 @@ async def provision(cloud: Cloud, found: list[config.Account]) -> None:
                 project = made[account.project] = await projects.create(
                     conn, account.project, "Tempest's pre-provisioned account"
                 )
-            await users.create(conn, account.username, hashed, project, Role(account.keel_role))
+            await users.create_in_project(
+                conn, account.username, hashed, project, account.keel_role
+            )
         await images.create(conn, image_id=ALT_IMAGE_ID, name="cirros-alt", min_disk=1)
 
 

@@ -65,7 +65,7 @@ async def issued_token(request: Request, token: str) -> TokenInfo | None:
     return TokenInfo(
         user_id=membership.user.id,
         project_id=membership.project.id,
-        roles=list(membership.role.granted),
+        roles=list(membership.role_names),
     )
 
 
