@@ -52,7 +52,7 @@ typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)
 # tests that need the servers is one word in SERVER_TIERS (a tier run otherwise gets its
 # own `test-<tier>` rule and a word in TIERS).
 SERVER_TIERS := functional e2e ha bench
-TIERS := unit $(SERVER_TIERS) partitions tempest libvirt
+TIERS := unit $(SERVER_TIERS) partitions tempest rally libvirt
 # Extra pytest options for every tier, e.g. PYTEST_ARGS=-x.
 PYTEST_ARGS ?=
 
@@ -141,6 +141,28 @@ tempest: $(BIN)/python $(CHECKOUT_PTH) $(TEMPEST_STAMP) ## Tempest's compute API
 # The tier: every included test, whatever TEMPEST_REGEX says.
 test-tempest: prerequisites $(TEMPEST_STAMP)
 	$(BIN)/python -m tests.tempest.run --venv $(TEMPEST_VENV) --concurrency $(TEMPEST_CONCURRENCY)
+
+# Rally (rally-openstack, from PyPI) in a virtualenv of its own, like Tempest: its
+# NovaServers.boot_and_delete_server with the users context against a cloud of its own
+# (bench/rally.py). `make rally` runs the issue's size; the tier a small one.
+RALLY_VENV ?= .rally-venv
+RALLY_STAMP := $(RALLY_VENV)/.installed
+RALLY_TIMES ?= 200
+RALLY_CONCURRENCY ?= 20
+
+$(RALLY_STAMP): bench/rally-requirements.txt
+	test -x $(RALLY_VENV)/bin/python || $(PYTHON) -m venv $(RALLY_VENV)
+	$(RALLY_VENV)/bin/pip install --quiet -r bench/rally-requirements.txt
+	touch $@
+
+.PHONY: rally test-rally
+rally: $(CHECKOUT_PTH) $(RALLY_STAMP) ## Rally's boot_and_delete_server: RALLY_TIMES (200) at RALLY_CONCURRENCY (20)
+	$(BIN)/python bench/rally.py --venv $(RALLY_VENV) --times $(RALLY_TIMES) \
+		--concurrency $(RALLY_CONCURRENCY)
+
+# The tier: 10 iterations at concurrency 2, whatever RALLY_TIMES says.
+test-rally: prerequisites $(RALLY_STAMP)
+	$(BIN)/python bench/rally.py --venv $(RALLY_VENV) --times 10 --concurrency 2
 
 # Each benchmark prints a human line and a JSON line per figure, and PASS/FAIL against
 # its targets (never enforced). `make bench` is the quick set (a few minutes);

@@ -27,6 +27,7 @@ from services.api.resources import (
     hypervisors,
     image_data,
     image_proxy,
+    image_schemas,
     images,
     keypairs,
     limits,
@@ -93,6 +94,7 @@ def create_app(
     app.include_router(limits.router)
     app.include_router(usage.router)
     app.include_router(image_proxy.router)
+    app.include_router(image_schemas.router)
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(image_data.router, prefix="/image/v2")
     app.include_router(image_data.download_router)
