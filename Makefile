@@ -142,6 +142,20 @@ tempest: $(BIN)/python $(CHECKOUT_PTH) $(TEMPEST_STAMP) ## Tempest's compute API
 test-tempest: prerequisites $(TEMPEST_STAMP)
 	$(BIN)/python -m tests.tempest.run --venv $(TEMPEST_VENV) --concurrency $(TEMPEST_CONCURRENCY)
 
+# Keystone (from PyPI) in a virtualenv of its own, like Tempest: the keystone tier runs it
+# on a scratch PostgreSQL database under gunicorn and puts keel-api behind it.
+KEYSTONE_VENV ?= .keystone-venv
+KEYSTONE_STAMP := $(KEYSTONE_VENV)/.installed
+
+$(KEYSTONE_STAMP): tests/keystone/requirements.txt
+	test -x $(KEYSTONE_VENV)/bin/python || $(PYTHON) -m venv $(KEYSTONE_VENV)
+	$(KEYSTONE_VENV)/bin/pip install --quiet -r tests/keystone/requirements.txt
+	touch $@
+
+.PHONY: test-keystone
+test-keystone: prerequisites $(KEYSTONE_STAMP) ## keel-api behind a real Keystone (installed in .keystone-venv)
+	KEEL_KEYSTONE_VENV=$(abspath $(KEYSTONE_VENV)) $(BIN)/pytest tests/keystone $(PYTEST_ARGS)
+
 # Rally (rally-openstack, from PyPI) in a virtualenv of its own, like Tempest: its
 # NovaServers.boot_and_delete_server with the users context against a cloud of its own
 # (bench/rally.py). `make rally` runs the issue's size; the tier a small one.

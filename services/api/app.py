@@ -18,6 +18,7 @@ from services.api.http import faults, openapi
 from services.api.http.input_guard import InputGuard
 from services.api.http.middleware import ApiMiddleware
 from services.api.http.policy import Policy
+from services.api.keystone.tokens import KeystoneTokens
 from services.api.network import routes as network_routes
 from services.api.resources import (
     aggregates,
@@ -56,7 +57,10 @@ def create_app(
     compute: ComputeAPI,
     *,
     policy: Policy | None = None,
+    keystone: KeystoneTokens | None = None,
 ) -> FastAPI:
+    """The application; with ``keystone`` it validates tokens against Keystone and serves
+    no identity of its own (no ``/identity`` routes)."""
     app = FastAPI(
         title="keel-api",
         summary="OpenStack Compute API v2.1 subset and an image metadata registry",
@@ -69,6 +73,7 @@ def create_app(
     app.state.conductor = conductor
     app.state.compute = compute
     app.state.policy = policy or Policy.load(settings.api.policy_file)
+    app.state.keystone = keystone
     faults.install(app)
     # The last added runs first: request id and microversion, then the input guard.
     app.add_middleware(InputGuard, max_body_bytes=settings.api.max_body_bytes)
@@ -98,6 +103,7 @@ def create_app(
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(image_data.router, prefix="/image/v2")
     app.include_router(image_data.download_router)
-    app.include_router(identity.router())
+    if keystone is None:
+        app.include_router(identity.router())
     app.include_router(network_routes.router)
     return app

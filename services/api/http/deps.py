@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from services.api.http.links import Links
 from services.api.http.microversion import MIN_VERSION, APIVersion
 from services.api.http.policy import Policy
+from services.api.keystone.tokens import KeystoneTokens
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
@@ -50,6 +51,12 @@ def get_policy(request: Request) -> Policy:
     return policy
 
 
+def get_keystone(request: Request) -> KeystoneTokens | None:
+    """Keystone's token validation, when keel-api runs behind Keystone."""
+    keystone: KeystoneTokens | None = request.app.state.keystone
+    return keystone
+
+
 def get_links(request: Request) -> Links:
     return Links(str(request.base_url))
 
@@ -61,3 +68,4 @@ Compute = Annotated[ComputeAPI, Depends(get_compute)]
 Version = Annotated[APIVersion, Depends(get_version)]
 RequestLinks = Annotated[Links, Depends(get_links)]
 AppPolicy = Annotated[Policy, Depends(get_policy)]
+Keystone = Annotated[KeystoneTokens | None, Depends(get_keystone)]
