@@ -52,7 +52,7 @@ typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)
 # tests that need the servers is one word in SERVER_TIERS (a tier run otherwise gets its
 # own `test-<tier>` rule and a word in TIERS).
 SERVER_TIERS := functional e2e ha bench
-TIERS := unit $(SERVER_TIERS) partitions tempest rally libvirt
+TIERS := unit $(SERVER_TIERS) partitions tempest keystone rally libvirt
 # Extra pytest options for every tier, e.g. PYTEST_ARGS=-x.
 PYTEST_ARGS ?=
 
