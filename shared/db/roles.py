@@ -105,14 +105,12 @@ async def update(
 
 
 async def delete(conn: Connection, role: Role) -> None:
-    """Delete a role: its assignments (so the tokens that needed them) go with it."""
+    """Delete a role: its assignments go with it, and the tokens of everyone who held it
+    in the projects they held it in (as a revoked grant takes them)."""
     async with conn.transaction():
         await conn.execute(
             """DELETE FROM identity_tokens t USING role_assignments a
-                WHERE a.role_id = $1 AND t.user_id = a.user_id AND t.project_id = a.project_id
-                  AND NOT EXISTS (SELECT 1 FROM role_assignments o
-                                   WHERE o.user_id = a.user_id AND o.project_id = a.project_id
-                                     AND o.role_id <> $1)""",
+                WHERE a.role_id = $1 AND t.user_id = a.user_id AND t.project_id = a.project_id""",
             role.id,
         )
         status = await conn.execute("DELETE FROM roles WHERE id = $1", role.id)

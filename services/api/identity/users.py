@@ -117,7 +117,6 @@ async def delete_user(user_id: str, ctx: Context, pool: DbPool) -> Response:
 async def change_password(user_id: str, body: PasswordBody, pool: DbPool) -> Response:
     """The user's own password change: the original password authenticates it."""
     given = body.user
-    hashed = await _hashed(given.password)
     async with pool.acquire() as conn:
         try:
             found = await check_password(
@@ -125,6 +124,8 @@ async def change_password(user_id: str, body: PasswordBody, pool: DbPool) -> Res
             )
         except Unauthorized:
             raise Unauthorized("The original password is not the user's password.") from None
+    hashed = await _hashed(given.password)
+    async with pool.acquire() as conn:
         await users.update(conn, found.id, UserChanges(password_hash=hashed))
     LOG.info("user %s (%s) changed their password", found.name, found.id)
     return Response(status_code=204)

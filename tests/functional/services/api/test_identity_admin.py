@@ -200,6 +200,13 @@ async def test_grants_are_idempotent_checked_listed_and_revoked(
     assert (await client.delete(grant, headers=ADMIN)).status_code == 204
     assert (await client.delete(grant, headers=ADMIN)).status_code == 404
     assert (await client.get("/v2.1/servers", headers=headers)).status_code == 401
+    auditor = await created(client, "role", {"name": "auditor"})
+    again = await password_token(client, user_id, "pw-web", project_id)
+    held = f"{V3}/projects/{project_id}/users/{user_id}/roles/{auditor['id']}"
+    assert (await client.put(held, headers=ADMIN)).status_code == 204
+    fresh = {"X-Auth-Token": again.headers["X-Subject-Token"]}
+    assert (await client.delete(f"{V3}/roles/{auditor['id']}", headers=ADMIN)).status_code == 204
+    assert (await client.get("/v2.1/servers", headers=fresh)).status_code == 401
     for path in (
         f"{V3}/projects/nope/users/{user_id}/roles/{admin}",
         f"{V3}/projects/{project_id}/users/nope/roles/{admin}",
