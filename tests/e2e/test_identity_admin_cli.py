@@ -44,10 +44,6 @@ def test_an_admin_makes_a_user_who_boots_a_server(cloud: Cloud, admin_cloud: str
     assignments = cloud.openstack("role", "assignment", "list", "--user", "carol", "--names",
                                   cloud=admin_cloud)  # fmt: skip
     assert [(a["Role"], a["Project"]) for a in assignments] == [("member", "web@Default")]
-    names = {p["Name"] for p in cloud.openstack("project", "list", cloud=admin_cloud)}
-    assert {"ops", "web"} <= names
-    roles = {r["Name"] for r in cloud.openstack("role", "list", cloud=admin_cloud)}
-    assert {"admin", "manager", "member", "reader", "service"} <= roles
 
     server = cloud.openstack("server", "create", "--flavor", "m1.tiny", "--image", "cirros",
                              "--wait", "carol-vm", cloud=NEW_CLOUD)  # fmt: skip
