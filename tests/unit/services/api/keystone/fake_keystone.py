@@ -28,6 +28,8 @@ class FakeKeystone:
         self.service_tokens_issued = 0
         self.validations = 0
         self.forbid_validation = False
+        #: Requests whose kept-alive connection breaks before any answer, then it works.
+        self.broken_connections = 0
 
     def issue(self, token: str, *, project: str | None = "p1", lifetime: float = 3600) -> None:
         body: dict[str, Any] = {
@@ -45,6 +47,9 @@ class FakeKeystone:
     def handle(self, request: httpx.Request) -> httpx.Response:
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
+        if self.broken_connections:
+            self.broken_connections -= 1
+            raise httpx.RemoteProtocolError("server disconnected", request=request)
         path = request.url.path
         if request.method == "POST" and path == "/v3/auth/tokens":
             return self._service_login(json.loads(request.content))

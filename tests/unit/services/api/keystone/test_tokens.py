@@ -90,6 +90,17 @@ async def test_an_outage_serves_cached_tokens_until_they_expire_and_503_otherwis
     assert await status_of(tokens, "bob") == 200
 
 
+async def test_a_connection_broken_once_is_tried_again_but_not_twice(
+    tokens: KeystoneTokens, keystone: FakeKeystone
+) -> None:
+    keystone.issue("bob")
+    keystone.broken_connections = 1
+    assert await status_of(tokens, "alice") == 200
+    keystone.broken_connections = 2
+    assert await status_of(tokens, "bob") == 503
+    assert await status_of(tokens, "bob") == 200
+
+
 async def test_a_token_is_not_trusted_past_its_own_expiry(
     tokens: KeystoneTokens, keystone: FakeKeystone, clock: Clock
 ) -> None:
