@@ -84,12 +84,14 @@ $(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
 # The functional tier also runs the model-based test (tests/model/: CI's fixed examples).
 TIER_DIRS_functional := tests/functional tests/model
 
-# The model-based test at length: MODEL_EXAMPLES examples, then how many ran per second.
+# The model-based test at length: MODEL_EXAMPLES examples from a new seed (or SEED=N, to
+# run a search again), then how many ran per second.
 MODEL_EXAMPLES ?= 5000
+SEED ?=
 .PHONY: test-model
-test-model: prerequisites ## the model-based test with MODEL_EXAMPLES (5000) examples; prints examples/s
-	KEEL_MODEL_EXAMPLES=$(MODEL_EXAMPLES) $(BIN)/pytest tests/model/test_model.py \
-		tests/model/test_crash_points.py -s -q $(PYTEST_ARGS)
+test-model: prerequisites ## the model-based test with MODEL_EXAMPLES (5000) examples (SEED=N: again); prints examples/s
+	KEEL_MODEL_EXAMPLES=$(MODEL_EXAMPLES) KEEL_MODEL_SEED=$(SEED) $(BIN)/pytest \
+		tests/model/test_model.py tests/model/test_crash_points.py -s -q $(PYTEST_ARGS)
 
 # test-partitions: compute agents on hosts of their own (network and UTS namespaces), cut
 # off, healed and degraded for real, and a randomized run (KEEL_PARTITIONS_SECONDS: 600,
@@ -141,6 +143,20 @@ tempest: $(BIN)/python $(CHECKOUT_PTH) $(TEMPEST_STAMP) ## Tempest's compute API
 # The tier: every included test, whatever TEMPEST_REGEX says.
 test-tempest: prerequisites $(TEMPEST_STAMP)
 	$(BIN)/python -m tests.tempest.run --venv $(TEMPEST_VENV) --concurrency $(TEMPEST_CONCURRENCY)
+
+# Stock tools nobody here wrote, driving a cloud of their own: Ansible's openstack.cloud
+# collection (bundled by the `ansible` package on PyPI), in a virtualenv of its own.
+CLIENTS_VENV ?= .clients-venv
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+
+$(CLIENTS_STAMP): tests/clients/requirements.txt
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install --quiet -r tests/clients/requirements.txt
+	touch $@
+
+.PHONY: test-clients
+test-clients: prerequisites $(CLIENTS_STAMP) ## Ansible playbooks against a cloud of their own (not in make test)
+	KEEL_CLIENTS_VENV=$(CLIENTS_VENV) $(BIN)/pytest tests/clients $(PYTEST_ARGS)
 
 # Keystone (from PyPI) in a virtualenv of its own, like Tempest: the keystone tier runs it
 # on a scratch PostgreSQL database under gunicorn and puts keel-api behind it.

@@ -3,14 +3,16 @@ a standby, measured as OpenStack's reliability test plans measure Nova.
 
 What is measured: for each fault, a fresh keel cloud (two keel-conductors, two
 keel-schedulers, two keel-apis, agents with the local driver: :mod:`benchkit.ha`) on a
-three-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby, all
-started here on their own ports and directories. ``--clients`` clients run Rally's
-boot-and-delete against both APIs (:mod:`benchkit.clients`) for ``--before`` seconds,
-then the fault is injected, and the clients go on for ``--after`` seconds after it
-ended. Per fault (:mod:`benchkit.timeline`, :mod:`benchkit.outcome`): downtime (seconds
-during which requests failed), MTTR (seconds until boot-and-delete is back within 1.5x
-its median before the fault), servers lost or duplicated, tasks left stuck, and keel
-processes that exited though nobody killed them. No keel process is restarted.
+three-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby under
+Patroni (:mod:`devkit.pg_cluster`), all started here on their own ports and directories
+and shared by the faults (each waits until every node is back and replicating).
+``--clients`` clients run Rally's boot-and-delete against both APIs
+(:mod:`benchkit.clients`) for ``--before`` seconds, then the fault is injected, and the
+clients go on for ``--after`` seconds after it ended. Per fault
+(:mod:`benchkit.timeline`, :mod:`benchkit.outcome`): downtime (seconds during which
+requests failed), MTTR (seconds until boot-and-delete is back within 1.5x its median
+before the fault), servers lost or duplicated, tasks left stuck, and keel processes that
+exited though nobody killed them. No keel process is restarted.
 
 The faults:
 
@@ -21,8 +23,9 @@ The faults:
 * ``broker-pause`` — freeze the node leading the conductor queue (SIGSTOP) for longer
   than the distribution tick: the others count it out, and on waking it finds itself in
   the minority and pauses (``pause_minority``) until it sees them again;
-* ``db-failover`` — SIGKILL the PostgreSQL primary, then promote the standby
-  (``pg_ctl promote``) a second later, as a failover manager would;
+* ``db-failover`` — SIGKILL the PostgreSQL primary's postmaster and backends; Patroni
+  (with etcd) promotes the synchronous standby on its own, and brings the old primary
+  back as its standby;
 * ``kill-conductor``, ``kill-scheduler``, ``kill-api`` — SIGKILL one of the two.
 
 Targets (printed PASS/FAIL, never enforced): downtime <= 5 s, MTTR <= 30 s, nothing lost,
@@ -48,13 +51,11 @@ from benchkit.ha import Stage, StageShape, ha_stage, keep_logs
 from benchkit.outcome import outcome
 from benchkit.timeline import timeline
 
-from devkit.pg_cluster import pg_cluster
+from devkit.pg_cluster import PgCluster, pg_cluster
 from devkit.rabbit_cluster import RabbitCluster, rabbit_cluster
 
 #: Seconds a paused node stays frozen (the distribution tick is 6 s).
 PAUSE_S = 20.0
-#: Seconds between the primary's death and the standby's promotion.
-PROMOTE_AFTER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,12 @@ async def broker_pause(stage: Stage) -> Injected:
 
 
 async def db_failover(stage: Stage) -> Injected:
+    old = stage.pg.primary.name
     stage.pg.kill_primary()
-    await asyncio.sleep(PROMOTE_AFTER_S)
-    await stage.pg.promote()
-    return Injected(f"SIGKILL the primary, promoted the standby {PROMOTE_AFTER_S:g}s later")
+    took = await stage.pg.await_failover()
+    return Injected(
+        f"SIGKILL the primary ({old}); Patroni promoted {stage.pg.primary.name} {took:.1f}s later"
+    )
 
 
 def kill(name: str) -> Fault:
@@ -138,8 +141,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-async def measure(name: str, rabbit: RabbitCluster, args: argparse.Namespace) -> None:
-    async with pg_cluster() as pg, ha_stage(rabbit, pg, StageShape(hosts=args.hosts)) as stage:
+async def measure(
+    name: str, rabbit: RabbitCluster, pg: PgCluster, args: argparse.Namespace
+) -> None:
+    async with ha_stage(rabbit, pg, StageShape(hosts=args.hosts)) as stage:
         pids = stage.pids()
         cloud = stage.cloud
         clients = BootAndDelete(cloud.api_urls, cloud.token, args.clients)
@@ -176,11 +181,15 @@ async def measure(name: str, rabbit: RabbitCluster, args: argparse.Namespace) ->
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.monotonic()
-    async with rabbit_cluster(3) as rabbit:
-        print(f"RabbitMQ cluster up in {time.monotonic() - began:.0f}s", file=sys.stderr)
+    async with rabbit_cluster(3) as rabbit, pg_cluster() as pg:
+        print(
+            f"RabbitMQ cluster and PostgreSQL pair up in {time.monotonic() - began:.0f}s",
+            file=sys.stderr,
+        )
         for name in args.faults:
             await rabbit.all_running()
-            await measure(name, rabbit, args)
+            await pg.await_synchronous()
+            await measure(name, rabbit, pg, args)
     return 0
 
 

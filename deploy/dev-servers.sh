@@ -5,13 +5,19 @@
 # machine up, so a step missing here fails CI too. Each step is skipped when already done:
 #
 #   1. install postgresql, rabbitmq-server and python3-venv from the system packages
-#      when missing;
+#      when missing, and the browser the e2e tier drives the operator's page with
+#      (chromium and chromium-driver: /usr/bin/chromium, /usr/bin/chromedriver);
 #   2. start PostgreSQL (pg_ctlcluster --skip-systemctl-redirect <version> main start)
 #      and let the user postgres connect over 127.0.0.1 without a password (trust);
 #   3. start RabbitMQ (rabbitmq-server -detached), whose user guest/guest may connect
 #      from this machine;
 #   4. enable RabbitMQ's management plugin (rabbitmq-plugins enable rabbitmq_management):
-#      `keel-manage agent credentials` and the tests make broker users through it.
+#      `keel-manage agent credentials` and the tests make broker users through it;
+#   5. for the HA tier's PostgreSQL pair, which fails over by itself: etcd (Debian's
+#      etcd-server; only the binary is used, the tests start their own) and Patroni with
+#      what it needs, pinned in deploy/ha/patroni-requirements.txt, in a virtualenv of
+#      Debian's python3 at /opt/keel/patroni (readable by the postgres user, which runs
+#      it; a virtualenv of a Python under /root would not be).
 #
 # Any failure stops the script non-zero.
 set -euo pipefail
@@ -49,6 +55,10 @@ install_packages() {
     command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
     command -v rabbitmq-server >/dev/null || missing+=(rabbitmq-server)
     python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v chromedriver >/dev/null || missing+=(chromium-driver)
+    command -v etcd >/dev/null || missing+=(etcd-server)
+    /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
     if (( ${#missing[@]} )); then
         log "installing ${missing[*]}"
         apt-get update -qq
@@ -86,6 +96,26 @@ start_rabbitmq() {
     wait_for_port "RabbitMQ management API" 15672
 }
 
+PATRONI_VENV=/opt/keel/patroni
+PATRONI_PINS="$(cd "$(dirname "$0")" && pwd)/ha/patroni-requirements.txt"
+
+install_patroni() {
+    log "Patroni"
+    local stamp=$PATRONI_VENV/.installed
+    if [[ -f $stamp ]] && cmp -s "$PATRONI_PINS" "$stamp"; then
+        echo "Patroni is installed in $PATRONI_VENV"
+        return
+    fi
+    rm -rf "$PATRONI_VENV"
+    mkdir -p "$(dirname "$PATRONI_VENV")"
+    /usr/bin/python3 -m venv "$PATRONI_VENV"
+    "$PATRONI_VENV/bin/pip" install --quiet --no-cache-dir -r "$PATRONI_PINS"
+    chmod -R a+rX "$PATRONI_VENV"
+    cp "$PATRONI_PINS" "$stamp"
+    "$PATRONI_VENV/bin/patroni" --version
+}
+
 install_packages
+install_patroni
 start_postgres
 start_rabbitmq

@@ -43,6 +43,7 @@ from localimages import build_guest, register_guest
 from localstate import clean, explain_foreign, foreign_hosts, forget_pid, record_pid, running_pid
 
 from devkit import CIRROS_ID, prerequisites
+from devkit.fences import stop_fences, tag_this_run
 from devkit.processes import BIN, Process, ProcessGroup
 from devkit.readiness import api_answers, up_services
 from services.manage.database import connect
@@ -375,6 +376,8 @@ def prepare_libvirt(settings: Settings, workdir: Path) -> bool:
 
 def _run_cloud(settings: Settings, workdir: Path, api_url: str) -> int:
     admin, member = accounts = asyncio.run(ensure_accounts(settings.database_url))
+    # The agents' host fences outlive them by design; this cloud stops its own at the end.
+    run_id = tag_this_run()
     clouds = workdir / "clouds.yaml"
     write_clouds_yaml(clouds, api_url, admin, member)
     env = {**os.environ, "KEEL_AUTH__TOKENS": token_config(accounts)}
@@ -397,6 +400,8 @@ def _run_cloud(settings: Settings, workdir: Path, api_url: str) -> int:
         return 0
     finally:
         cloud.stop_all()
+        if fences := stop_fences(run_id):
+            say(f"stopped {fences} host fence(s) (keel-fence)")
         say("stopped")
 
 

@@ -41,6 +41,21 @@ ENV_PREFIX = "KEEL_"
 ENV_NESTED_DELIMITER = "__"
 
 
+#: RabbitMQ's own heartbeat, used when neither keel nor the URL sets one.
+BROKER_DEFAULT_HEARTBEAT = 60
+#: Seconds one attempt to connect to a broker node may take (shared.rpc.amqp_connection).
+BROKER_ATTEMPT_TIMEOUT = 10.0
+
+
+def url_heartbeat(url: str) -> int | None:
+    """The ``heartbeat`` a transport URL's query sets, if any."""
+    for pair in url.partition("?")[2].split("&"):
+        key, _, value = pair.partition("=")
+        if key == "heartbeat" and value.isdigit():
+            return int(value)
+    return None
+
+
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +91,11 @@ class RpcSettings(_Group):
     #: Replicas of a topic's quorum queue when it is created (RabbitMQ's
     #: ``x-quorum-initial-group-size``; it places ``min(this, cluster nodes)``).
     quorum_group_size: int = Field(default=3, ge=1, le=255)
+    #: Seconds between AMQP heartbeats: a connection whose node stops answering (frozen,
+    #: or cut) is dropped after about three times this and the next node tried. A
+    #: ``?heartbeat=`` in the transport URL wins; 0 takes the broker's (RabbitMQ: 60 s,
+    #: noticed only after three minutes — longer than a host fence's lease).
+    heartbeat: int = Field(default=10, ge=0, le=600)
     #: RabbitMQ's management API, for ``keel-manage agent``; unset, port 15672 of the
     #: transport URL's first host, as the transport URL's user.
     management_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
@@ -262,6 +282,10 @@ class QuotaSettings(_Group):
     key_pairs: int = Field(default=100, ge=-1)
     #: Metadata items one server may have.
     metadata_items: int = Field(default=128, ge=-1)
+    #: Server groups a project may have.
+    server_groups: int = Field(default=10, ge=-1)
+    #: Servers one server group may hold.
+    server_group_members: int = Field(default=10, ge=-1)
 
 
 class IdentitySettings(_Group):
@@ -340,6 +364,9 @@ class FencingSettings(_Group):
     #: fence window before they let its servers be evacuated (the agent's time to power
     #: its guests off, and clocks that drift).
     margin: float = Field(default=30.0, ge=0)
+    #: A watchdog device keel-fence keeps open and pets (``/dev/watchdog``): a fence that
+    #: dies or hangs then resets the host. Unset (the default): no watchdog.
+    watchdog_device: Path | None = None
 
 
 class RecoverySettings(_Group):
@@ -353,6 +380,17 @@ class RecoverySettings(_Group):
     #: No automatic evacuation in an availability zone while more than this fraction of
     #: its compute hosts is down: that is a network or control-plane failure.
     max_down_fraction: float = Field(default=0.55, gt=0, le=1)
+
+
+class OpsSettings(_Group):
+    """The operator's page keel-api serves at ``/ops/`` (README, "The operator's page")."""
+
+    #: Seconds a login to the page lasts; the session then ends and the form is shown.
+    session_lifetime: float = Field(default=28800.0, ge=60, le=7 * 86400)
+    #: Mark the session cookie ``Secure``: browsers send it over HTTPS only (and to
+    #: loopback addresses). Turn it off only to reach the page over plain HTTP on a
+    #: network you trust.
+    secure_cookie: bool = True
 
 
 class WorkaroundSettings(_Group):
@@ -430,6 +468,7 @@ class Settings(BaseSettings):
     workarounds: WorkaroundSettings = Field(default_factory=WorkaroundSettings)
     fencing: FencingSettings = Field(default_factory=FencingSettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
+    ops: OpsSettings = Field(default_factory=OpsSettings)
 
     #: The ``--config`` file these settings were read with (not itself a setting).
     _config_file: Path | None = PrivateAttr(default=None)
@@ -491,6 +530,16 @@ class Settings(BaseSettings):
                 "itself between two heartbeats; 0 disables self-fencing"
             )
         return self
+
+    def broker_failover(self) -> float:
+        """Seconds, at most, an agent whose broker node froze goes without an answered
+        heartbeat: the AMQP heartbeat's grace (three heartbeats and a second each),
+        connecting to another node, and the next report. It must stay well inside the
+        fence's lease, or every agent on a frozen node would fence its host."""
+        heartbeat = url_heartbeat(self.transport_url)
+        if heartbeat is None:
+            heartbeat = self.rpc.heartbeat or BROKER_DEFAULT_HEARTBEAT
+        return 3 * (heartbeat + 1) + BROKER_ATTEMPT_TIMEOUT + self.report_interval
 
     @property
     def self_fence_after(self) -> float:

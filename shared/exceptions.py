@@ -12,6 +12,8 @@
     │   ├── UserNotFound
     │   ├── RoleNotFound
     │   ├── KeyPairNotFound
+    │   ├── ServerGroupNotFound
+    │   ├── AggregateNotFound
     │   └── ConsoleNotAvailable     a guest's console log cannot be read
     ├── Conflict
     │   ├── InstanceInvalidState
@@ -27,6 +29,7 @@
     │   ├── HypervisorInUse         a new host whose hypervisor already holds servers
     │   └── ComputeNodeDeleted      its node was deleted by an operator
     ├── ServiceTooOld               this release is too old for the deployment
+    ├── HostHeld                    another keel-compute runs with this state directory
     ├── CallerRefused               the broker user that sent a request may not ask it
     ├── BuildFailed                 the virt driver could not build a guest
     ├── GuestNotFound               the hypervisor has no guest for an instance
@@ -109,6 +112,14 @@ class KeyPairNotFound(NotFound):
     pass
 
 
+class ServerGroupNotFound(NotFound):
+    pass
+
+
+class AggregateNotFound(NotFound):
+    pass
+
+
 class Conflict(KeelError):
     pass
 
@@ -178,6 +189,10 @@ class ComputeNodeDeleted(IdentityRefused):
 
 
 class ServiceTooOld(KeelError):
+    pass
+
+
+class HostHeld(KeelError):
     pass
 
 

@@ -19,6 +19,7 @@ from shared.config import Settings
 from shared.db import services
 from shared.db.pool import create_pool
 from shared.exceptions import ServiceNotFound
+from shared.metrics import Metrics
 from shared.objects.service import Binary, Service
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
@@ -96,10 +97,13 @@ class ServiceRecord:
 
 
 @asynccontextmanager
-async def connected(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, AmqpTransport]]:
-    """The database pool and the broker transport, closed in reverse order on exit."""
+async def connected(
+    settings: Settings, metrics: Metrics | None = None
+) -> AsyncIterator[tuple[asyncpg.Pool, AmqpTransport]]:
+    """The database pool (its commands timed in ``metrics``, if given) and the broker
+    transport, closed in reverse order on exit."""
     async with AsyncExitStack() as stack:
-        pool = await create_pool(settings.database_url, settings.database)
+        pool = await create_pool(settings.database_url, settings.database, metrics)
         stack.push_async_callback(pool.close)
         transport = AmqpTransport.from_settings(settings)
         await transport.connect()

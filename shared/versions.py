@@ -53,6 +53,16 @@ History:
   (``take_request``: an agent takes keel-api's request before it stops, starts, reboots,
   pauses, unpauses, suspends, resumes or deletes a guest; a request keel-api withdrew
   is not acted on).
+* 18 (``quoin``) — host fences and copy tokens: conductor 1.12 (``service_heartbeat``
+  carries the lease of the host's armed fence, keel-fence, and only such a host counts
+  as fenced once its silence outlasts that lease; ``check_build``,
+  ``instance_build_result`` and ``report_guests`` carry each guest's copy token).
+* 19 (``rivet``) — server groups: scheduler 1.3 (``select_destinations`` honours the
+  server group the instance is in, read under the group's lock in the transaction that
+  claims; keel-api accepts the ``group`` scheduler hint only once every scheduler speaks
+  it).
+* 20 (``sheave``) — server diagnostics: compute 1.10 (``get_instance_diagnostics``: what
+  the driver knows of a guest).
 """
 
 from __future__ import annotations
@@ -97,6 +107,9 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.8", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.2"),
+    ReleaseApis(compute="1.9", conductor="1.12", scheduler="1.2"),
+    ReleaseApis(compute="1.9", conductor="1.12", scheduler="1.3"),
+    ReleaseApis(compute="1.10", conductor="1.12", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -124,6 +137,9 @@ RELEASE_NAMES: dict[str, int] = {
     "norman": 15,
     "oakum": 16,
     "painter": 17,
+    "quoin": 18,
+    "rivet": 19,
+    "sheave": 20,
 }
 
 #: The first release whose agents never register without an identity file the
@@ -135,6 +151,15 @@ STABLE_IDENTITY_VERSION = 4
 #: The first release whose agents report their self-fencing setting: a host whose agent
 #: runs an older release never counts as fenced until an operator forces it down.
 SELF_FENCING_VERSION = 14
+
+#: The first release whose agents take keel-api's request before acting on a guest
+#: (conductor RPC 1.11): keel-api may withdraw a request only while every agent that
+#: could receive it is at least this release.
+TAKING_REQUESTS_VERSION = 17
+
+#: The first release whose agents keep a host fence (keel-fence) and report its lease:
+#: only such a host counts as fenced without an operator.
+HOST_FENCE_VERSION = 18
 
 
 def apis_for(service_version: int) -> ReleaseApis:

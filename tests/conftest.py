@@ -5,12 +5,15 @@ its own migrated database (a copy of a template migrated once per run, see
 :mod:`devkit.database`) and its own exchange, so tests never see each other's rows or
 messages. Point the suite elsewhere with ``KEEL_TEST_PG`` (a server URL, any database)
 and ``KEEL_TEST_AMQP``.
+
+The host fences agents start outlive them by design; the run stops the ones it started
+when it ends (:mod:`devkit.fences`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -18,10 +21,19 @@ import pytest
 
 from devkit.broker import remove_exchange
 from devkit.database import Scratch, scratch
+from devkit.fences import stop_fences, tag_this_run
 from devkit.servers import AMQP_URL, PG_SERVER
 from shared.config import DatabaseSettings
 from shared.db.pool import create_pool
 from tests.faults.proxy import TcpProxy
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fences_stopped_at_the_end() -> Iterator[None]:
+    """Tag this run; at its end, stop the fences its agents started."""
+    run_id = tag_this_run()
+    yield
+    stop_fences(run_id)
 
 
 @pytest.fixture

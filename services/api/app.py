@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncpg
 from fastapi import FastAPI
 
-from services.api import identity
+from services.api import identity, ops
 from services.api.http import faults, openapi
 from services.api.http.input_guard import InputGuard
 from services.api.http.middleware import ApiMiddleware
 from services.api.http.policy import Policy
 from services.api.keystone.tokens import KeystoneTokens
 from services.api.network import routes as network_routes
+from services.api.ops.headers import OpsHeaders
 from services.api.resources import (
     aggregates,
     availability_zones,
+    flavor_access,
     flavor_extra_specs,
     flavors,
     hypervisors,
@@ -35,19 +37,26 @@ from services.api.resources import (
     os_migrations,
     os_services,
     quota_sets,
+    server_groups,
     usage,
     versions,
 )
 from services.api.servers import actions as server_actions
+from services.api.servers import diagnostics as server_diagnostics
 from services.api.servers import instance_actions
 from services.api.servers import ips as server_ips
 from services.api.servers import metadata as server_metadata
+from services.api.servers import password as server_password
 from services.api.servers import routes as servers
+from services.api.servers import security_groups as server_security_groups
 from services.api.servers import tags as server_tags
 from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
+from services.scheduler.rpcapi import RPC_VERSION as SCHEDULER_RPC_VERSION
 from shared.config import Settings
+from shared.rpc.client import CapSource
+from shared.version_pins import Pins
 
 
 def create_app(
@@ -58,6 +67,8 @@ def create_app(
     *,
     policy: Policy | None = None,
     keystone: KeystoneTokens | None = None,
+    pins: Pins | None = None,
+    scheduler_cap: str | CapSource = SCHEDULER_RPC_VERSION,
 ) -> FastAPI:
     """The application; with ``keystone`` it validates tokens against Keystone and serves
     no identity of its own (no ``/identity`` routes)."""
@@ -74,10 +85,17 @@ def create_app(
     app.state.compute = compute
     app.state.policy = policy or Policy.load(settings.api.policy_file)
     app.state.keystone = keystone
+    #: keel-api's RPC pins, shown on the operator's page (made there when not given).
+    app.state.pins = pins
+    #: What the schedulers speak (the automatic pin in a real process): a server joins a
+    #: group only once every scheduler honours groups.
+    app.state.scheduler_cap = scheduler_cap
     faults.install(app)
-    # The last added runs first: request id and microversion, then the input guard.
+    # The last added runs first: the operator's page's headers, request id and
+    # microversion, then the input guard.
     app.add_middleware(InputGuard, max_body_bytes=settings.api.max_body_bytes)
     app.add_middleware(ApiMiddleware)
+    app.add_middleware(OpsHeaders)
     app.include_router(openapi.router)
     app.include_router(versions.router)
     app.include_router(servers.router)
@@ -88,22 +106,28 @@ def create_app(
     app.include_router(server_metadata.router)
     app.include_router(server_tags.router)
     app.include_router(server_ips.router)
+    app.include_router(server_security_groups.router)
+    app.include_router(server_password.router)
+    app.include_router(server_diagnostics.router)
     app.include_router(flavors.router)
     app.include_router(flavor_extra_specs.router)
+    app.include_router(flavor_access.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
     app.include_router(aggregates.router)
     app.include_router(availability_zones.router)
     app.include_router(keypairs.router)
     app.include_router(quota_sets.router)
+    app.include_router(server_groups.router)
     app.include_router(limits.router)
     app.include_router(usage.router)
     app.include_router(image_proxy.router)
-    app.include_router(image_schemas.router)
     app.include_router(images.router, prefix="/image/v2")
     app.include_router(image_data.router, prefix="/image/v2")
+    app.include_router(image_schemas.router, prefix="/image/v2")
     app.include_router(image_data.download_router)
     if keystone is None:
         app.include_router(identity.router())
     app.include_router(network_routes.router)
+    app.include_router(ops.router())
     return app

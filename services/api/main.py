@@ -18,6 +18,7 @@ import httpx
 import uvicorn
 
 from services.api.app import create_app
+from services.api.fleet_metrics import FleetGauges
 from services.api.http.policy import Policy
 from services.api.keystone.client import KeystoneClient, KeystoneRefused, KeystoneUnreachable
 from services.api.keystone.tokens import KeystoneTokens
@@ -147,6 +148,8 @@ async def serve_api(
         ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
         policy=policy,
         keystone=keystone,
+        pins=pins,
+        scheduler_cap=pins.scheduler.cap,
     )
     lifecycle.on_reload(pins.reload)
     if keystone is not None:
@@ -159,21 +162,30 @@ async def serve_api(
         lifespan="off",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
     )
-    heartbeats = asyncio.create_task(
-        repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
-    )
+    periodic = [
+        asyncio.create_task(
+            repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
+        )
+    ]
+    if settings.metrics_bind is not None:
+        gauges = FleetGauges(pool, settings, lifecycle.metrics)
+        periodic.append(
+            asyncio.create_task(
+                repeat("fleet metrics", gauges.refresh, settings.report_interval, lifecycle)
+            )
+        )
     LOG.info("keel-api listening on http://%s:%d/", settings.api_host, settings.api_port)
     try:
         await serve_until_stopped(ApiServer(config), sock, lifecycle)
     finally:
         lifecycle.stopping.set()
-        await heartbeats
+        await asyncio.gather(*periodic)
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
     sock = listen(settings.api_host, settings.api_port)
     try:
-        pool = await create_pool(settings.database_url, settings.database)
+        pool = await create_pool(settings.database_url, settings.database, lifecycle.metrics)
         try:
             await prepare_network(pool, settings.network)
             transport = AmqpTransport.from_settings(settings)

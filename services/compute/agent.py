@@ -22,13 +22,18 @@ Start-up (:func:`start_agent`):
    scheduler never picks a host whose queue does not exist yet or whose guests are not
    settled.
 
-From the first step to the last the agent watches its contact with the control plane
-(:mod:`services.compute.fencing`): a host silent for ``KEEL_FENCING__SELF_FENCE_AFTER``
-seconds powers its guests off, and after any loss of contact it reconciles its guests
-again before it starts one.
+From the first step to the last the agent holds its host (``agent.lock`` in the state
+directory: a second agent on the same state directory is refused) and watches its
+contact with the control plane (:mod:`services.compute.contact`); once its node is known
+it keeps the host's fence running (:mod:`services.compute.fence_link`), whose lease each
+answered heartbeat renews: a host silent for ``KEEL_FENCING__SELF_FENCE_AFTER`` seconds
+has its guests powered off by the fence, whether the agent is cut off, hung or dead.
+After any loss of contact the agent reconciles its guests again before it starts one.
 
 Shutdown (:meth:`Agent.stop`): stop taking messages, let in-flight operations finish
-for up to ``settings.compute.drain_timeout`` seconds, stop heartbeats, disconnect.
+for up to ``settings.compute.drain_timeout`` seconds, stop heartbeats, disconnect; with
+no guest running it releases the fence's lease (the fence exits), else the fence guards
+the guests on and powers them off once the lease runs out.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -51,7 +57,8 @@ from tenacity import (
 )
 
 from services.compute import identity
-from services.compute.fencing import Fencing
+from services.compute.contact import Clock, ContactWatch
+from services.compute.fence_link import FenceLink, new_fence_link
 from services.compute.manager import ComputeManager
 from services.compute.reconcile import GuestReconciler
 from services.compute.resources import node_resources
@@ -61,6 +68,8 @@ from services.conductor.rpcapi import ComputeResolution, ConductorAPI, Registrat
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.exceptions import (
+    GuestNotFound,
+    HostHeld,
     KeelError,
     MessagingError,
     MessagingTimeout,
@@ -74,6 +83,7 @@ from shared.exceptions import (
 from shared.faults import FaultPoints
 from shared.metrics import Metrics
 from shared.objects.compute_node import NodeResources
+from shared.objects.states import PowerState
 from shared.rpc import agent_users
 from shared.rpc.server import RPCServer
 from shared.rpc.settlement import RetryPolicy
@@ -106,7 +116,7 @@ class Agent:
         driver: Driver,
         registration: Registration,
         service_version: int,
-        fencing: Fencing,
+        contact: ContactWatch,
         watchdog: Watchdog,
         on_refused: Callable[[KeelError], None] | None = None,
     ) -> None:
@@ -114,7 +124,7 @@ class Agent:
         self.registration = registration
         self.service_version = service_version
         self.manager = manager
-        self.fencing = fencing
+        self.contact = contact
         self._watchdog = watchdog
         self._transport = transport
         self._conductor = conductor
@@ -138,8 +148,8 @@ class Agent:
 
     def start_reconciling(self, reconciler: GuestReconciler) -> None:
         interval = self.settings.compute.reconcile_interval
-        report = reconciled_by(reconciler, self.fencing, report_limit(self.settings))
-        self.fencing.attach(report)
+        report = reconciled_by(reconciler, self.contact, report_limit(self.settings))
+        self.contact.attach(report)
         self.guest_report = report
         self._reconciling = asyncio.create_task(
             repeat("guest report", report, interval, self._beats), name="keel-reconcile"
@@ -147,7 +157,7 @@ class Agent:
 
     def start_heartbeats(self) -> None:
         interval = self.settings.report_interval
-        self.fencing.heartbeats_begin()
+        self.contact.heartbeats_begin()
         self._heartbeats = asyncio.create_task(
             repeat("heartbeat", self.heartbeat, interval, self._beats), name="keel-heartbeat"
         )
@@ -161,7 +171,7 @@ class Agent:
         except Exception:
             LOG.exception("could not measure resources; sending the heartbeat without them")
             resources = None
-        sent = self.fencing.now()
+        sent = self.contact.now()
         # A heartbeat later than the down time is worth nothing: the next one is sent.
         limit = min(self.settings.rpc.call_timeout, self.settings.service_down_time)
         call = self._conductor.service_heartbeat(
@@ -171,11 +181,12 @@ class Agent:
             node_uuid=self.registration.node_uuid,
             resources=resources,
             self_fence_after=fencing_reported(self.settings, self.service_version),
+            fence_lease=self.contact.fence.advertised(),
             timeout=limit,
         )
         try:
             await bounded(call, limit + 1.0, "heartbeat")
-            self.fencing.heartbeat_succeeded(sent)
+            await self.contact.heartbeat_succeeded(sent)
         except ServiceTooOld as exc:
             self._refused(exc)
         except ServiceNotFound:
@@ -194,6 +205,20 @@ class Agent:
         self._beats.stopping.set()
         if self._on_refused is not None:
             self._on_refused(exc)
+
+    async def halt(self) -> None:
+        """Stop at once, as a killed process would: no drain, nothing said to the fence
+        (its lease runs out by itself); the host's lock is let go, as the kernel would."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._beats.stopping.set()
+        for task in (self._heartbeats, self._reconciling):
+            if task is not None:
+                task.cancel()
+        await self._watchdog.stop()
+        self.contact.fence.stop()
+        self.contact.fence.store.drop_agent()
 
     async def stop(self) -> None:
         """Stop consuming, drain in-flight work (bounded), stop heartbeats, disconnect."""
@@ -222,7 +247,27 @@ class Agent:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await self._transport.close()
+            await self._let_go()
         LOG.info("compute service %s stopped", self.service_uuid)
+
+    async def _let_go(self) -> None:
+        """Leave the host to its fence: released if no guest runs, guarded otherwise."""
+        fence = self.contact.fence
+        try:
+            running = await any_running(self._driver)
+            await fence.release(guests_running=running)
+        except Exception:
+            LOG.exception("could not tell the host's fence that this agent stops")
+            running = True
+        finally:
+            fence.stop()
+            fence.store.drop_agent()
+        if fence.enabled and running:
+            LOG.info(
+                "guests still run: the host's fence guards them and powers them off %gs "
+                "after the last answered heartbeat unless an agent is back by then",
+                fence.length,
+            )
 
 
 T = TypeVar("T")
@@ -253,11 +298,11 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 
 class Watchdog:
-    """The agent's :class:`Fencing` watching, in a task, from start-up to shutdown."""
+    """The agent's :class:`ContactWatch` watching, in a task, from start-up to shutdown."""
 
-    def __init__(self, fencing: Fencing) -> None:
+    def __init__(self, contact: ContactWatch) -> None:
         self._stopping = asyncio.Event()
-        self._task = asyncio.create_task(fencing.run(self._stopping), name="keel-fencing")
+        self._task = asyncio.create_task(contact.run(self._stopping), name="keel-contact")
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -276,27 +321,51 @@ def fencing_reported(settings: Settings, service_version: int) -> float | None:
     return settings.self_fence_after
 
 
-def new_fencing(settings: Settings, driver: Driver, metrics: Metrics | None) -> Fencing:
-    """The agent's fencing: its window, and contact lost after two report intervals."""
-    return Fencing(
-        driver,
-        settings.state_dir,
-        fence_after=settings.self_fence_after,
-        lost_after=2 * settings.report_interval,
-        metrics=metrics,
+def warn_if_failover_outlasts_the_lease(settings: Settings) -> None:
+    """Say so if losing the broker node could outlast half the fence's lease."""
+    lease, failover = settings.self_fence_after, settings.broker_failover()
+    if lease > 0 and failover > lease / 2:
+        LOG.warning(
+            "if this agent's RabbitMQ node froze, it could go %.0fs without an answered "
+            "heartbeat before it is on another node: more than half its fence's lease "
+            "(KEEL_FENCING__SELF_FENCE_AFTER=%g), so its host could be fenced for nothing. "
+            "Lower KEEL_RPC__HEARTBEAT (or the URL's ?heartbeat=) or lengthen the lease",
+            failover,
+            lease,
+            extra={"decision": "failover_outlasts_lease"},
+        )
+
+
+def new_contact_watch(
+    settings: Settings, fence: FenceLink, clock: Clock, *, self_ticking: bool = True
+) -> ContactWatch:
+    """The agent's contact watch: contact lost after two report intervals."""
+    return ContactWatch(
+        fence, lost_after=2 * settings.report_interval, clock=clock, self_ticking=self_ticking
     )
 
 
+async def any_running(driver: Driver) -> bool:
+    """Whether a guest of this host runs (what a stopping agent leaves its fence)."""
+    for guest in await driver.list_instances():
+        try:
+            if await driver.guest_power(guest) is PowerState.RUNNING:
+                return True
+        except GuestNotFound:
+            continue
+    return False
+
+
 def reconciled_by(
-    reconciler: GuestReconciler, fencing: Fencing, limit: float
+    reconciler: GuestReconciler, contact: ContactWatch, limit: float
 ) -> Callable[[], Awaitable[None]]:
-    """A guest report, abandoned after ``limit`` seconds, that tells ``fencing`` when it
+    """A guest report, abandoned after ``limit`` seconds, that tells ``contact`` when it
     was answered and acted on."""
 
     async def report() -> None:
-        started = fencing.now()
+        started = contact.now()
         await bounded(reconciler.reconcile(), limit, "guest report")
-        fencing.reconciled(started)
+        await contact.reconciled(started)
 
     return report
 
@@ -427,23 +496,71 @@ async def start_agent(
     service_version: int = SERVICE_VERSION,
     on_refused: Callable[[KeelError], None] | None = None,
     metrics: Metrics | None = None,
+    fence: FenceLink | None = None,
+    clock: Clock = time.monotonic,
+    self_ticking: bool = True,
 ) -> Agent:
     """Start keel-compute on ``transport`` (not yet connected; the agent owns it).
 
     ``service_version`` below the current one makes the agent behave as that older
     release: it reports that version and serves only that release's compute RPC version.
+    ``fence``: the host's fence (by default, what the settings and the driver call for);
+    ``clock``: the monotonic clock its lease is counted on; ``self_ticking`` False: the
+    contact watch looks only when the caller says (a test that keeps time itself).
     Raises the :class:`~shared.exceptions.KeelError` that stops start-up, after
     disconnecting.
     """
-    apis = apis_for(service_version)
+    apis_for(service_version)  # an unknown release fails here, before anything is held
     found = await asyncio.to_thread(
         identity.read_identity, settings.state_dir, settings.config_file
     )
-    fencing = new_fencing(settings, driver, metrics)
+    fence = fence or new_fence_link(settings, driver, metrics)
+    warn_if_failover_outlasts_the_lease(settings)
+    if not await asyncio.to_thread(fence.store.hold_agent):
+        raise HostHeld(
+            f"another keel-compute runs with the state directory {settings.state_dir} "
+            "(it holds agent.lock there); stop it first, or give this one a state "
+            "directory of its own"
+        )
+    try:
+        return await _start_holding(
+            settings,
+            transport,
+            driver,
+            found=found,
+            fence=fence,
+            clock=clock,
+            service_version=service_version,
+            metrics=metrics,
+            on_refused=on_refused,
+            self_ticking=self_ticking,
+        )
+    except BaseException:
+        fence.stop()
+        fence.store.drop_agent()
+        raise
+
+
+async def _start_holding(
+    settings: Settings,
+    transport: Transport,
+    driver: Driver,
+    *,
+    found: identity.NodeIdentity,
+    fence: FenceLink,
+    clock: Clock,
+    service_version: int,
+    metrics: Metrics | None,
+    on_refused: Callable[[KeelError], None] | None,
+    self_ticking: bool,
+) -> Agent:
+    """Start-up once the host is held (see :func:`start_agent`)."""
+    apis = apis_for(service_version)
+    contact = new_contact_watch(settings, fence, clock, self_ticking=self_ticking)
     transport.on_connection_lost(
-        lambda reason: fencing.contact_lost(f"the broker connection was lost ({reason})")
+        lambda reason: contact.contact_lost(f"the broker connection was lost ({reason})")
     )
-    watchdog = Watchdog(fencing)
+    watchdog = Watchdog(contact)
     try:
         await transport.connect()
     except BaseException:
@@ -462,15 +579,16 @@ async def start_agent(
             node_uuid = await legacy_identity(settings, found)
         registration = await register(conductor, settings, node_uuid, service_version, resources)
         await driver.init_host(registration.node_uuid)
+        fence.begin()
         manager = ComputeManager(
             driver,
             conductor,
             node_uuid=registration.node_uuid,
             faults=FaultPoints(settings.fault_inject),
-            gate=fencing,
+            gate=contact,
         )
         reconciler = GuestReconciler(driver, conductor, manager, registration.node_uuid)
-        await first_reconcile(reconciled_by(reconciler, fencing, report_limit(settings)))
+        await first_reconcile(reconciled_by(reconciler, contact, report_limit(settings)))
         server = RPCServer(
             transport,
             topic_for(registration.service_uuid),
@@ -494,7 +612,7 @@ async def start_agent(
         driver=driver,
         registration=registration,
         service_version=service_version,
-        fencing=fencing,
+        contact=contact,
         watchdog=watchdog,
         on_refused=on_refused,
     )

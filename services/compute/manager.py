@@ -29,7 +29,9 @@ from services.compute.rpcapi import (
     FinishRevert,
     GetConsoleOutput,
     GetHostUptime,
+    GetInstanceDiagnostics,
     GuestAction,
+    GuestDiagnostics,
     HostUptime,
     InstanceSpec,
     PreparedMigration,
@@ -44,9 +46,9 @@ from services.compute.rpcapi import (
 )
 from services.compute.uptime import host_uptime
 from services.compute.virt.driver import Driver
-from services.conductor.rpcapi import BuildVerdict, ConductorAPI, PowerAction
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI, CopyToken, PowerAction
 from shared.context import RequestContext
-from shared.exceptions import GuestNotFound, KeelError, MessagingError
+from shared.exceptions import GuestNotFound, KeelError, MessagingError, TransientError
 from shared.faults import FaultPoints
 from shared.rpc.settlement import is_transient
 
@@ -77,6 +79,10 @@ class Gate(Protocol):
     def serving(self) -> bool: ...
 
     async def wait_serving(self, what: str, instance_uuid: UUID) -> None: ...
+
+    async def wait_answered(self) -> None:
+        """Until a heartbeat is answered again (or a while has passed: try again)."""
+        ...
 
 
 class ComputeManager:
@@ -121,7 +127,10 @@ class ComputeManager:
         spec = req.instance
         async with self._may_start(spec.uuid, "build"):
             existed = spec.uuid in await self._driver.list_instances()
-            verdict = await self._verdict(ctx, spec.uuid, "before building")
+            have = await self._token_of(spec.uuid) if existed else None
+            #: The token of the guest this delivery builds (its spec's).
+            built = CopyToken(token=spec.origin)
+            verdict = await self._verdict(ctx, spec.uuid, "before building", have)
             if verdict is BuildVerdict.ABANDON and existed:
                 await self._discard(spec.uuid, "a build nobody wants any more left it")
             if verdict is not BuildVerdict.BUILD:
@@ -137,19 +146,32 @@ class ComputeManager:
                 error = await self._spawn(spec)
                 if error is not None:
                     await self._conductor.instance_build_result(
-                        ctx, spec.uuid, success=False, message=error
+                        ctx, spec.uuid, success=False, message=error, built=built
                     )
                     return
                 self._faults.reached("compute.build.after_spawn")
-                if await self._verdict(ctx, spec.uuid, "after building") is not BuildVerdict.BUILD:
+                after = await self._verdict(ctx, spec.uuid, "after building", built)
+                if after is not BuildVerdict.BUILD:
                     await self._discard(spec.uuid, "its build was given up while it ran")
                     return
                 LOG.info("guest %s is running", spec.uuid, extra=_extra(spec.uuid))
-            await self._conductor.instance_build_result(ctx, spec.uuid, success=True)
+            await self._conductor.instance_build_result(
+                ctx, spec.uuid, success=True, built=have or built
+            )
 
-    async def _verdict(self, ctx: RequestContext, instance_uuid: UUID, when: str) -> BuildVerdict:
-        """Ask the conductor whether this node should (still) build the guest."""
-        check = await self._conductor.check_build(ctx, instance_uuid, self._node_uuid)
+    async def _token_of(self, instance_uuid: UUID) -> CopyToken | None:
+        """The copy token the guest here carries (``None`` if it went meanwhile)."""
+        try:
+            return CopyToken(token=await self._driver.origin(instance_uuid))
+        except GuestNotFound:
+            return None
+
+    async def _verdict(
+        self, ctx: RequestContext, instance_uuid: UUID, when: str, guest: CopyToken | None
+    ) -> BuildVerdict:
+        """Ask the conductor whether this node should (still) build the guest; ``guest``:
+        the token of the guest already here, if any."""
+        check = await self._conductor.check_build(ctx, instance_uuid, self._node_uuid, guest)
         if check is None:
             return BuildVerdict.BUILD
         if check.verdict is not BuildVerdict.BUILD:
@@ -266,25 +288,36 @@ class ComputeManager:
 
         keel-api withdraws a request whose message it could not confirm sent, and
         answers 503: that message may still arrive here, and must then change nothing.
-        If no conductor answers (all down, or the database unreachable), the agent acts
-        anyway, as agents before release 17 do: a stop or delete is not held up by a
-        control-plane outage, and only a request both withdrawn and arriving during one
-        may still act.
+        So nothing is done before a conductor has answered: while none can (all down,
+        or the database unreachable), the request waits here, its message unsettled,
+        and is taken once heartbeats are answered again (a message redelivered meanwhile
+        waits likewise). Without a contact watch to wait on, the failure is transient:
+        the message is tried again later.
         """
-        try:
-            taken = await self._conductor.take_request(ctx, instance_uuid)
-        except MessagingError as exc:
-            if not is_transient(exc):
-                raise
-            LOG.warning(
-                "could not take request %s for %s of guest %s (%s): doing it anyway",
-                ctx.request_id,
-                what,
-                instance_uuid,
-                exc.message,
-                extra=_extra(instance_uuid),
-            )
-            return True
+        told = False
+        while True:
+            try:
+                taken = await self._conductor.take_request(ctx, instance_uuid)
+                break
+            except MessagingError as exc:
+                if not is_transient(exc):
+                    raise
+                if self._gate is None:
+                    raise TransientError(
+                        f"no conductor took request {ctx.request_id} ({exc.message})"
+                    ) from None
+                if not told:
+                    LOG.warning(
+                        "%s of guest %s waits: no conductor answered whether request %s "
+                        "may act (%s); nothing is done before one does",
+                        what,
+                        instance_uuid,
+                        ctx.request_id,
+                        exc.message,
+                        extra={**_extra(instance_uuid), "decision": "waiting_to_take"},
+                    )
+                    told = True
+                await self._gate.wait_answered()
         if taken:
             return True
         LOG.warning(
@@ -523,6 +556,12 @@ class ComputeManager:
             " and is running" if req.power_on else " (left shut down, as it was)",
             extra=_extra(req.instance_uuid),
         )
+
+    async def get_instance_diagnostics(
+        self, ctx: RequestContext, req: GetInstanceDiagnostics
+    ) -> GuestDiagnostics:
+        """What the driver knows of the guest, read-only (no guest slot is taken)."""
+        return await self._driver.diagnostics(req.instance_uuid)
 
     async def get_console_output(self, ctx: RequestContext, req: GetConsoleOutput) -> ConsoleOutput:
         """The end of the guest's console log, read-only (no guest slot is taken).

@@ -56,12 +56,14 @@ class GuestReconciler:
         ctx = RequestContext.internal()
         guests = await self._driver.list_instances()
         power: dict[UUID, PowerState] = {}
+        tokens: dict[UUID, UUID | None] = {}
         for guest in guests:
             try:
                 power[guest] = await self._driver.guest_power(guest)
+                tokens[guest] = await self._driver.origin(guest)
             except GuestNotFound:
                 continue
-        report = await self._conductor.report_guests(ctx, self._node_uuid, guests, power)
+        report = await self._conductor.report_guests(ctx, self._node_uuid, guests, power, tokens)
         if report is None:
             LOG.info("the conductor is too old to say what becomes of guests; leaving them be")
             return

@@ -35,6 +35,8 @@ Compute RPC API history:
   the existing guest the spec's flavor instead of building one), and finish_revert may
   carry the ``flavor`` to give it back. Sent at 1.9 only when set; the conductor resizes
   on the same host only to an agent of 1.9 or later.
+* 1.10 — get_instance_diagnostics (call): what the driver knows of a guest, in the
+  standard shape of the compute API's diagnostics (2.48).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from uuid import UUID
 from pydantic import Field
 
 from shared.context import RequestContext
-from shared.exceptions import ServiceTooOld
+from shared.exceptions import ServiceTooOld, Unroutable
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.network import FixedIp
@@ -72,6 +74,7 @@ SINCE: dict[str, str] = {
     "suspend_instance": "1.8",
     "resume_instance": "1.8",
     "get_host_uptime": "1.8",
+    "get_instance_diagnostics": "1.10",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
@@ -227,6 +230,63 @@ class GetConsoleOutput(KeelModel):
 
     instance_uuid: UUID
     tail_length: int | None = Field(default=None, ge=0)
+
+
+class GetInstanceDiagnostics(KeelModel):
+    instance_uuid: UUID
+
+
+class CpuDiagnostics(KeelModel):
+    id: int | None = None
+    #: CPU time used, in nanoseconds.
+    time: int | None = None
+    utilisation: int | None = None
+
+
+class NicDiagnostics(KeelModel):
+    mac_address: str | None = None
+    rx_octets: int | None = None
+    rx_errors: int | None = None
+    rx_drop: int | None = None
+    rx_packets: int | None = None
+    rx_rate: int | None = None
+    tx_octets: int | None = None
+    tx_errors: int | None = None
+    tx_drop: int | None = None
+    tx_packets: int | None = None
+    tx_rate: int | None = None
+
+
+class DiskDiagnostics(KeelModel):
+    read_bytes: int | None = None
+    read_requests: int | None = None
+    write_bytes: int | None = None
+    write_requests: int | None = None
+    errors_count: int | None = None
+
+
+class MemoryDiagnostics(KeelModel):
+    #: MiB the guest may use, and uses.
+    maximum: int | None = None
+    used: int | None = None
+
+
+class GuestDiagnostics(KeelModel):
+    """A guest as its driver sees it (1.10), in the compute API's 2.48 shape."""
+
+    #: ``running``, ``shutdown``, ``paused``, ``suspended``, ``pending`` or ``crashed``.
+    state: str
+    #: The driver family, as the API names it (``libvirt``...).
+    driver: str
+    hypervisor: str | None = None
+    hypervisor_os: str | None = None
+    #: Seconds since the guest started; ``None`` when it is not running.
+    uptime: int | None = None
+    config_drive: bool = False
+    cpu_details: list[CpuDiagnostics] = Field(default_factory=list)
+    nic_details: list[NicDiagnostics] = Field(default_factory=list)
+    disk_details: list[DiskDiagnostics] = Field(default_factory=list)
+    memory_details: MemoryDiagnostics = Field(default_factory=MemoryDiagnostics)
 
 
 class ConsoleOutput(KeelModel):
@@ -481,6 +541,19 @@ class ComputeAPI:
             ctx, service_uuid, "resume_instance", GuestAction(instance_uuid=instance_uuid)
         )
 
+    async def get_instance_diagnostics(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> GuestDiagnostics:
+        """What the guest's driver knows of it (1.10)."""
+        method = "get_instance_diagnostics"
+        client = self.client.for_topic(topic_for(service_uuid))
+        if not await client.can_send_version(SINCE[method]):
+            raise ServiceTooOld(
+                f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
+            )
+        req = GetInstanceDiagnostics(instance_uuid=instance_uuid)
+        return await client.call(ctx, method, req, version=SINCE[method], returns=GuestDiagnostics)
+
     async def get_host_uptime(self, ctx: RequestContext, service_uuid: UUID) -> str:
         """The agent's host uptime, as ``uptime`` prints it."""
         method = "get_host_uptime"
@@ -489,6 +562,10 @@ class ComputeAPI:
             raise ServiceTooOld(
                 f"{method} needs compute RPC {SINCE[method]}; the cap is {await client.cap()}"
             )
+        if await client.transport.is_consumed(client.topic) is False:
+            # A dead agent whose service is not reported down yet: its queue has no
+            # consumer, and the call would only wait for its timeout.
+            raise Unroutable(f"no agent consumes {client.topic}: its agent is not running")
         reply = await client.call(
             ctx, method, GetHostUptime(), version=SINCE[method], returns=HostUptime
         )

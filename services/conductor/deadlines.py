@@ -12,6 +12,8 @@ the others), so one of them wins and the rest find it done. A pass:
 * **cold migrations** ``finished`` past ``KEEL_RESIZE_CONFIRM_WINDOW`` (auto-confirm),
   and ``confirming``/``reverting`` stalled for two RPC call timeouts (that step run
   again) (:mod:`services.conductor.moves.sweep`);
+* **evacuations held** for their source's fence, once its lease has run out
+  (:mod:`services.conductor.moves.held`): sent on;
 * **every other task** — stop, start, reboot, delete — past ``KEEL_TASK_TIMEOUT``
   (:class:`TaskDeadline`): the task is cleared and its instance action recorded as
   timed out; the power state follows the agent's next guest report.
@@ -29,7 +31,9 @@ import asyncpg
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.build_deadline import BuildDeadline
 from services.conductor.moves.deadline import MoveDeadline
+from services.conductor.moves.held import HeldMoves
 from services.conductor.moves.sweep import MigrationSweep
+from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.db import instance_actions
 from shared.objects.states import TaskState
@@ -95,10 +99,25 @@ class TaskDeadline:
 class Deadlines:
     """The one periodic sweep of a conductor (see the module docstring)."""
 
-    def __init__(self, pool: asyncpg.Pool, compute: ComputeAPI, settings: Settings) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        compute: ComputeAPI,
+        settings: Settings,
+        conductor: ConductorAPI | None = None,
+    ) -> None:
+        """``conductor``: also send held evacuations on in each pass (keel-conductor runs
+        :class:`HeldMoves` on a shorter period of its own instead)."""
         down_time = settings.service_down_time
+        self.held = None if conductor is None else HeldMoves(pool, conductor)
         self.build = BuildDeadline(pool, settings.build_timeout)
-        self.moves = MoveDeadline(pool, compute, timeout=settings.move_timeout, down_time=down_time)
+        self.moves = MoveDeadline(
+            pool,
+            compute,
+            timeout=settings.move_timeout,
+            down_time=down_time,
+            margin=settings.fencing.margin,
+        )
         self.endings = MigrationSweep(
             pool,
             compute,
@@ -128,6 +147,8 @@ class Deadlines:
             ("migration", self.endings.sweep),
             ("task", self.tasks.sweep),
         ]
+        if self.held is not None:
+            steps.append(("held evacuation", self.held.sweep))
         for name, step in steps:
             if name == "build" and not self.build.enabled:
                 continue

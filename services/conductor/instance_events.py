@@ -25,6 +25,7 @@ from services.conductor.rpcapi import (
     TakeRequest,
 )
 from services.conductor.tasks.build import CREATE_ACTION
+from shared import copy_tokens
 from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, placement
 from shared.db.pool import Connection
 from shared.objects.instance import Instance
@@ -82,9 +83,16 @@ async def _built_after_its_deadline(conn: Connection, instance_uuid: UUID) -> bo
     return True
 
 
-async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> None:
-    """ACTIVE on success; on failure ERROR with the agent's message and claims released."""
+async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> Instance | None:
+    """ACTIVE on success; on failure ERROR with the agent's message and claims released.
+
+    The instance as this result left it; ``None`` when it changed nothing (a repeat, a
+    result that lost its race with a delete or the build deadline, or one for a copy that
+    is not the server's current one: its copy token differs).
+    """
     extra = {"instance_uuid": str(req.instance_uuid)}
+    if req.built is not None and not await _for_the_current_copy(pool, req):
+        return None
     async with pool.acquire() as conn, conn.transaction():
         if req.success:
             instance = await instances.set_active(conn, req.instance_uuid)
@@ -93,7 +101,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
             instance = await instances.set_build_failed(conn, req.instance_uuid, message=message)
         if instance is None:
             if req.success and await _built_after_its_deadline(conn, req.instance_uuid):
-                return
+                return None
             if not await _release_if_deleted(conn, req.instance_uuid):
                 LOG.info(
                     "ignoring a build result for instance %s: it is no longer spawning "
@@ -101,7 +109,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
                     req.instance_uuid,
                     extra=extra,
                 )
-            return
+            return None
         if req.success:
             await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION)
             LOG.info(
@@ -110,7 +118,7 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
                 instance.host,
                 extra={**extra, "decision": "build_succeeded"},
             )
-            return
+            return instance
         released = await allocations.release_instance(conn, req.instance_uuid)
         await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION, message)
     LOG.info(
@@ -121,6 +129,26 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> N
         len(released),
         extra={**extra, "decision": "build_failed"},
     )
+    return instance
+
+
+async def _for_the_current_copy(pool: asyncpg.Pool, req: InstanceBuildResult) -> bool:
+    assert req.built is not None
+    async with pool.acquire() as conn:
+        instance = await instances.find(conn, req.instance_uuid)
+    if instance is None or instance.deleted_at is not None:
+        return True  # what a deleted server's result does is decided below
+    if copy_tokens.is_current(instance, req.built.token):
+        return True
+    LOG.warning(
+        "ignoring a build result for server %s: it is for %s, and the server's current copy "
+        "carries %s",
+        req.instance_uuid,
+        copy_tokens.describe(req.built.token),
+        copy_tokens.describe(instance.copy_token),
+        extra={"instance_uuid": str(req.instance_uuid), "decision": "stale_build_result"},
+    )
+    return False
 
 
 async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
@@ -167,6 +195,13 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
             reason=f"its task is now {instance.task_state or 'none'}, not spawning",
         )
     if instance.vm_state == VmState.ERROR and instance.launched_at is None:
+        if req.guest is not None and copy_tokens.is_current(instance, req.guest.token):
+            # Another delivery built it (or this agent did, and died before reporting):
+            # it is the server's copy, never removed; its success makes the server ACTIVE.
+            return BuildCheck(
+                verdict=BuildVerdict.BUILD,
+                reason="the build was put in ERROR, but this guest is the server's current copy",
+            )
         return BuildCheck(
             verdict=BuildVerdict.ABANDON,
             reason="the build already failed or ran out of time",

@@ -23,6 +23,7 @@ from services.conductor.agent_guard import AgentGuard
 from services.conductor.boot_images import BootImages
 from services.conductor.deadlines import Deadlines
 from services.conductor.manager import ConductorManager
+from services.conductor.moves.held import HELD_INTERVAL, HeldMoves
 from services.conductor.recovery import Recovery
 from services.conductor.rpcapi import TOPIC, ConductorAPI
 from services.scheduler.rpcapi import SchedulerAPI
@@ -57,6 +58,8 @@ async def run_conductor(
         boot_images=BootImages.from_settings(settings),
         minimums=pins.minimums,
         same_host_resize=settings.allow_resize_to_same_host,
+        fence_margin=settings.fencing.margin,
+        metrics=lifecycle.metrics,
     )
     server = RPCServer(
         transport,
@@ -69,9 +72,11 @@ async def run_conductor(
     )
     lifecycle.on_reload(pins.reload)
     deadlines = Deadlines(pool, compute, settings)
+    held = HeldMoves(pool, ConductorAPI(transport, timeout=timeout))
     recovery = Recovery(pool, ConductorAPI(transport, timeout=timeout), settings, lifecycle.metrics)
     periodic = [
         Periodic("deadlines", deadlines.sweep, deadlines.interval),
+        Periodic("held evacuations", held.sweep, HELD_INTERVAL),
         Periodic("recovery", recovery.sweep, recovery.interval),
     ]
     # A build waits at most one scheduler call; give it that long, and a little more.
@@ -81,7 +86,7 @@ async def run_conductor(
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
-    async with connected(settings) as (pool, transport):
+    async with connected(settings, lifecycle.metrics) as (pool, transport):
         await run_conductor(settings, lifecycle, pool, transport)
 
 

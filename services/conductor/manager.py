@@ -46,6 +46,8 @@ from services.conductor.tasks.build import BuildInstanceTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.faults import FaultPoints
+from shared.metrics import Metrics
+from shared.objects.states import VmState
 from shared.version_pins import MinimumVersions
 
 
@@ -63,8 +65,12 @@ class ConductorManager:
         minimums: MinimumVersions | None = None,
         boot_images: BootImages | None = None,
         same_host_resize: bool = False,
+        fence_margin: float = 30.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self._pool = pool
+        self._fence_margin = fence_margin
+        self._metrics = metrics or Metrics()
         self._boot_images = boot_images
         self._same_host_resize = same_host_resize
         self._scheduler = scheduler
@@ -101,7 +107,14 @@ class ConductorManager:
         await self._registry.heartbeat(req)
 
     async def instance_build_result(self, ctx: RequestContext, req: InstanceBuildResult) -> None:
-        await instance_events.record_build_result(self._pool, req)
+        ended = await instance_events.record_build_result(self._pool, req)
+        if ended is None:
+            return
+        active = ended.vm_state == VmState.ACTIVE
+        self._metrics.boots.labels(result="active" if active else "error").inc()
+        if active and ended.launched_at is not None:
+            took = (ended.launched_at - ended.created_at).total_seconds()
+            self._metrics.boot_seconds.observe(max(took, 0.0))
 
     async def take_request(self, ctx: RequestContext, req: TakeRequest) -> RequestTaken:
         return await instance_events.take_request(self._pool, req)
@@ -135,6 +148,7 @@ class ConductorManager:
             faults=self._faults,
             boot_images=self._boot_images,
             same_host_resize=self._same_host_resize,
+            fence_margin=self._fence_margin,
         )
         await task.run()
 

@@ -204,6 +204,7 @@ class ComputeRegistry:
                 req.version,
                 agent=True,
                 self_fence_after=req.self_fence_after,
+                fence_lease=req.fence_lease,
             )
             if req.resources is None:
                 return

@@ -30,6 +30,12 @@ Conductor RPC API history:
 * 1.11 — take_request (call): an agent takes the request that sent it a stop, start,
   reboot, pause, unpause, suspend, resume or delete before acting on it; the answer is
   no if keel-api withdrew that request (it answered 503), and the agent does nothing.
+* 1.12 — service_heartbeat carries ``fence_lease``: the lease of the host's fence while
+  it is armed (absent: no armed fence), recorded with the service; a host counts as
+  fenced by time only once that lease has run out. Copy tokens: check_build carries the
+  token of the guest the agent already has (``guest``), instance_build_result the token
+  of the guest it built (``built``), report_guests each guest's token (``tokens``); each
+  is compared with the server's current copy's token.
 """
 
 from __future__ import annotations
@@ -67,6 +73,11 @@ DESTINATION_VERSION = "1.6"
 #: The conductor RPC version whose registrations and heartbeats carry the agent's
 #: self-fencing setting.
 FENCING_VERSION = "1.9"
+#: The conductor RPC version whose heartbeats carry the lease of the host's armed fence.
+FENCE_LEASE_VERSION = "1.12"
+#: The conductor RPC version whose build checks, build results and guest reports carry
+#: copy tokens.
+TOKEN_VERSION = "1.12"
 
 
 class BuildInstances(KeelModel):
@@ -145,16 +156,30 @@ class ServiceHeartbeat(KeelModel):
     resources: NodeResources | None = None
     #: As in :class:`RegisterCompute` (1.9).
     self_fence_after: float | None = Field(default=None, ge=0, le=10**7)
+    #: The lease of the host's fence, while it is armed (1.12).
+    fence_lease: float | None = Field(default=None, gt=0, le=10**7)
 
     @model_serializer(mode="wrap")
     def _compat(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_unset_fencing(handler(self), self.self_fence_after)
+        data = _without_unset_fencing(handler(self), self.self_fence_after)
+        if isinstance(data, dict) and self.fence_lease is None:
+            data.pop("fence_lease", None)
+        return data
+
+
+class CopyToken(KeelModel):
+    """The token a guest carries: of the build or move that made it (its origin;
+    ``None``: a guest built before tokens)."""
+
+    token: UUID | None = None
 
 
 class InstanceBuildResult(KeelModel):
     instance_uuid: UUID
     success: bool
     message: str = ""
+    #: The token of the guest built (1.12; absent from older agents).
+    built: CopyToken | None = None
 
 
 class InstanceDeleted(KeelModel):
@@ -165,6 +190,9 @@ class CheckBuild(KeelModel):
     instance_uuid: UUID
     #: The node of the agent asking.
     compute_node_uuid: UUID
+    #: The token of the guest the agent already has for the instance (1.12); absent if
+    #: it has none, or from an older agent.
+    guest: CopyToken | None = None
 
 
 class BuildVerdict(StrEnum):
@@ -268,6 +296,8 @@ class ReportGuests(KeelModel):
     guests: list[UUID] = Field(default_factory=list, max_length=100_000)
     #: Each guest's power state as the hypervisor shows it (1.7).
     power: dict[UUID, PowerState] = Field(default_factory=dict, max_length=100_000)
+    #: Each guest's copy token (1.12; ``None`` from an older agent).
+    tokens: dict[UUID, UUID | None] | None = Field(default=None, max_length=100_000)
 
 
 class GuestsReport(KeelModel):
@@ -401,35 +431,65 @@ class ConductorAPI:
         node_uuid: UUID | None = None,
         resources: NodeResources | None = None,
         self_fence_after: float | None = None,
+        fence_lease: float | None = None,
         timeout: float | None = None,
     ) -> None:
+        """Say the agent lives; with the lease of its host's fence where 1.12 may be sent."""
         fence, at = await self._fencing(self_fence_after)
+        if await self.client.can_send_version(FENCE_LEASE_VERSION):
+            at = FENCE_LEASE_VERSION
+        else:
+            fence_lease = None
         req = ServiceHeartbeat(
             service_uuid=service_uuid,
             version=version,
             node_uuid=node_uuid,
             resources=resources,
             self_fence_after=fence,
+            fence_lease=fence_lease,
         )
         await self.client.call(
             ctx, "service_heartbeat", req, version=at, timeout=timeout, idempotent=True
         )
 
     async def instance_build_result(
-        self, ctx: RequestContext, instance_uuid: UUID, *, success: bool, message: str = ""
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        *,
+        success: bool,
+        message: str = "",
+        built: CopyToken | None = None,
     ) -> None:
-        req = InstanceBuildResult(instance_uuid=instance_uuid, success=success, message=message)
-        await self.client.cast(ctx, "instance_build_result", req, version="1.0")
+        """How a build went; with the built guest's token where 1.12 may be sent."""
+        version = TOKEN_VERSION if await self.client.can_send_version(TOKEN_VERSION) else "1.0"
+        req = InstanceBuildResult(
+            instance_uuid=instance_uuid,
+            success=success,
+            message=message,
+            built=built if version == TOKEN_VERSION else None,
+        )
+        await self.client.cast(ctx, "instance_build_result", req, version=version)
 
     async def check_build(
-        self, ctx: RequestContext, instance_uuid: UUID, compute_node_uuid: UUID
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        compute_node_uuid: UUID,
+        guest: CopyToken | None = None,
     ) -> BuildCheck | None:
-        """Whether the build is still wanted; ``None`` if the conductor is too old to say."""
+        """Whether the build is still wanted; ``None`` if the conductor is too old to say.
+        ``guest``: the token of the guest already here, if any (sent where 1.12 may be)."""
         if not await self.client.can_send_version("1.1"):
             return None
-        req = CheckBuild(instance_uuid=instance_uuid, compute_node_uuid=compute_node_uuid)
+        version = TOKEN_VERSION if await self.client.can_send_version(TOKEN_VERSION) else "1.1"
+        req = CheckBuild(
+            instance_uuid=instance_uuid,
+            compute_node_uuid=compute_node_uuid,
+            guest=guest if version == TOKEN_VERSION else None,
+        )
         return await self.client.call(
-            ctx, "check_build", req, version="1.1", returns=BuildCheck, idempotent=True
+            ctx, "check_build", req, version=version, returns=BuildCheck, idempotent=True
         )
 
     async def take_request(self, ctx: RequestContext, instance_uuid: UUID) -> bool:
@@ -490,12 +550,19 @@ class ConductorAPI:
         compute_node_uuid: UUID,
         guests: list[UUID],
         power: dict[UUID, PowerState] | None = None,
+        tokens: dict[UUID, UUID | None] | None = None,
     ) -> GuestsReport | None:
         """What the agent's guests are to become; ``None`` if the conductor cannot say."""
         if not await self.client.can_send_version("1.4"):
             return None
-        req = ReportGuests(compute_node_uuid=compute_node_uuid, guests=guests, power=power or {})
         version = "1.7" if await self.client.can_send_version("1.7") else "1.4"
+        if await self.client.can_send_version(TOKEN_VERSION):
+            version = TOKEN_VERSION
+        else:
+            tokens = None
+        req = ReportGuests(
+            compute_node_uuid=compute_node_uuid, guests=guests, power=power or {}, tokens=tokens
+        )
         return await self.client.call(
             ctx, "report_guests", req, version=version, returns=GuestsReport
         )

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from services.scheduler.filters import HostFilter, RequestedDestinationFilter, default_filters
+from services.scheduler.filters import (
+    HostFilter,
+    RequestedDestinationFilter,
+    ServerGroupFilter,
+    default_filters,
+)
 from services.scheduler.weighers import HostWeigher, default_weighers
 from shared.db import host_candidates
 from shared.db.host_candidates import HostSql
@@ -94,7 +99,8 @@ class HostManager:
 
     def filters_for(self, spec: RequestSpec) -> list[HostFilter]:
         """The filters this request goes through: all of them, or, for a forced
-        destination, only the one that narrows the candidates to it."""
+        destination, only the one that narrows the candidates to it and the server
+        group's policy."""
         wanted = spec.requested_destination
         if wanted is None:
             return self.filters
@@ -102,7 +108,11 @@ class HostManager:
             f for f in self.filters if isinstance(f, RequestedDestinationFilter)
         ]
         if wanted.forced:
-            return narrowing or [RequestedDestinationFilter()]
+            # A forced host skips the filters, never the server group's policy.
+            group: list[HostFilter] = [
+                f for f in self.filters if isinstance(f, ServerGroupFilter)
+            ] or [ServerGroupFilter()]
+            return [*(narrowing or [RequestedDestinationFilter()]), *group]
         return self.filters if narrowing else [RequestedDestinationFilter(), *self.filters]
 
     def _conditions(self, spec: RequestSpec, sql: HostSql) -> list[str | None]:

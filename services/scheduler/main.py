@@ -76,7 +76,7 @@ async def run_scheduler(
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
-    async with connected(settings) as (pool, transport):
+    async with connected(settings, lifecycle.metrics) as (pool, transport):
         await run_scheduler(settings, lifecycle, pool, transport)
 
 

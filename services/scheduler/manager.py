@@ -24,12 +24,13 @@ import asyncpg
 from services.scheduler.host_manager import HostManager, WeighedHost
 from services.scheduler.rpcapi import SelectDestinations, Selection
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes
+from shared.db import allocations, compute_nodes, server_groups
 from shared.db.pool import Connection
 from shared.exceptions import NoValidHost
 from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
+from shared.objects.server_group import HARD_POLICIES
 
 LOG = logging.getLogger(__name__)
 
@@ -44,6 +45,18 @@ def _selection(host: HostState) -> Selection:
         compute_node_uuid=node.uuid,
         host=node.host,
         nodename=node.hypervisor_hostname,
+    )
+
+
+def no_valid_host_reason(spec: RequestSpec) -> str:
+    """Why no host was found: that hosts are lacking, and, for a member of a server group
+    with a hard policy, which instance it was and where the other members are."""
+    group = spec.group
+    if group is None or group.policy not in HARD_POLICIES:
+        return NOT_ENOUGH_HOSTS
+    return (
+        f"{NOT_ENOUGH_HOSTS} Instance {spec.instance_uuid} cannot be placed within the "
+        f"policy of its group: {group.describe()}."
     )
 
 
@@ -93,6 +106,9 @@ class SchedulerManager:
         return _selection(host)
 
     async def _select(self, conn: Connection, spec: RequestSpec) -> Selection:
+        group = await server_groups.placement(conn, spec.instance_uuid)
+        if group is not None:
+            spec = spec.model_copy(update={"group": group})
         tried = 0
         async for candidate in self.host_manager.candidates(conn, spec):
             tried += 1
@@ -106,7 +122,7 @@ class SchedulerManager:
                 tried,
                 extra={"instance_uuid": str(spec.instance_uuid), "decision": "no_valid_host"},
             )
-        raise NoValidHost(NOT_ENOUGH_HOSTS)
+        raise NoValidHost(no_valid_host_reason(spec))
 
     async def _claim(self, conn: Connection, candidate: WeighedHost, spec: RequestSpec) -> bool:
         node = candidate.host.node

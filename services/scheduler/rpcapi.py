@@ -8,6 +8,10 @@ Scheduler RPC API history:
 * 1.2 — select_destinations honours ``spec.requested_destination``: candidates narrowed
   to its compute nodes (every filter still runs), or, when forced, the filters skipped
   (the claim is still atomic). Sent at 1.2 only with a destination.
+* 1.3 — select_destinations honours the server group of ``spec.instance_uuid``: its hard
+  policy filters the hosts and its soft policy weighs them, read by the scheduler under
+  the group's lock in the transaction that claims. ``spec.group`` is what the scheduler
+  reads; senders leave it unset, so nothing new is sent and requests go out as before.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ TOPIC = "scheduler"
 RPC_VERSION = apis_for(SERVICE_VERSION).scheduler
 #: The scheduler RPC version that honours a requested destination.
 DESTINATION_VERSION = "1.2"
+#: The scheduler RPC version that honours server groups.
+SERVER_GROUP_VERSION = "1.3"
 
 
 class SelectDestinations(KeelModel):

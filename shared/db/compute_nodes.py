@@ -34,6 +34,9 @@ async def upsert(
     ``allocations``; an agent report does not touch them. A node that was deleted is
     not revived: :class:`ComputeNodeDeleted`.
 
+    The node's zone is its host aggregate's (``availability_zone`` metadata), else the
+    one its agent reports; the reported one is kept for when the host leaves it.
+
     A node never changes service here (a compare-and-swap on ``service_id``): only
     ``keel-manage service rename`` moves a host, and it keeps the service. A node of
     another service is refused (:class:`HostRenameDetected`); a node an older release
@@ -43,13 +46,16 @@ async def upsert(
         """INSERT INTO compute_nodes
                (uuid, service_id, host, hypervisor_hostname, hypervisor_type,
                 availability_zone, vcpus, memory_mb, local_gb, running_vms,
-                cpu_allocation_ratio, ram_allocation_ratio, disk_allocation_ratio)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                cpu_allocation_ratio, ram_allocation_ratio, disk_allocation_ratio,
+                reported_availability_zone)
+           VALUES ($1, $2, $3, $4, $5, COALESCE(keel_aggregate_zone($2), $6), $7, $8, $9,
+                   $10, $11, $12, $13, $6)
            ON CONFLICT (uuid) DO UPDATE SET
                service_id = COALESCE(compute_nodes.service_id, EXCLUDED.service_id),
                hypervisor_hostname = EXCLUDED.hypervisor_hostname,
                hypervisor_type = EXCLUDED.hypervisor_type,
                availability_zone = EXCLUDED.availability_zone,
+               reported_availability_zone = EXCLUDED.reported_availability_zone,
                vcpus = EXCLUDED.vcpus, memory_mb = EXCLUDED.memory_mb,
                local_gb = EXCLUDED.local_gb, running_vms = EXCLUDED.running_vms,
                cpu_allocation_ratio = EXCLUDED.cpu_allocation_ratio,

@@ -18,15 +18,64 @@ async def get(conn: Connection, flavorid: str) -> Flavor:
     return Flavor.from_row(row)
 
 
-async def list_flavors(conn: Connection, *, is_public: bool | None = True) -> list[Flavor]:
-    """Live flavors ordered by flavor id; ``is_public=None`` lists public and private."""
+async def list_flavors(
+    conn: Connection, *, is_public: bool | None = True, project_id: str | None = None
+) -> list[Flavor]:
+    """Live flavors ordered by flavor id; ``is_public=None`` lists public and private.
+
+    With ``is_public=True`` and a ``project_id``, private flavors whose access list
+    holds the project are listed too, as in Nova.
+    """
     rows = await conn.fetch(
-        """SELECT * FROM flavors
-            WHERE deleted_at IS NULL AND ($1::boolean IS NULL OR is_public = $1)
+        """SELECT * FROM flavors f
+            WHERE deleted_at IS NULL
+              AND ($1::boolean IS NULL OR is_public = $1
+                   OR ($1 AND EXISTS (SELECT 1 FROM flavor_projects p
+                                       WHERE p.flavor_id = f.id AND p.project_id = $2)))
             ORDER BY flavorid""",
         is_public,
+        project_id,
     )
     return [Flavor.from_row(row) for row in rows]
+
+
+async def has_access(conn: Connection, flavor: Flavor, project_id: str | None) -> bool:
+    """Whether ``project_id`` is on the flavor's access list."""
+    found = await conn.fetchval(
+        "SELECT 1 FROM flavor_projects WHERE flavor_id = $1 AND project_id = $2",
+        flavor.id,
+        project_id,
+    )
+    return found is not None
+
+
+async def access_list(conn: Connection, flavor: Flavor) -> list[str]:
+    rows = await conn.fetch(
+        "SELECT project_id FROM flavor_projects WHERE flavor_id = $1 ORDER BY project_id",
+        flavor.id,
+    )
+    return [row["project_id"] for row in rows]
+
+
+async def add_access(conn: Connection, flavor: Flavor, project_id: str) -> bool:
+    """False if the project was on the list already."""
+    status = await conn.execute(
+        """INSERT INTO flavor_projects (flavor_id, project_id) VALUES ($1, $2)
+           ON CONFLICT DO NOTHING""",
+        flavor.id,
+        project_id,
+    )
+    return status != "INSERT 0 0"
+
+
+async def remove_access(conn: Connection, flavor: Flavor, project_id: str) -> bool:
+    """False if the project was not on the list."""
+    status = await conn.execute(
+        "DELETE FROM flavor_projects WHERE flavor_id = $1 AND project_id = $2",
+        flavor.id,
+        project_id,
+    )
+    return status != "DELETE 0"
 
 
 async def create(

@@ -37,6 +37,16 @@ IS_UP = (
     " AND s.last_seen_up > now() - make_interval(secs => $1))"
 )
 
+#: The metadata of the host's live aggregates: key → every value they give it.
+AGGREGATE_METADATA = """COALESCE((
+    SELECT jsonb_object_agg(x.key, x.vals) FROM (
+        SELECT m.key, jsonb_agg(DISTINCT m.value) AS vals
+          FROM aggregate_hosts h
+          JOIN aggregates a ON a.id = h.aggregate_id AND a.deleted_at IS NULL
+          JOIN aggregate_metadata m ON m.aggregate_id = a.id
+         WHERE h.service_id = s.id
+         GROUP BY m.key) x), '{}'::jsonb)"""
+
 _FROM = """
       FROM compute_nodes n JOIN services s ON s.id = n.service_id
      WHERE n.deleted_at IS NULL AND s.deleted_at IS NULL
@@ -72,14 +82,19 @@ async def top_candidates(
     where = "".join(f"\n       AND {condition}" for condition in conditions)
     rows = await conn.fetch(
         f"""SELECT to_jsonb(n.*) AS node,
-                   to_jsonb(s.*) || jsonb_build_object('is_up', {IS_UP}) AS service
+                   to_jsonb(s.*) || jsonb_build_object('is_up', {IS_UP}) AS service,
+                   {AGGREGATE_METADATA} AS aggregate_metadata
               {_FROM}{where}
              ORDER BY {order}
              LIMIT {int(limit)} OFFSET {int(offset)}""",
         *sql.args,
     )
     return [
-        HostState(node=ComputeNode.from_row(r["node"]), service=Service.from_row(r["service"]))
+        HostState(
+            node=ComputeNode.from_row(r["node"]),
+            service=Service.from_row(r["service"]),
+            aggregate_metadata=r["aggregate_metadata"],
+        )
         for r in rows
     ]
 
@@ -96,7 +111,9 @@ async def filter_counts(
         test = " AND ".join(applied) or "true"
         columns.append(f"count(*) FILTER (WHERE {test})")
     select = ", ".join(["count(*)", *columns])
-    row = await conn.fetchrow(f"SELECT {select} {_FROM}", *sql.args)
+    # $1 (the down time) is typed here too: the conditions of a forced destination do
+    # not use it, and PostgreSQL refuses a parameter it cannot type.
+    row = await conn.fetchrow(f"SELECT {select} {_FROM} AND $1::float8 >= 0", *sql.args)
     assert row is not None
     values = [int(value) for value in row.values()]
     return values[0], values[1:]

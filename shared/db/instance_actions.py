@@ -10,6 +10,7 @@ from shared.context import RequestContext
 from shared.db.pool import Connection
 from shared.exceptions import NotFound
 from shared.objects.instance import InstanceAction
+from shared.versions import TAKING_REQUESTS_VERSION
 
 
 async def start(conn: Connection, ctx: RequestContext, instance_uuid: UUID, action: str) -> None:
@@ -46,6 +47,19 @@ async def finish(
         action,
         message,
         "Error" if failed else "Success",
+    )
+
+
+async def note(conn: Connection, instance_uuid: UUID, action: str, message: str) -> None:
+    """Say what the newest open record of ``action`` waits for (it stays open)."""
+    await conn.execute(
+        """UPDATE instance_actions SET message = $3
+            WHERE id = (SELECT id FROM instance_actions
+                         WHERE instance_uuid = $1 AND action = $2 AND finish_time IS NULL
+                         ORDER BY start_time DESC LIMIT 1)""",
+        instance_uuid,
+        action,
+        message,
     )
 
 
@@ -99,17 +113,34 @@ async def withdraw_untaken(
     message: str,
     undo: Callable[[], Awaitable[bool]],
 ) -> bool:
-    """keel-api withdraws its request ``request_id``: False once an agent took it, or if
+    """keel-api withdraws its request ``request_id``: False once an agent took it, if the
+    agent it was sent to is of a release that acts without taking requests, or if
     ``undo`` (the task's compare-and-swap back) finds the task already moved on; else the
     request is marked withdrawn, saying why. Call inside a transaction: it locks the
     instance's row, then the request's (the documented lock order)."""
     await conn.execute("SELECT 1 FROM instances WHERE uuid = $1 FOR UPDATE", instance_uuid)
+    if not await _agent_takes_requests(conn, instance_uuid):
+        return False
     if not await lock_untaken(conn, instance_uuid, request_id):
         return False
     if not await undo():
         return False
     await withdraw(conn, instance_uuid, request_id, message)
     return True
+
+
+async def _agent_takes_requests(conn: Connection, instance_uuid: UUID) -> bool:
+    """Whether the agent of the instance's host takes requests before acting (release
+    17, ``painter``, or later): an older one acts on whatever reaches it, so a request
+    sent to it can never be withdrawn (the message may have gone)."""
+    version = await conn.fetchval(
+        """SELECT s.version FROM instances i
+             JOIN compute_nodes n ON n.id = i.compute_id
+             JOIN services s ON s.id = n.service_id
+            WHERE i.uuid = $1""",
+        instance_uuid,
+    )
+    return version is None or version >= TAKING_REQUESTS_VERSION
 
 
 async def withdraw(conn: Connection, instance_uuid: UUID, request_id: str, message: str) -> None:

@@ -80,10 +80,10 @@ FIELDS: Mapping[str, Column] = {
     "launch_index": Column("i.launch_index::text", "i.launch_index"),
     "config_drive": Column("''::text"),
     "auto_disk_config": Column("'false'::text"),
-    "locked": Column("'false'::text"),
+    "locked": Column("(i.locked_by IS NOT NULL)::text", "(i.locked_by IS NOT NULL)"),
     "access_ip_v4": Column("i.access_ip_v4", "COALESCE(i.access_ip_v4, '')"),
     "access_ip_v6": Column("i.access_ip_v6", "COALESCE(i.access_ip_v6, '')"),
-    "locked_by": Column(_NOTHING),
+    "locked_by": Column("i.locked_by", "COALESCE(i.locked_by, '')"),
     "root_device_name": Column(_NOTHING),
 }
 
@@ -111,7 +111,7 @@ class InstanceSearch:
     tags_any: Sequence[str] = ()
     not_tags: Sequence[str] = ()
     not_tags_any: Sequence[str] = ()
-    #: True when a filter can match nothing (``locked=true``, an IPv6 address...).
+    #: True when a filter can match nothing (an IPv6 address...).
     nothing: bool = False
     sort: Sequence[tuple[str, SortDir]] = (("created_at", "desc"),)
     marker: UUID | None = None

@@ -263,16 +263,18 @@ async def move_to(
     vm_state: VmState,
     power_state: PowerState,
     flavor: FlavorSnapshot | None = None,
+    copy_token: UUID | None = None,
 ) -> Instance | None:
     """End ``task`` with the instance now on ``node`` (names and id in one statement),
-    and with ``flavor`` if given (a resize).
+    with ``flavor`` if given (a resize), and ``copy_token`` as its current copy's token if
+    given (a move that built a new copy).
 
     ``None`` if lost: the instance is gone, or not in that task any more.
     """
     row = await conn.fetchrow(
         """UPDATE instances SET host = $3, node = $4, compute_id = $5, vm_state = $6,
                   power_state = $7, task_state = NULL, updated_at = now(),
-                  flavor = COALESCE($8, flavor)
+                  flavor = COALESCE($8, flavor), copy_token = COALESCE($9, copy_token)
             WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2
         RETURNING *""",
         instance_uuid,
@@ -283,8 +285,19 @@ async def move_to(
         vm_state.value,
         int(power_state),
         None if flavor is None else flavor.model_dump(mode="json"),
+        copy_token,
     )
     return None if row is None else Instance.from_row(row)
+
+
+async def set_copy_token(conn: Connection, instance_uuid: UUID, token: UUID | None) -> None:
+    """Make the copy carrying ``token`` the server's current one (see
+    :mod:`shared.copy_tokens`)."""
+    await conn.execute(
+        "UPDATE instances SET copy_token = $2 WHERE uuid = $1 AND deleted_at IS NULL",
+        instance_uuid,
+        token,
+    )
 
 
 async def relink(
@@ -294,15 +307,20 @@ async def relink(
     task: TaskState,
     node: ComputeNode,
     flavor: FlavorSnapshot | None = None,
+    copy_token: UUID | None = None,
+    set_token: bool = False,
 ) -> Instance | None:
     """Link the instance to ``node`` during ``task``, which goes on; with ``flavor`` if
-    given (a reverted resize gets its old flavor back).
+    given (a reverted resize gets its old flavor back), and, with ``set_token``,
+    ``copy_token`` as its current copy's token (the copy a revert returns to; ``None``: a
+    copy built before tokens).
 
     ``None`` if lost: the instance is gone, or not in that task any more.
     """
     row = await conn.fetchrow(
         """UPDATE instances SET host = $3, node = $4, compute_id = $5, updated_at = now(),
-                  flavor = COALESCE($6, flavor)
+                  flavor = COALESCE($6, flavor),
+                  copy_token = CASE WHEN $7 THEN $8 ELSE copy_token END
             WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2
         RETURNING *""",
         instance_uuid,
@@ -311,6 +329,8 @@ async def relink(
         node.hypervisor_hostname,
         node.id,
         None if flavor is None else flavor.model_dump(mode="json"),
+        set_token,
+        copy_token,
     )
     return None if row is None else Instance.from_row(row)
 
@@ -392,3 +412,26 @@ async def reset_state(
     )
     assert after is not None
     return Instance.from_row(before), Instance.from_row(after)
+
+
+async def live_projects(conn: Connection) -> list[str]:
+    """The projects that have live servers."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT project_id FROM instances WHERE deleted_at IS NULL ORDER BY project_id"
+    )
+    return [row["project_id"] for row in rows]
+
+
+async def set_lock(
+    conn: Connection, instance_uuid: UUID, locked_by: str | None, reason: str | None
+) -> bool:
+    """Lock (``locked_by`` ``owner`` or ``admin``) or unlock (``None``) a live instance;
+    False if there is none. Setting the same lock twice changes nothing."""
+    status = await conn.execute(
+        """UPDATE instances SET locked_by = $2, locked_reason = $3
+            WHERE uuid = $1 AND deleted_at IS NULL""",
+        instance_uuid,
+        locked_by,
+        reason if locked_by is not None else None,
+    )
+    return status != "UPDATE 0"

@@ -41,8 +41,9 @@ async def create(
         """INSERT INTO migrations (uuid, instance_uuid, migration_type, status,
                                    source_compute, source_node, source_compute_id,
                                    dest_host, user_id, project_id, updated_at,
-                                   old_flavor, new_flavor)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $11, $12) RETURNING *""",
+                                   old_flavor, new_flavor, source_token)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $11, $12,
+                   (SELECT copy_token FROM instances WHERE uuid = $2)) RETURNING *""",
         uuid.uuid4(),
         instance_uuid,
         migration_type,

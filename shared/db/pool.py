@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolAcquireContext, PoolConnectionProxy
 from tenacity import (
     AsyncRetrying,
@@ -40,6 +42,7 @@ from tenacity import (
 )
 
 from shared.config import DatabaseSettings
+from shared.metrics import Metrics
 
 LOG = logging.getLogger(__name__)
 
@@ -93,6 +96,29 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(kind, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+#: The first words of SQL commands counted under their own name; others count as ``other``.
+_VERBS = frozenset({"select", "insert", "update", "delete", "with"})
+
+
+def query_verb(query: str) -> str:
+    """``select``, ``insert``, ``update``, ``delete``, ``with`` or ``other``: the metric label."""
+    word = query.lstrip().split(None, 1)[0].lower() if query.strip() else ""
+    return word if word in _VERBS else "other"
+
+
+def _timed(metrics: Metrics) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """A connection initialiser that also times every command on the connection."""
+
+    def observe(logged: LoggedQuery) -> None:
+        metrics.db_query_seconds.labels(verb=query_verb(logged.query)).observe(logged.elapsed)
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await _init_connection(conn)
+        conn.add_query_logger(observe)
+
+    return init
+
+
 def _log_retry(state: RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome else None
     LOG.warning(
@@ -103,7 +129,7 @@ def _log_retry(state: RetryCallState) -> None:
     )
 
 
-def _new_pool(url: str, settings: DatabaseSettings) -> KeelPool:
+def _new_pool(url: str, settings: DatabaseSettings, metrics: Metrics | None) -> KeelPool:
     return KeelPool(
         url,
         acquire_timeout=settings.acquire_timeout,
@@ -111,7 +137,7 @@ def _new_pool(url: str, settings: DatabaseSettings) -> KeelPool:
         max_size=settings.pool_max_size,
         max_queries=_MAX_QUERIES,
         max_inactive_connection_lifetime=_MAX_INACTIVE_LIFETIME,
-        init=_init_connection,
+        init=_init_connection if metrics is None else _timed(metrics),
         loop=None,
         connection_class=KeelConnection,
         record_class=asyncpg.Record,
@@ -121,8 +147,13 @@ def _new_pool(url: str, settings: DatabaseSettings) -> KeelPool:
     )
 
 
-async def create_pool(url: str, settings: DatabaseSettings) -> asyncpg.Pool:
-    """Connect, retrying with jittered backoff for ``settings.connect_timeout`` seconds."""
+async def create_pool(
+    url: str, settings: DatabaseSettings, metrics: Metrics | None = None
+) -> asyncpg.Pool:
+    """Connect, retrying with jittered backoff for ``settings.connect_timeout`` seconds.
+
+    With ``metrics``, every SQL command is timed (``keel_db_query_seconds``).
+    """
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(_CONNECT_ERRORS),
         stop=stop_after_delay(settings.connect_timeout),
@@ -131,5 +162,5 @@ async def create_pool(url: str, settings: DatabaseSettings) -> asyncpg.Pool:
         reraise=True,
     ):
         with attempt:
-            pool: asyncpg.Pool = await _new_pool(url, settings)
+            pool: asyncpg.Pool = await _new_pool(url, settings, metrics)
     return pool

@@ -12,7 +12,9 @@ from shared.objects.instance import RequestSpec
 def _stored(spec: RequestSpec) -> dict[str, object]:
     """What is kept of a spec: not what concerns one request only (its claim's consumer,
     its requested destination), so later moves and rebuilds choose freely."""
-    kept = spec.model_copy(update={"consumer_uuid": None, "requested_destination": None})
+    kept = spec.model_copy(
+        update={"consumer_uuid": None, "requested_destination": None, "group": None}
+    )
     data: dict[str, object] = kept.model_dump(mode="json")
     return data
 

@@ -74,21 +74,25 @@ async def heartbeat(
     *,
     agent: bool = False,
     self_fence_after: float | None = None,
+    fence_lease: float | None = None,
 ) -> None:
     """Record that the service is alive, and the version it runs.
 
     A compute ``agent``'s heartbeat also records its ``self_fence_after`` (``None``: its
-    release does not report one).
+    release does not report one) and the lease of its host's fence (``None``: no armed
+    fence).
     """
     status = await conn.execute(
         """UPDATE services SET last_seen_up = now(), report_count = report_count + 1,
                   version = $2, updated_at = now(),
-                  self_fence_after = CASE WHEN $3 THEN $4 ELSE self_fence_after END
+                  self_fence_after = CASE WHEN $3 THEN $4 ELSE self_fence_after END,
+                  fence_lease = CASE WHEN $3 THEN $5 ELSE fence_lease END
             WHERE uuid = $1 AND deleted_at IS NULL""",
         service_uuid,
         version,
         agent,
         self_fence_after,
+        fence_lease,
     )
     if status == "UPDATE 0":
         raise ServiceNotFound(f"service {service_uuid} does not exist or was deleted")

@@ -67,6 +67,9 @@ class HostState(KeelModel):
 
     node: ComputeNode
     service: Service
+    #: The metadata of the host's aggregates, key → every value the aggregates give it
+    #: (read by the scheduler's candidate query; empty elsewhere).
+    aggregate_metadata: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class NodeTotals(KeelModel):

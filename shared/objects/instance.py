@@ -10,6 +10,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
+from shared.objects.server_group import GroupPlacement
 
 
 class InstanceFault(KeelModel):
@@ -57,6 +58,11 @@ class Instance(KeelModel):
     #: The request that created it with others (``r-xxxxxxxx``), and its place among them.
     reservation_id: str | None = None
     launch_index: int = 0
+    #: The token of the server's current copy (see :mod:`shared.copy_tokens`).
+    copy_token: UUID | None = None
+    #: Who locked it (``owner`` or ``admin``) and why; ``None`` while unlocked.
+    locked_by: str | None = None
+    locked_reason: str | None = None
 
 
 class RequestedDestination(KeelModel):
@@ -105,6 +111,10 @@ class RequestSpec(KeelModel):
     #: Where this request asks to be placed. One request only: never stored with the
     #: spec, so later moves choose freely.
     requested_destination: RequestedDestination | None = None
+    #: The server group of the instance and where its other members are: read by the
+    #: scheduler itself, under the group's lock, in the transaction that claims. Never
+    #: sent or stored: senders leave it unset.
+    group: GroupPlacement | None = None
 
     @model_serializer(mode="wrap")
     def _without_empty_ignore_nodes(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -118,6 +128,8 @@ class RequestSpec(KeelModel):
                 data.pop("consumer_uuid", None)
             if self.requested_destination is None:
                 data.pop("requested_destination", None)
+            if self.group is None:
+                data.pop("group", None)
         return data
 
     @property

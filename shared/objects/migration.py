@@ -70,6 +70,11 @@ class Migration(KeelModel):
     #: A resize's flavors: the server's before, and the one it is resized to.
     old_flavor: FlavorSnapshot | None = None
     new_flavor: FlavorSnapshot | None = None
+    #: An evacuation waiting until then for its source's fence (see
+    #: :mod:`services.conductor.moves.held`).
+    held_until: datetime | None = None
+    #: The token of the copy the move started from: what a revert makes current again.
+    source_token: UUID | None = None
 
     @property
     def in_place(self) -> bool:

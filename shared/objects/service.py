@@ -49,5 +49,8 @@ class Service(KeelModel):
     #: A compute agent's self-fencing window as it last reported it (0: it never fences
     #: itself; ``None``: its release does not say).
     self_fence_after: float | None = None
+    #: The lease of the host's fence as the agent's last heartbeat reported it (``None``:
+    #: no armed fence then).
+    fence_lease: float | None = None
     #: Computed by the query against the database clock: heartbeat recent and not forced down.
     is_up: bool = False

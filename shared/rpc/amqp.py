@@ -122,8 +122,11 @@ class AmqpTransport(Transport):
         connect_timeout: float = 60.0,
         delivery_limit: int = 5,
         quorum_group_size: int = 3,
+        heartbeat: int = 10,
     ) -> None:
         self.url = url
+        #: AMQP heartbeat seconds, unless the URL sets them (0: the broker's).
+        self.heartbeat = heartbeat
         #: The broker user this transport connects as. Every message it publishes says so
         #: in its AMQP ``user_id``, which RabbitMQ checks against the connection's user:
         #: a message claiming to come from another user is refused by the broker.
@@ -164,6 +167,7 @@ class AmqpTransport(Transport):
             connect_timeout=settings.rpc.connect_timeout,
             delivery_limit=settings.rpc.delivery_limit,
             quorum_group_size=settings.rpc.quorum_group_size,
+            heartbeat=settings.rpc.heartbeat,
         )
 
     @property
@@ -182,6 +186,7 @@ class AmqpTransport(Transport):
             # An agent on its own broker user started before keel-conductor ever did:
             # wait for the exchanges (bounded), as for the broker itself.
             retry_first=(TopologyMissing,),
+            heartbeat=self.heartbeat,
         )
         await broker.open()
         self.broker = broker
@@ -497,6 +502,17 @@ class AmqpTransport(Transport):
         if self.broker is None:
             raise MessagingError("the RabbitMQ transport is not connected")
         return await self.broker.ready(self.connect_timeout)
+
+    async def is_consumed(self, topic: str) -> bool | None:
+        """Asked of the broker with a passive declaration of the topic's queue: no queue,
+        or a queue without a consumer, is False; a broker that cannot say is ``None``."""
+        try:
+            connection = await self._connection()
+            async with asyncio.timeout(self.connect_timeout):
+                return await self.topology.is_consumed(connection, topic)
+        except (TimeoutError, MessagingError, *_CHANNEL_ERRORS) as exc:
+            LOG.debug("could not tell whether %s has a consumer: %r", topic, exc)
+            return None
 
     async def dead_letters(self, limit: int = 100, *, calls: bool = False) -> list[DeadLetter]:
         connection = await self._connection()

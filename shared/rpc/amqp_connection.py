@@ -33,13 +33,14 @@ from aiormq.exceptions import (
     ProbableAuthenticationError,
 )
 
+from shared.config import BROKER_ATTEMPT_TIMEOUT, url_heartbeat
 from shared.exceptions import MessagingError
 from shared.rpc.broker_url import node_address, node_urls, without_credentials
 
 LOG = logging.getLogger(__name__)
 
 #: Seconds one connection attempt (TCP, TLS and the AMQP handshake) may take.
-ATTEMPT_TIMEOUT = 10.0
+ATTEMPT_TIMEOUT = BROKER_ATTEMPT_TIMEOUT
 #: The longest pause between two attempts after a connection was lost.
 MAX_BACKOFF = 5.0
 #: The first pause; each failed attempt doubles its upper bound.
@@ -51,6 +52,14 @@ OnLost = Callable[[str], None]
 
 def _refused_credentials(exc: BaseException) -> bool:
     return isinstance(exc, AuthenticationError | ProbableAuthenticationError)
+
+
+def with_heartbeat(url: str, heartbeat: int) -> str:
+    """``url`` asking for ``heartbeat`` seconds of AMQP heartbeat, unless it says (or
+    ``heartbeat`` is 0: the broker's)."""
+    if heartbeat <= 0 or url_heartbeat(url) is not None:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}heartbeat={heartbeat}"
 
 
 def backoff(failures: int) -> float:
@@ -69,8 +78,9 @@ class BrokerConnection:
         on_connect: OnConnect,
         on_lost: OnLost,
         retry_first: tuple[type[BaseException], ...] = (),
+        heartbeat: int = 0,
     ) -> None:
-        self.nodes = node_urls(url)
+        self.nodes = [with_heartbeat(node, heartbeat) for node in node_urls(url)]
         #: The cluster's address without credentials, for logs and errors.
         self.where = without_credentials(url)
         self.connect_timeout = connect_timeout

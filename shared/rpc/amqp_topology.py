@@ -219,6 +219,18 @@ class Topology:
                 await channel.close()
         await self._declare_on_own_channel(connection, name)
 
+    async def is_consumed(self, connection: AbstractConnection, topic: str) -> bool:
+        """Whether ``topic``'s queue exists and has a consumer (a passive declaration)."""
+        channel = await connection.channel()
+        try:
+            queue = await channel.declare_queue(self.queue_name(topic), passive=True)
+        except ChannelNotFoundEntity:
+            return False
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+        return bool(queue.declaration_result.consumer_count)
+
     async def _declare_on_own_channel(self, connection: AbstractConnection, name: str) -> None:
         channel = await connection.channel()
         try:

@@ -374,6 +374,11 @@ class FakeTransport(Transport):
         """Whether this transport consumes ``topic`` now."""
         return any(c.topic == topic and not c.stopped for c in self._consumers)
 
+    async def is_consumed(self, topic: str) -> bool | None:
+        """Whether any process on this broker consumes ``topic`` now."""
+        queue = self.broker.queues.get(topic)
+        return queue is not None and any(not c.stopped for c in queue.consumers)
+
     def handler_tasks(self) -> set[asyncio.Task[None]]:
         """The handlers this transport's consumers are running now."""
         return {task for consumer in self._consumers for task in consumer.tasks}

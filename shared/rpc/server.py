@@ -186,6 +186,9 @@ class RPCServer:
             current_sender.reset(sender)
             current_request_id.reset(token)
         self._count(envelope.method, settlement)
+        self.metrics.rpc_handle_seconds.labels(topic=self._family, method=envelope.method).observe(
+            time.monotonic() - message.received_at
+        )
         return settlement
 
     def _count(self, method: str, settlement: Settlement) -> None:

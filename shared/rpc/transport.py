@@ -132,6 +132,15 @@ class Transport(ABC):
     async def purge_dead_letters(self, *, calls: bool = False) -> int:
         """Remove every dead cast (or call); return how many were removed."""
 
+    async def is_consumed(self, topic: str) -> bool | None:
+        """Whether a consumer is attached to ``topic``'s queue right now.
+
+        ``None`` when the transport cannot tell; callers then go on as if it were. A
+        caller that must not wait a whole call timeout for a process that is gone (an
+        agent that died before its service was reported down) asks this first.
+        """
+        return None
+
     def on_connection_lost(self, listener: Callable[[str], None]) -> None:  # noqa: B027
         """Call ``listener`` with the reason each time the broker connection is lost.
 

@@ -40,6 +40,10 @@ CHECKS = (
     "response_schema_conformance,content_type_conformance"
 )
 FUZZ_TIMEOUT = 240
+#: Operations left out of the run: the operator's page's JSON (a keel extension, whose
+#: refusals and outages tests/functional/services/api/test_ops_*.py hold), so the run
+#: stays as long as the compute, image, identity and network APIs make it.
+FUZZ_EXCLUDED = "^/ops/"
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +111,7 @@ async def test_text_postgresql_cannot_store_is_a_400(admin: httpx.AsyncClient) -
 
 
 @pytest.mark.parametrize("microversion", ["latest", "2.1"])
-@pytest.mark.timeout(FUZZ_TIMEOUT + 30)
+@pytest.mark.timeout(FUZZ_TIMEOUT + 30)  # the run's own bound, not the default 120 s
 def test_fuzzing_the_openapi_document_finds_no_server_error_and_no_deviation(
     cloud: Cloud, tmp_path: Path, microversion: str
 ) -> None:
@@ -118,7 +122,7 @@ def test_fuzzing_the_openapi_document_finds_no_server_error_and_no_deviation(
         str(BIN / "st"), "run", f"{cloud.api_url}/openapi.json",
         "--header", f"X-Auth-Token: {cloud.admin_token}",
         "--header", f"OpenStack-API-Version: compute {microversion}",
-        "--checks", CHECKS,
+        "--checks", CHECKS, "--exclude-path-regex", FUZZ_EXCLUDED,
         "--max-examples", str(FUZZ_EXAMPLES), "--seed", str(FUZZ_SEED),
         "--generation-database", "none", "--no-color",
     ]  # fmt: skip

@@ -2,8 +2,10 @@
 
 One three-node RabbitMQ cluster serves the whole tier (it takes half a minute to
 start); each test gets it with every node running again, whatever the test before did
-to it. PostgreSQL primaries and standbys start in seconds: a test that kills one gets
-its own pair. The machine's own servers are never touched.
+to it. So does one PostgreSQL pair under Patroni (with its etcd): a test that kills the
+primary leaves Patroni to promote the standby and bring the old primary back as the new
+one's synchronous standby, and the next test starts once it has. Each test makes its
+own database on it. The machine's own servers are never touched.
 
 The cloud these tests break is the fault benchmark's (``bench/benchkit/ha.py``), so the
 benchmark and the tests measure the same thing.
@@ -67,8 +69,15 @@ async def cluster_exchange(rabbit: RabbitCluster) -> AsyncIterator[str]:
     await remove_exchange(name, url=rabbit.node_url(rabbit.nodes[0]))
 
 
-@pytest.fixture
-async def postgres() -> AsyncIterator[PgCluster]:
-    """A PostgreSQL primary with a synchronous standby, for this test only."""
+@pytest.fixture(scope="session")
+async def postgres_pair() -> AsyncIterator[PgCluster]:
     async with pg_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture
+async def postgres(postgres_pair: PgCluster) -> PgCluster:
+    """The tier's PostgreSQL primary with a synchronous standby (whichever server is
+    primary now), both running and replicating."""
+    await postgres_pair.await_synchronous()
+    return postgres_pair

@@ -40,8 +40,11 @@ async def cloud(
         ("KEEL_IMAGES__URL_SECRET", "libvirt-tier-secret-0123456789"),
         ("KEEL_IMAGES__STORE_DIR", str(workdir / "image-store")),
         ("KEEL_LIBVIRT__SHUTDOWN_TIMEOUT", "15"),
+        ("KEEL_FENCING__MARGIN", "2"),
     )
-    async with running_cloud(workdir, CloudConfig(computes=(), env=env)) as running:
+    # A short fence lease: a forced-down host's evacuation waits for it (test_fence.py).
+    config = CloudConfig(computes=(), env=env, self_fence_after=20)
+    async with running_cloud(workdir, config) as running:
         for host in HOSTS:
             running.start(host, "keel-compute", host, **agent_settings(host))
         for host in HOSTS:
@@ -157,7 +160,7 @@ async def test_a_server_boots_shows_its_uuid_and_obeys_stop_start_reboot_delete(
     assert not guest_dir.exists()
 
 
-async def test_a_killed_agent_leaves_its_guest_running_and_active(
+async def test_an_agent_killed_and_back_within_its_lease_leaves_its_guest_running(
     cloud: Cloud, libvirt_uri: str
 ) -> None:
     host = HOSTS[1]
@@ -185,9 +188,9 @@ async def test_evacuation_boots_a_new_domain_and_the_old_one_goes_once_done(
     sid = create(cloud, "mover", source)["id"]
     await console_shows(cloud, sid, 1)
     agent = cloud.processes[source]
-    agent.popen.kill()  # the host is cut off; its guest keeps running
+    agent.popen.kill()  # its guest keeps running until the host's fence powers it off
     agent.popen.wait()
-    service_set(cloud, source, "--down")
+    service_set(cloud, source, "--down")  # the new copy waits for the fence's lease
 
     cloud.openstack(
         "--os-compute-api-version", "2.29", "server", "evacuate", "--host", destination, sid,
@@ -204,7 +207,7 @@ async def test_evacuation_boots_a_new_domain_and_the_old_one_goes_once_done(
 
     assert moved["OS-EXT-SRV-ATTR:host"] == destination
     assert f"keel-guest-up {sid}" in text
-    assert old_kept == "running"
+    assert old_kept == "off", "fenced before the new copy started"
     assert domain_state(cloud, source, sid, libvirt_uri) is None
     assert domain_state(cloud, destination, sid, libvirt_uri) == "running"
     assert not (cloud.state_dir(source) / "instances" / sid).exists()

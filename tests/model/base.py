@@ -41,6 +41,8 @@ class MachineBase(RuleBasedStateMachine):
     runner: ClassVar[Loop]
     #: How many examples ran, and their steps (for the examples-per-second figure).
     examples: ClassVar[int] = 0
+    #: The example that first broke an invariant (before any shrinking), if one did.
+    first_failure: ClassVar[int | None] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,6 +81,21 @@ class MachineBase(RuleBasedStateMachine):
             self.rt.forget_finished()
 
         self.run(go())
+
+    def failed(self, problems: list[str]) -> None:
+        """Remember the first example that broke an invariant (the search's cost)."""
+        if problems and type(self).first_failure is None:
+            type(self).first_failure = self.examples
+
+    def restart_as(self, agent_release: int) -> None:
+        """Start the example over with every agent running ``agent_release``."""
+
+        async def restart() -> None:
+            await self.w.stop()
+            await self.w.start(agent_release=agent_release)
+            await self.rt.idle()
+
+        self.run(restart())
 
     def host(self, i: int) -> Host:
         return self.w.hosts[i % len(self.w.hosts)]
@@ -183,9 +200,10 @@ class MachineBase(RuleBasedStateMachine):
         if process is None:
             return
         process.cut = False
-        fencing = self.w.agent_objects[host.index].fencing
-        fencing.heartbeat_succeeded(fencing.now())
-        self.rt.start(process, f"reconnect of {host.name}", fencing.tick, **plan)
+        self.w.heartbeat(host)
+        await self.rt.idle()
+        contact = self.w.agent_objects[host.index].contact
+        self.rt.start(process, f"reconnect of {host.name}", contact.tick, **plan)
 
     # -- for scripted examples ---------------------------------------------------------
 
@@ -290,6 +308,7 @@ class MachineBase(RuleBasedStateMachine):
             problems += self.run(self.answered_problems())
             if problems and TRACE:
                 print("model: at quiescence:", *problems, sep="\n  ")
+            self.failed(problems)
             assert not problems, "at quiescence:\n" + "\n".join(problems)
         finally:
             self.run(self.w.stop())
@@ -335,10 +354,9 @@ class MachineBase(RuleBasedStateMachine):
                 w.reconcile(host)
             await self.drain()
             await self.force_up()
-            await w.advance(PAST_EVERY_DEADLINE)
-            await w.control_heartbeats()
+            await w.pass_time(PAST_EVERY_DEADLINE)
             for host in w.hosts:
-                w.heartbeat(host)
+                w.watch(host)
             await self.drain()
             w.sweep()
             await self.drain()

@@ -1,15 +1,16 @@
 """Compute hosts of the model: a disk that outlives its agent, and a driver that is watched.
 
 A :class:`Host` is the machine: its name (changed by ``service rename``), its state
-directory (the node identity file), its power, and its hypervisor — a
-:class:`ModelDriver` that lives as long as the host, so guests survive the agent's kill
-and restart as they survive keel-compute's on a real host. A crash (power loss) stops
-every guest but keeps them on disk.
+directory (the node identity file), its power, its hypervisor — a :class:`ModelDriver`
+that lives as long as the host, so guests survive the agent's kill and restart as they
+survive keel-compute's on a real host — and the lease its agent and its fence share (in
+memory, on the model's clock). A crash (power loss) stops every guest but keeps them on
+disk, and begins a new boot (a lease of the last one guards nothing).
 
-The driver reports every destroy of an existing guest to the world before doing it, so
-invariant I3 (a copy keel still needs is never destroyed) is judged against the
-database at that very moment. A destroy the driver's own failed build asked for (the
-agent removing what its failed spawn or rebuild left) is exempt.
+The driver reports every destroy of an existing guest — with the copy token it carries
+— to the world before doing it, so invariant I3 (a copy keel still needs is never
+destroyed) is judged against the database at that very moment. A spawn or rebuild the
+model makes fail creates nothing, so nothing it leaves is exempt.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from uuid import UUID
 
 from services.compute.rpcapi import GuestDisk, InstanceSpec
 from services.compute.virt.fake import FakeDriver
+from services.fence.api import Clock, MemoryLeaseStore
 from shared.exceptions import KeelError
 
-#: ``on_destroy(host, instance_uuid, own_failed_build)``, awaited before a guest goes.
-DestroyWatch = Callable[["Host", UUID, bool], Awaitable[None]]
+#: ``on_destroy(host, instance_uuid, copy_token)``, awaited before a guest goes.
+DestroyWatch = Callable[["Host", UUID, UUID | None], Awaitable[None]]
 
 #: Sizes of every model host: room for three servers of the model's flavor.
 VCPUS = 4
@@ -43,8 +45,6 @@ class ModelDriver(FakeDriver):
         self._on_destroy = on_destroy
         #: Operations ("spawn", "rebuild") that fail the next time they are asked for.
         self.fail_next: set[str] = set()
-        #: Guests whose build failed here: removing their leftovers is the agent's duty.
-        self._failed: set[UUID] = set()
 
     async def init_host(self, node_uuid: UUID) -> None:
         """The guests stay: a model host keeps its disk across agent restarts."""
@@ -60,14 +60,12 @@ class ModelDriver(FakeDriver):
     async def _maybe_fail(self, operation: str, instance_uuid: UUID) -> None:
         if operation in self.fail_next and instance_uuid not in self._guests:
             self.fail_next.discard(operation)
-            self._failed.add(instance_uuid)
             raise InjectedFailure(f"{operation} of {instance_uuid} failed (injected)")
 
     async def destroy(self, instance_uuid: UUID) -> None:
-        if instance_uuid in self._guests:
-            own = instance_uuid in self._failed
-            await self._on_destroy(self._host, instance_uuid, own)
-        self._failed.discard(instance_uuid)
+        guest = self._guests.get(instance_uuid)
+        if guest is not None:
+            await self._on_destroy(self._host, instance_uuid, guest.origin)
         await super().destroy(instance_uuid)
 
     def power_loss(self) -> None:
@@ -97,9 +95,18 @@ class Host:
     node_uuid: UUID | None = None
     #: Set once the service was deleted: the host is gone for good.
     gone: bool = False
-    #: While the host is cut off from the control plane: the seconds it has been (its
-    #: agent fences itself once they reach its window); ``None`` when it is not.
+    #: While the host is cut off from the control plane: the seconds it has been;
+    #: ``None`` when it is not.
     cut_for: float | None = None
+    #: The agent's lease and the fence's status (see :mod:`services.fence.api`).
+    lease: MemoryLeaseStore = field(init=False)
+    boots: int = 0
 
-    def attach(self, on_destroy: DestroyWatch) -> None:
+    def attach(self, on_destroy: DestroyWatch, clock: Clock) -> None:
         self.driver = ModelDriver(self, on_destroy)
+        self.lease = MemoryLeaseStore(clock=clock, boot=f"{self.hypervisor}-boot0")
+
+    def reboot(self) -> None:
+        """Power comes back: a new boot, whose fence ignores the old boot's lease."""
+        self.boots += 1
+        self.lease.boot = f"{self.hypervisor}-boot{self.boots}"

@@ -15,7 +15,8 @@
   each live server (not ERROR), on its node; at most that for one in ERROR; none of a
   deleted one. Guests recorded as orphans, and hosts deleted for good, aside.
 * **I3** a copy keel still needs is never destroyed (judged when the driver is asked,
-  see :func:`protected`).
+  see :func:`protected`): the server's current copy (its copy token) from the moment
+  it is built, a move's new copy while the move runs, the copy a revert returns to.
 * **I4** at quiescence no task state, no server still building, no move that has not
   ended.
 * **I5** every committed transition is in the state table (:mod:`tests.model.states`).
@@ -42,6 +43,8 @@ class Row:
     task: str | None
     node: int | None
     deleted: bool
+    #: The token of the server's current copy.
+    token: UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class Move:
     status: str
     source: int | None
     dest: int | None
+    #: The token of the copy it started from.
+    source_token: UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,12 @@ class Snapshot:
 _SNAPSHOT = """
 SELECT
   (SELECT coalesce(json_agg(json_build_array(uuid, vm_state, task_state, compute_id,
-                                             deleted_at IS NOT NULL) ORDER BY id), '[]')
+                                             deleted_at IS NOT NULL, copy_token) ORDER BY id),
+                   '[]')
      FROM instances) AS instances,
   (SELECT coalesce(json_agg(json_build_array(uuid, instance_uuid, migration_type, status,
-                                             source_compute_id, dest_compute_id) ORDER BY id),
+                                             source_compute_id, dest_compute_id, source_token)
+                            ORDER BY id),
                    '[]')
      FROM migrations WHERE deleted_at IS NULL) AS moves,
   (SELECT coalesce(json_agg(json_build_array(consumer_uuid, instance_uuid, compute_node_id)
@@ -101,17 +108,27 @@ async def snapshot(conn: Connection) -> Snapshot:
     """The rows the invariants judge, read in one statement (one consistent view)."""
     row = await conn.fetchrow(_SNAPSHOT)
     assert row is not None
-    instances = [Row(UUID(u), vm, task, node, gone) for u, vm, task, node, gone in row["instances"]]
+    instances = [
+        Row(UUID(u), vm, task, node, gone, _uuid(token))
+        for u, vm, task, node, gone, token in row["instances"]
+    ]
     return Snapshot(
         instances={r.uuid: r for r in instances},
         order=[r.uuid for r in instances],
-        moves=[Move(UUID(u), UUID(i), k, st, src, dst) for u, i, k, st, src, dst in row["moves"]],
+        moves=[
+            Move(UUID(u), UUID(i), k, st, src, dst, _uuid(tok))
+            for u, i, k, st, src, dst, tok in row["moves"]
+        ],
         claims=[Claim(UUID(c), UUID(i), n) for c, i, n in row["claims"]],
         drift=await allocation_queries.usage_drift(conn),
         orphans={(n, UUID(i)) for n, i in row["orphans"]},
         node_ids={UUID(u): n for n, u, _ in row["nodes"]},
         gone_nodes={n for n, _, gone in row["nodes"] if gone},
     )
+
+
+def _uuid(value: str | None) -> UUID | None:
+    return None if value is None else UUID(value)
 
 
 def claim_problems(snap: Snapshot) -> list[str]:
@@ -168,7 +185,8 @@ def running_problems(snap: Snapshot, hosts: Iterable[Host]) -> list[str]:
     """I2 after any step: never two running copies."""
     where: dict[UUID, list[str]] = {}
     for host in hosts:
-        if host.powered and not host.gone:
+        # A host whose service was deleted counts until it is off: its guests may run.
+        if host.powered:
             for guest in host.driver.running():
                 where.setdefault(guest, []).append(host.name)
     return [
@@ -179,29 +197,26 @@ def running_problems(snap: Snapshot, hosts: Iterable[Host]) -> list[str]:
 
 
 def protected(
-    row: Row | None, moves: list[Move], node: int | None, established: bool, own_failure: bool
+    row: Row | None, moves: list[Move], node: int | None, token: UUID | None
 ) -> str | None:
-    """Why the copy of ``row`` on ``node`` must not be destroyed now (None: it may go).
+    """Why the copy of ``row`` carrying ``token`` on ``node`` must not be destroyed now
+    (None: it may go).
 
-    Protected are: the copy on the server's node once it ran there (a half-built guest
-    of a build that never finished is not yet the server); the copy a move in flight
-    builds on its destination (unless the build failed and the agent clears its
-    leftovers); and the source copy of a cold migration that a revert may still return
-    to. While a revert runs, the destination's copy is what it removes.
+    Protected are: the server's current copy (its copy token), from the moment it is
+    built, whatever the server's state; the copy a move in flight builds on its
+    destination; and the copy a cold migration started from while a revert may still
+    return to it. A server deleted, or being deleted, protects nothing.
     """
     if row is None or row.deleted or row.task == "deleting" or node is None:
         return None
-    reverting = [
-        m for m in moves if m.kind in states.COLD and m.status == "reverting" and m.dest == node
-    ]
+    if token == row.token:
+        return f"it carries the server's current copy token ({row.vm}/{row.task})"
     for move in moves:
-        if move.status in states.IN_FLIGHT and move.dest == node and not own_failure:
-            return f"it is the destination of {move.kind} {move.uuid} ({move.status})"
-        returns = move.status in ("finished", "reverting")
+        if move.status in states.IN_FLIGHT and move.dest == node and token == move.uuid:
+            return f"it is the copy {move.kind} {move.uuid} ({move.status}) builds"
+        returns = move.status in ("finished", "reverting") and token == move.source_token
         if move.kind in states.COLD and move.source == node and returns:
             return f"a revert of migration {move.uuid} ({move.status}) returns to it"
-    if row.node == node and established and not reverting:
-        return f"it is on the server's node ({row.vm}/{row.task})"
     return None
 
 
@@ -212,34 +227,31 @@ class Observer:
         self.world = world
         self.last_transition = 0
         self.api_errors: list[str] = []
+        #: Servers an admin reset (os-resetState) since the last check: any state of theirs
+        #: may become ACTIVE or ERROR with no task, as the admin asked.
+        self.reset: set[UUID] = set()
         #: Every server, in the order created, as of the last check.
         self.servers: list[UUID] = []
         world.on_destroy = self.destroying
 
-    async def destroying(self, host: Host, instance_uuid: UUID, own_failure: bool) -> None:
+    async def destroying(self, host: Host, instance_uuid: UUID, token: UUID | None) -> None:
         async with self.world.db.acquire() as conn:
             node = await conn.fetchval(
                 "SELECT id FROM compute_nodes WHERE uuid = $1", host.node_uuid
             )
             snap_row = await conn.fetchrow(
-                "SELECT uuid, vm_state, task_state, compute_id, deleted_at IS NOT NULL AS d "
-                "FROM instances WHERE uuid = $1",
+                "SELECT uuid, vm_state, task_state, compute_id, deleted_at IS NOT NULL AS d, "
+                "copy_token FROM instances WHERE uuid = $1",
                 instance_uuid,
             )
             moves = await conn.fetch(
                 "SELECT uuid, instance_uuid, migration_type, status, source_compute_id, "
-                "dest_compute_id FROM migrations WHERE instance_uuid = $1 AND deleted_at IS NULL "
-                "ORDER BY id",
+                "dest_compute_id, source_token FROM migrations "
+                "WHERE instance_uuid = $1 AND deleted_at IS NULL ORDER BY id",
                 instance_uuid,
-            )
-            established = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM model_transitions WHERE subject = $1 AND "
-                "new_node = $2 AND new_vm IN ('active', 'stopped', 'resized'))",
-                instance_uuid,
-                node,
             )
         row = None if snap_row is None else Row(*snap_row.values())
-        why = protected(row, [Move(*m.values()) for m in moves], node, established, own_failure)
+        why = protected(row, [Move(*m.values()) for m in moves], node, token)
         if why is not None:
             self.world.i3_violations.append(
                 f"I3 host {host.name} destroyed its copy of server {instance_uuid}, but {why}"
@@ -275,6 +287,8 @@ class Observer:
             )
             if t["old_deleted"]:
                 old = ("deleted", None)
+            if t["subject"] in self.reset and new in states.RESET and old != states.DELETED:
+                continue
             if not states.instance_allowed(old, new):
                 problems.append(f"I5 server {t['subject']}: {old} → {new}")
             elif (
@@ -305,6 +319,7 @@ class Observer:
         async with self.world.db.acquire() as conn:
             snap = await snapshot(conn)
             problems = await self.transition_problems(conn)
+        self.reset.clear()
         self.servers = snap.order
         problems += claim_problems(snap)
         problems += running_problems(snap, self.world.hosts)
@@ -319,30 +334,9 @@ class Observer:
         return problems
 
 
-#: Move statuses in which the server lives on the move's destination.
-_ARRIVED = frozenset({"done", "completed", "finished", "confirming", "confirmed"})
-
-
-def expected_origin(moves: list[Move]) -> UUID | None:
-    """The move that made the copy a server lives on (``None``: its first build).
-
-    A move that arrived made the copy on its destination; a revert returns to the copy
-    the move started from; a move that failed, ended in error or was cancelled changed
-    nothing.
-    """
-    origin: UUID | None = None
-    before: UUID | None = None
-    for move in moves:
-        if move.status in _ARRIVED:
-            before, origin = origin, move.uuid
-        elif move.status == "reverted":
-            origin = before
-    return origin
-
-
 def adoption_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
-    """I2 at quiescence, finding 2: the copy a server lives on is the one its last move
-    (or its build) made there, never an older copy a destination adopted."""
+    """I2 at quiescence, finding 2: the copy a server lives on carries its current copy
+    token (the one its build or its last move made), never an older copy's."""
     problems = []
     node_host = {snap.node_ids.get(h.node_uuid): h for h in hosts if h.node_uuid}
     for row in snap.instances.values():
@@ -352,11 +346,10 @@ def adoption_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
         spec = host.driver.guest(row.uuid)
         if spec is None:
             continue
-        want = expected_origin(snap.moves_of(row.uuid))
-        if spec.origin != want:
+        if spec.origin != row.token:
             problems.append(
-                f"I2 server {row.uuid} lives on a copy made by {spec.origin or 'its build'}, "
-                f"not by {want or 'its build'}: a stale copy was adopted"
+                f"I2 server {row.uuid} lives on a copy carrying {spec.origin}, not its "
+                f"current copy token {row.token}: a stale copy was adopted"
             )
     return problems
 

@@ -1,4 +1,4 @@
-"""Findings of issue 21 that are still open on main, by number.
+"""Findings of the model-based test, by number, and which of them are still open on main.
 
 While a finding is listed here, the rules that would run into it are gated off in the
 search (so the search keeps finding new problems, and main stays green), and its
@@ -23,7 +23,17 @@ DELETE_DURING_MOVE = 4
 #: guest whose success is in flight from one left by an agent killed before it reported.
 BUILD_DELIVERIES_RACE = 16
 
-UNFIXED: frozenset[int] = frozenset({BUILD_DELIVERIES_RACE})
+#: 17: an agent killed while its host runs on: its host counts as fenced once its
+#: self-fence window has passed (or once forced down), and an evacuation runs a second
+#: copy beside the guest that still runs there.
+DEAD_AGENT_EVACUATED = 17
+#: 18 (finding 9's residue): a request keel-api withdrew (503) reaches an agent while no
+#: conductor answers ``take_request``; the agent acts anyway.
+WITHDRAWN_WITHOUT_CONDUCTOR = 18
+#: 19: keel-api withdraws a request an agent of a release before 17 acts on regardless.
+WITHDRAWN_FROM_AN_OLD_AGENT = 19
+
+UNFIXED: frozenset[int] = frozenset()
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

@@ -10,10 +10,12 @@ invariants are checked; at the end of each example :meth:`KeelMachine.teardown` 
 the cloud (everything delivered and resumed, every host back, every deadline passed and
 swept) and checks the invariants of quiescence (:mod:`tests.model.invariants`).
 
-The model plays a careful operator: it evacuates only servers whose host has crashed
-or is cut off (keel-api then decides whether the host fenced itself), renames a host
-only while its agent is stopped, and never asks for anything the API documents as
-refused — except by accident, which the API must answer with a 4xx.
+The model's operator does anything the API accepts, at any moment: evacuates any
+server (keel-api decides whether its host is fenced), forces hosts down and up, deletes
+services, resets servers' states, migrates, resizes and deletes; the API is the guard,
+and a refusal is fine. Only what keel cannot check is done as its documentation says:
+a host is renamed while its agent is stopped, and a host that reported no armed fence
+is turned off before it is forced down (keel then has only the operator's word).
 
 Rules gated on :data:`tests.model.known.UNFIXED` stay off while the finding they would
 trip over is open (its explicit example in ``test_findings.py`` is an xfail), so the
@@ -26,15 +28,16 @@ import logging
 from typing import Any
 
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, rule
+from hypothesis.stateful import initialize, invariant, rule
 
 from shared.db import service_maintenance
 from shared.exceptions import KeelError
+from shared.versions import HOST_FENCE_VERSION, SERVICE_VERSION, TAKING_REQUESTS_VERSION
 from tests.model import known
 from tests.model.base import TRACE, TRACE_FILE, MachineBase
 from tests.model.hosts import Host
 from tests.model.runtime import Activity, Process
-from tests.model.world import BIG_FLAVOR, DOWN_TIME, IMAGE_ID
+from tests.model.world import BIG_FLAVOR, DOWN_TIME, IMAGE_ID, LEASE_RUNS_OUT
 
 LOG = logging.getLogger(__name__)
 
@@ -46,11 +49,21 @@ plans = st.one_of(
     st.builds(lambda n: {"pause_at": n}, st.integers(1, 6)),
     st.builds(lambda n: {"kill_at": n}, st.integers(1, 6)),
 )
+#: The release the agents run when an example begins: this one mostly, sometimes the one
+#: before requests were taken (conductor RPC 1.11): a rolling upgrade under way, whose
+#: agents are upgraded as the model restarts them.
+releases = st.sampled_from([SERVICE_VERSION] * 3 + [TAKING_REQUESTS_VERSION - 1])
 ADVANCES = (30.0, DOWN_TIME + 1, 121.0, 601.0, 1801.0, 3601.0)
 
 
 class KeelMachine(MachineBase):
     """The rules (see the module's text); the plumbing is :class:`MachineBase`."""
+
+    @initialize(release=releases)
+    def upgrade_under_way(self, release: int) -> None:
+        """Begin with the agents of an older release (the rest of the cloud upgraded)."""
+        if release != SERVICE_VERSION:
+            self.restart_as(release)
 
     # -- the API -----------------------------------------------------------------------
 
@@ -86,13 +99,10 @@ class KeelMachine(MachineBase):
 
     @rule(i=index, to=st.none() | hosts, plan=plans)
     def evacuate(self, i: int, to: int | None = None, plan: dict[str, Any] | None = None) -> None:
+        """Evacuate a server whatever its host's state: keel-api decides whether the host
+        is fenced (a live host, one merely silent, one whose agent died: refused)."""
         server = self.server(i)
         if server is None:
-            return
-        source = self.run(self._host_of(server))
-        if source is None or (source.powered and source.cut_for is None):
-            # The operator evacuates a host that crashed, or one cut off: keel-api lets
-            # it only once the host fenced itself.
             return
         body: dict[str, Any] = {"evacuate": {} if to is None else {"host": self.host(to).name}}
         self.api(
@@ -106,8 +116,9 @@ class KeelMachine(MachineBase):
 
     @rule(i=index, to=st.none() | hosts)
     def evacuate_crashed(self, i: int, to: int | None = None) -> None:
-        """Its host crashes and is forced down, then the server is evacuated (one step, so
-        that a short example reaches moves back and forth)."""
+        """Its host crashes and is forced down, then the server is evacuated, and time
+        passes until the host's fence lease has run out (one step, so that a short example
+        reaches moves back and forth)."""
         server = self.server(i)
         if server is None:
             return
@@ -118,6 +129,9 @@ class KeelMachine(MachineBase):
             self.crash(source.index, force_down=True)
         self.evacuate(i, to)
         self.deliver_all()
+        self.advance(LEASE_RUNS_OUT)
+        self.sweep()
+        self.deliver_all()
 
     @rule(h=hosts)
     def bring_back(self, h: int) -> None:
@@ -127,6 +141,16 @@ class KeelMachine(MachineBase):
             return
         self.start_agent(h)
         self.force_down(h, False)
+
+    @rule(i=index, state=st.sampled_from(["active", "error"]))
+    def reset_state(self, i: int, state: str) -> None:
+        """An admin resets the server's state (os-resetState), whatever it is doing."""
+        server = self.server(i)
+        if server is None:
+            return
+        self.observer.reset.add(server)
+        body = {"os-resetState": {"state": state}}
+        self.api("os-resetState", "POST", f"/v2.1/servers/{server}/action", body=body)
 
     @rule(i=index, to=st.none() | hosts, plan=plans)
     def migrate(self, i: int, to: int | None = None, plan: dict[str, Any] | None = None) -> None:
@@ -161,7 +185,13 @@ class KeelMachine(MachineBase):
 
     @rule(h=hosts, down=st.booleans())
     def force_down(self, h: int, down: bool) -> None:
-        service = self.run(self._service_uuid(self.host(h)))
+        """Force a host down (or up). keel trusts the operator's word only for a host that
+        reported no armed fence; the operator makes sure such a host is off first, as
+        keel's refusals say — a host with an armed fence is forced down as it is."""
+        host = self.host(h)
+        service = self.run(self._service_uuid(host))
+        if down and host.powered and service is not None and not self.run(self._armed(host)):
+            self.act(self._crash(host))
         if service is not None:
             self.api(
                 f"forced_down={down}",
@@ -173,9 +203,8 @@ class KeelMachine(MachineBase):
 
     @rule(h=hosts)
     def delete_service(self, h: int) -> None:
+        """Delete a host's compute service (keel-api refuses while it may be in use)."""
         host = self.host(h)
-        if host.powered and self.w.agent(host) is not None:
-            return  # the operator deletes services of hosts that are gone
         service = self.run(self._service_uuid(host))
         if service is None:
             return
@@ -221,6 +250,38 @@ class KeelMachine(MachineBase):
     async def _crash(self, host: Host) -> None:
         self.w.crash(host)
 
+    async def _armed(self, host: Host) -> bool:
+        """Whether the host's last heartbeat reported an armed fence."""
+        async with self.w.db.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    """SELECT fence_lease IS NOT NULL AND version >= $2 FROM services
+                        WHERE host = $1 AND "binary" = 'keel-compute' AND deleted_at IS NULL""",
+                    host.name,
+                    HOST_FENCE_VERSION,
+                )
+            )
+
+    @rule(h=hosts)
+    def kill_fence(self, h: int) -> None:
+        """The host's keel-fence dies. Its agent, if alive, starts it again within a second
+        (its contact watch); with no agent to do so, the host's watchdog resets the host:
+        agent and fence gone at once is the double fault the watchdog covers."""
+        host = self.host(h)
+        process = self.w.fences.get(host.index)
+        if process is None or not process.alive:
+            return
+        self.act(self._kill(process))
+        if self.w.agent(host) is not None:
+            self.watch(h)
+        elif host.powered:
+            self.act(self._crash(host))
+
+    @rule(h=hosts)
+    def watch(self, h: int) -> None:
+        """The agent's contact watch looks (its timer): its fence runs, contact is back."""
+        self.act(self._start(lambda: self.w.watch(self.host(h))))
+
     @rule(h=hosts)
     def kill_agent(self, h: int) -> None:
         process = self.w.agent(self.host(h))
@@ -232,6 +293,7 @@ class KeelMachine(MachineBase):
 
     @rule(h=hosts)
     def start_agent(self, h: int) -> None:
+        """Start the host's agent (of this release: an old one is upgraded so)."""
         host = self.host(h)
         if not host.gone and host.cut_for is None:
             self.act(self.w.start_agent(host))
@@ -247,7 +309,7 @@ class KeelMachine(MachineBase):
             return
         host.cut_for = 0.0
         process.cut = True
-        self.w.agent_objects[host.index].fencing.contact_lost()
+        self.w.agent_objects[host.index].contact.contact_lost()
 
     @rule(h=hosts, plan=plans)
     def heal(self, h: int, plan: dict[str, Any] | None = None) -> None:
@@ -292,20 +354,11 @@ class KeelMachine(MachineBase):
         self.act(self._advance(seconds))
 
     async def _advance(self, seconds: float) -> None:
-        await self.w.advance(seconds)
-        await self.w.control_heartbeats()
+        """Time passes: fences whose lease ran out fire (on their own), then every
+        process does what its timers would have done meanwhile."""
+        await self.w.pass_time(seconds)
         for host in self.w.hosts:
-            if host.cut_for is None:
-                self.w.heartbeat(host)
-                continue
-            # Cut off that long, its agent has fenced itself (its own clock: the model
-            # moves the database's).
-            host.cut_for += seconds
-            process = self.w.agent(host)
-            agent = self.w.agent_objects.get(host.index)
-            fence_after = 0.0 if agent is None else agent.fencing.fence_after
-            if process is not None and agent is not None and host.cut_for >= fence_after > 0:
-                self.rt.start(process, f"self-fence of {host.name}", agent.fencing.fence)
+            self.w.watch(host)
 
     @rule(h=hosts, plan=plans)
     def guest_report(self, h: int, plan: dict[str, Any] | None = None) -> None:
@@ -393,4 +446,5 @@ class KeelMachine(MachineBase):
         self.servers = self.observer.servers
         if problems and TRACE:
             print("model: after a step:", *problems, sep="\n  ")
+        self.failed(problems)
         assert not problems, "\n".join(problems)

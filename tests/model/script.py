@@ -7,9 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.model.machine import KeelMachine
+from tests.model.world import LEASE_RUNS_OUT
 
 #: The three hosts, by index.
 A, B, C = 0, 1, 2
+__all__ = ["LEASE_RUNS_OUT", "A", "B", "C", "Steps", "past_the_lease"]
 
 
 class Steps:
@@ -27,3 +29,11 @@ class Steps:
             return result
 
         return run
+
+
+def past_the_lease(s: Steps) -> None:
+    """Time passes until the fence lease of a host forced down has run out; the
+    conductor's sweep sends its held evacuations on."""
+    s.advance(LEASE_RUNS_OUT)
+    s.sweep()
+    s.deliver_all()

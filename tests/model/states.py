@@ -17,6 +17,8 @@ State = tuple[str | None, str | None]
 
 CREATED: State = (None, None)
 DELETED: State = ("deleted", None)
+#: What an admin may reset a server to (os-resetState), from any state.
+RESET: frozenset[State] = frozenset({("active", None), ("error", None)})
 
 #: Power actions: (task, vm_states it starts from, vm_state after success).
 _POWER = {

@@ -14,6 +14,7 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.deadlines import Deadlines
+from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.rpc.transport import Transport
 
@@ -24,4 +25,5 @@ def conductor_jobs(
     settings: Settings, pool: asyncpg.Pool, transport: Transport
 ) -> list[tuple[str, Job]]:
     compute = ComputeAPI(transport, timeout=settings.rpc.call_timeout)
-    return [("deadline sweep", Deadlines(pool, compute, settings).sweep)]
+    conductor = ConductorAPI(transport, timeout=settings.rpc.call_timeout)
+    return [("deadline sweep", Deadlines(pool, compute, settings, conductor).sweep)]

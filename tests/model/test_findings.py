@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import pytest
 
+from shared.versions import HOST_FENCE_VERSION, TAKING_REQUESTS_VERSION
 from tests.model import known
 from tests.model.machine import KeelMachine
-from tests.model.script import A, B, Steps
+from tests.model.script import LEASE_RUNS_OUT, A, B, Steps, past_the_lease
 from tests.model.world import BIG_FLAVOR
 
 pytestmark = pytest.mark.functional
 
 
 def on_a_then_evacuated_to_b(s: Steps) -> None:
-    """A server built on A; A crashes and the server is evacuated to B; A comes back."""
+    """A server built on A; A crashes and the server is evacuated to B (once A's fence
+    lease has run out); A comes back."""
     s.create(on=A)
     s.deliver_all()
     s.crash(A, force_down=True)
     s.evacuate(0, to=B)
     s.deliver_all()
+    assert s.m.state_of(0) == ("active", "rebuilding", "host0")  # held for A's fence
+    past_the_lease(s)
     assert s.m.state_of(0) == ("active", None, "host1")
     s.start_agent(A)  # its first guest report removes the evacuated copy
     s.force_down(A, down=False)
@@ -37,6 +41,9 @@ def test_finding_1_evacuated_back_to_the_first_host_keeps_its_copy(m: KeelMachin
     on_a_then_evacuated_to_b(s)
     s.crash(B, force_down=True)
     s.evacuate(0, to=A)
+    assert s.deliver_named("evacuate_instance")  # held: B's fence lease still runs
+    s.advance(LEASE_RUNS_OUT)
+    s.sweep()
     assert s.deliver_named("evacuate_instance")
     assert s.deliver_named("rebuild_instance", A)  # A builds it; its result is held
     s.guest_report(A)  # while the move is in flight: the new copy must stay
@@ -85,10 +92,12 @@ def test_finding_2_a_destination_never_adopts_a_stale_copy(m: KeelMachine) -> No
 
 
 def test_finding_14_a_timed_out_migration_never_runs_two_copies(m: KeelMachine) -> None:
-    """Finding 14: B built the copy and its agent died (the guest runs on); the migration
-    is past its deadline. Starting the source copy again would make two running copies:
-    the server stays SHUTOFF on A, and starting it is refused until B is forced down."""
+    """Finding 14: B built the copy and its agent died (the guest runs on); B keeps no
+    host fence (its agents run the release before fences). The migration is past its
+    deadline. Starting the source copy again would make two running copies: the server
+    stays SHUTOFF on A, and starting it is refused until B is forced down."""
     s = Steps(m)
+    m.restart_as(HOST_FENCE_VERSION - 1)
     s.create(on=A)
     s.deliver_all()
     s.migrate(0, to=B)
@@ -109,9 +118,11 @@ def test_finding_14_a_timed_out_migration_never_runs_two_copies(m: KeelMachine) 
 
 
 def test_finding_14_a_timed_out_evacuation_never_runs_two_copies(m: KeelMachine) -> None:
-    """Finding 14, evacuation: B runs the copy and its agent died; past the deadline the
-    server is ERROR on A; A comes back and the server is hard-rebooted there."""
+    """Finding 14, evacuation: B runs the copy and its agent died (no host fences: the
+    release before them); past the deadline the server is ERROR on A; A comes back and
+    the server is hard-rebooted there."""
     s = Steps(m)
+    m.restart_as(HOST_FENCE_VERSION - 1)
     s.create(on=A)
     s.deliver_all()
     s.crash(A, force_down=True)
@@ -208,7 +219,7 @@ def test_finding_3_a_host_gone_for_good_is_deleted(m: KeelMachine) -> None:
     s.crash(A, force_down=True)
     s.evacuate(0, to=B)
     s.deliver_all()
-    s.advance(61.0)  # its last heartbeat is older than the service down time
+    past_the_lease(s)  # A's fence lease ran out: the evacuation went on
     s.delete_service(A)
     assert ("service delete", 204) in m.answers
     assert m.w.hosts[A].gone
@@ -250,6 +261,9 @@ def test_finding_4_a_destination_killed_mid_move_is_past_its_deadline(m: KeelMac
     s.deliver_all()
     s.crash(A, force_down=True)
     s.evacuate(0, to=B)
+    assert s.deliver_named("evacuate_instance")  # held for A's fence
+    s.advance(LEASE_RUNS_OUT)
+    s.sweep()
     assert s.deliver_named("evacuate_instance")
     assert s.deliver_named("rebuild_instance", B, kill_at=1)  # B dies as it starts
     s.crash(B, force_down=True)
@@ -354,3 +368,62 @@ def test_a_host_cut_off_is_evacuated_only_once_fenced_and_never_runs_a_second_co
     s.deliver_all()
     assert m.host(A).driver.guests() == set(), "the evacuated copy went, never started"
     m.teardown()
+
+
+# -- never two copies when an agent dies (issue 29) ------------------------------------
+
+
+@known.xfail_until_fixed(known.DEAD_AGENT_EVACUATED, "a dead agent's host counts as fenced")
+@pytest.mark.parametrize("force_down", [False, True])
+def test_finding_17_a_host_whose_agent_died_is_never_evacuated_beside_its_guest(
+    m: KeelMachine, force_down: bool
+) -> None:
+    """Finding 17: A's agent is killed (its own process only: the host and its guest run
+    on); an hour later, or forced down by an operator, the server is evacuated to B. The
+    copy on A must be off before B's starts: A's fence powers it off once its lease runs
+    out, and the evacuation waits for that."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.kill_agent(A)
+    if force_down:
+        s.force_down(A, down=True)
+    s.advance(3601.0)
+    s.evacuate(0, to=B)
+    s.deliver_all()
+    m.teardown()  # I2: never two running copies
+
+
+@known.xfail_until_fixed(known.WITHDRAWN_WITHOUT_CONDUCTOR, "an agent acts on what it cannot take")
+def test_finding_18_a_delete_answered_503_deletes_nothing_while_no_conductor_answers(
+    m: KeelMachine,
+) -> None:
+    """Finding 18 (finding 9's residue): every attempt at the delete's cast went out
+    unconfirmed, keel-api withdrew it and answered 503; the conductor is killed, then
+    the messages are delivered. The agent cannot take the request: it must not act."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    for _ in range(3):
+        s.cast_fails("api", delivered=True)
+    s.delete(0)
+    assert ("delete", 503) in m.answers
+    s.kill_control("conductor")
+    s.deliver_all()
+    m.teardown()  # I0: a delete answered 503 left its server; I3: and its copy
+
+
+@known.xfail_until_fixed(known.WITHDRAWN_FROM_AN_OLD_AGENT, "keel-api withdraws from an old agent")
+def test_finding_19_keel_api_never_withdraws_what_an_older_agent_acts_on(m: KeelMachine) -> None:
+    """Finding 19: A's agent runs the release before requests were taken (a rolling
+    upgrade); a delete's casts all go out unconfirmed. keel-api may answer 503 only if
+    the agent cannot act on them: an older agent acts on whatever reaches it."""
+    s = Steps(m)
+    m.restart_as(TAKING_REQUESTS_VERSION - 1)
+    s.create(on=A)
+    s.deliver_all()
+    for _ in range(3):
+        s.cast_fails("api", delivered=True)
+    s.delete(0)
+    s.deliver_all()
+    m.teardown()  # I0: 503 means nothing happened, 202 that it did

@@ -1,19 +1,22 @@
 """The model-based test: Hypothesis searches operations and faults for a broken invariant.
 
-CI runs :data:`CI_EXAMPLES` examples from a fixed seed (the same ones every run);
-``make test-model`` runs ``KEEL_MODEL_EXAMPLES`` (5,000 there) and prints how many
-examples per second it ran. A failure prints the shortest sequence of steps Hypothesis
-found that breaks an invariant: keep it as an example in ``test_findings.py``.
+Every run searches from a seed of its own, drawn at random and printed (``model: seed
+N``), so CI explores new ground each time; ``make test-model SEED=N`` (or
+``KEEL_MODEL_SEED=N``) runs the same search again. CI runs :data:`CI_EXAMPLES` examples;
+``make test-model`` runs ``KEEL_MODEL_EXAMPLES`` and prints how many examples per second
+it ran. A failure prints the seed and the shortest sequence of steps Hypothesis found
+that breaks an invariant: keep it as an example in ``test_findings.py``.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 
 import pytest
-from hypothesis import HealthCheck, Verbosity, settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis import HealthCheck, Verbosity, seed, settings
+from hypothesis.stateful import get_state_machine_test
 
 from tests.model.machine import KeelMachine
 from tests.model.runtime import Loop
@@ -31,7 +34,6 @@ def _settings(examples: int) -> settings:
         max_examples=examples,
         stateful_step_count=STEPS,
         deadline=None,
-        derandomize=True,
         database=None,
         print_blob=True,
         suppress_health_check=list(HealthCheck),
@@ -39,14 +41,28 @@ def _settings(examples: int) -> settings:
     )
 
 
+def search_seed() -> int:
+    """``KEEL_MODEL_SEED`` if set, else a new one."""
+    given = os.environ.get("KEEL_MODEL_SEED", "").strip()
+    return int(given) if given else secrets.randbelow(2**32)
+
+
 @pytest.mark.timeout(0)
 def test_the_model_holds(model: tuple[World, Loop]) -> None:
     world, loop = model
     examples = int(os.environ.get("KEEL_MODEL_EXAMPLES", str(CI_EXAMPLES)))
+    chosen = search_seed()
+    print(f"\nmodel: seed {chosen} (again: make test-model SEED={chosen})")
     KeelMachine.world, KeelMachine.runner, KeelMachine.examples = world, loop, 0
+    KeelMachine.first_failure = None
+    search = seed(chosen)(get_state_machine_test(KeelMachine, settings=_settings(examples)))
     started = time.monotonic()
     try:
-        run_state_machine_as_test(KeelMachine, settings=_settings(examples))
+        search()
+    except BaseException:
+        first = KeelMachine.first_failure
+        print(f"\nmodel: seed {chosen}: example {first} broke an invariant (then shrunk)")
+        raise
     finally:
         elapsed = time.monotonic() - started
         ran = KeelMachine.examples

@@ -19,6 +19,12 @@ amount and nothing else changes — no production code needs a clock parameter, 
 whatever sweeper exists runs unchanged. The processes' own monotonic clocks only time
 RPC calls, which the broker expires explicitly (:meth:`FakeBroker.expire_calls`).
 
+**The hosts' own clock.** A compute host counts time on its monotonic clock, not the
+database's: its fence's lease, its agent's sense of contact. The model's hosts share
+:meth:`World.clock` — the process's monotonic clock plus every second the model let
+pass — so :meth:`World.advance` moves both clocks alike, and wakes every fence
+(:mod:`tests.model.fences`) to look at its lease then.
+
 **Transitions.** Triggers (installed here, not by keel's schema) write every change of
 an instance's ``(vm_state, task_state, node)`` and of a migration's status to
 ``model_transitions`` in the transaction that makes it, so invariant I5 sees every
@@ -31,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from pathlib import Path
@@ -42,6 +49,7 @@ import httpx
 
 from services.api.app import create_app
 from services.compute.agent import Agent, start_agent
+from services.compute.fence_link import FenceLink
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.main import run_conductor
 from services.conductor.rpcapi import ConductorAPI
@@ -61,7 +69,9 @@ from shared.exceptions import KeelError
 from shared.metrics import Metrics
 from shared.runtime import Lifecycle
 from shared.version_pins import Pins
+from shared.versions import SERVICE_VERSION
 from tests.model import sweeps
+from tests.model.fences import ModelLauncher, wake_fences
 from tests.model.hosts import Host
 from tests.model.runtime import Process, Runtime
 
@@ -79,6 +89,9 @@ CONFIRM_WINDOW = 1800.0
 CALL_TIMEOUT = 60.0
 #: Advancing by this much passes every deadline keel has (the longest is a move's hour).
 PAST_EVERY_DEADLINE = 4000.0
+#: Seconds after which a silent host's fence lease (twice the down time) has run out by
+#: the margin (30 s, the default): a held evacuation goes on then.
+LEASE_RUNS_OUT = 2 * DOWN_TIME + 30.0 + 1.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS model_transitions (
@@ -182,6 +195,10 @@ class World:
         self.scheduler = Process(self.rt, "keel-scheduler")
         self.hosts: list[Host] = []
         self.agents: dict[int, Process] = {}
+        #: Each host's keel-fence (:mod:`tests.model.fences`).
+        self.fences: dict[int, Process] = {}
+        #: Seconds the model let pass (the hosts' clocks run that far ahead).
+        self._offset = 0.0
         self.agent_objects: dict[int, Agent] = {}
         #: Every agent's service UUID ever registered (their queues, to remove at the end).
         self.agent_services: set[UUID] = set()
@@ -190,7 +207,7 @@ class World:
         self.http: httpx.AsyncClient | None = None
         #: Destroys of copies keel still needed (invariant I3), as found when they happened.
         self.i3_violations: list[str] = []
-        self.on_destroy: Callable[[Host, UUID, bool], Awaitable[None]] | None = None
+        self.on_destroy: Callable[[Host, UUID, UUID | None], Awaitable[None]] | None = None
         self._stops: list[Callable[[], Awaitable[None]]] = []
         self._reset_sql = ""
         self._shift_sql = ""
@@ -263,19 +280,31 @@ class World:
         state_dir = self.workdir / f"host{index}"
         state_dir.mkdir(parents=True, exist_ok=True)
         host = Host(index, f"host{index}", state_dir, f"node{index}")
-        host.attach(self._destroying)
+        host.attach(self._destroying, self.clock)
         return host
+
+    def clock(self) -> float:
+        """The hosts' monotonic clock (see the module's text)."""
+        return time.monotonic() + self._offset
 
     # -- each example ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """A fresh cloud: database and state directories as copied, every process up."""
+    async def start(self, *, agent_release: int = SERVICE_VERSION) -> None:
+        """A fresh cloud: database and state directories as copied, every process up.
+
+        ``agent_release``: the release every agent runs (one before this one: a rolling
+        upgrade under way, its control plane upgraded, its agents not yet)."""
         self.seed(0)
         await self.rt.reset()
+        self.fences.clear()
         self.i3_violations.clear()
         self.refusals.clear()
         async with self.db.acquire() as conn:
             await conn.execute(self._reset_sql)
+            await conn.execute(
+                """UPDATE services SET version = $1 WHERE "binary" = 'keel-compute'""",
+                agent_release,
+            )
         self.hosts = [self._new_host(index) for index in range(HOSTS)]
         for host in self.hosts:
             host.node_uuid = self._registered[host.index]
@@ -285,9 +314,16 @@ class World:
         for path, content in self._state_files.items():
             if not path.exists() or path.read_bytes() != content:
                 path.write_bytes(content)
-        await self._start_processes(together=True)
+        await self._start_processes(together=True, agent_release=agent_release)
+        # The next heartbeat of each agent, one report interval later on a host: its fence
+        # is armed by then (its first heartbeat's answer gave it a lease), and it says so.
+        for host in self.hosts:
+            self.heartbeat(host)
+        await self.rt.idle()
 
-    async def _start_processes(self, *, together: bool = False) -> None:
+    async def _start_processes(
+        self, *, together: bool = False, agent_release: int = SERVICE_VERSION
+    ) -> None:
         """Start every process; ``together``: at once (their rows exist: nothing is decided
         by which registers first)."""
         if together:
@@ -296,7 +332,12 @@ class World:
             )
             await self.start_api()
             await self.rt.idle()
-            await asyncio.gather(*(self.start_agent(host, settle=False) for host in self.hosts))
+            await asyncio.gather(
+                *(
+                    self.start_agent(host, settle=False, release=agent_release)
+                    for host in self.hosts
+                )
+            )
         else:
             await self.start_conductor()
             await self.start_scheduler()
@@ -307,13 +348,16 @@ class World:
 
     async def stop(self) -> None:
         """Kill everything that runs (nothing drains: the next example starts afresh)."""
-        for process in [self.api, self.conductor, self.scheduler, *self.agents.values()]:
-            self.rt.kill(process)
-        tasks = [
-            t
-            for p in [self.api, self.conductor, self.scheduler, *self.agents.values()]
-            for t in p.tasks
+        processes = [
+            self.api,
+            self.conductor,
+            self.scheduler,
+            *self.agents.values(),
+            *self.fences.values(),
         ]
+        for process in processes:
+            self.rt.kill(process)
+        tasks = [t for p in processes for t in p.tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -391,10 +435,13 @@ class World:
             update={"host": host.name, "state_dir": host.state_dir, "compute": compute}
         )
 
-    async def start_agent(self, host: Host, *, settle: bool = True) -> bool:
+    async def start_agent(
+        self, host: Host, *, settle: bool = True, release: int = SERVICE_VERSION
+    ) -> bool:
         """Start keel-compute on ``host``; False (and why in ``refusals``) if it refused.
 
-        ``settle``: run the world until idle afterwards (never while another waits so)."""
+        ``settle``: run the world until idle afterwards (never while another waits so);
+        ``release``: the release the agent behaves as (an upgrade under way)."""
         process = self.agents.get(host.index)
         if process is not None and process.alive:
             return True
@@ -404,6 +451,8 @@ class World:
             return False
         process = Process(self.rt, f"keel-compute@{host.name}")
         self.agents[host.index] = process
+        if not host.powered:
+            host.reboot()
         host.powered = True
         transport = await process.connect(now=False)
 
@@ -412,8 +461,19 @@ class World:
             self.rt.kill(process)
 
         try:
+            settings = self.agent_settings(host)
+            fence = FenceLink(
+                host.lease, ModelLauncher(self, host), length=settings.self_fence_after
+            )
             agent = await start_agent(
-                self.agent_settings(host), process.rpc, host.driver, on_refused=refused
+                settings,
+                process.rpc,
+                host.driver,
+                on_refused=refused,
+                service_version=release,
+                fence=fence,
+                clock=self.clock,
+                self_ticking=False,
             )
         except (KeelError, asyncpg.PostgresError) as exc:
             self.refusals[host.index] = str(exc)
@@ -429,7 +489,7 @@ class World:
 
         async def stop_agent() -> None:
             with contextlib.suppress(Exception):
-                await agent.stop()
+                await agent.halt()
 
         process.on_kill = stop_agent
         if settle:
@@ -441,10 +501,11 @@ class World:
         return process if process is not None and process.alive else None
 
     def crash(self, host: Host) -> None:
-        """The host loses power: its agent dies and its guests stop (their disks stay)."""
-        process = self.agents.get(host.index)
-        if process is not None:
-            self.rt.kill(process)
+        """The host loses power: its agent and its fence die and its guests stop (their
+        disks stay)."""
+        for process in (self.agents.get(host.index), self.fences.get(host.index)):
+            if process is not None:
+                self.rt.kill(process)
         host.powered = False
         host.driver.power_loss()
 
@@ -454,6 +515,13 @@ class World:
         process = self.agent(host)
         if process is not None:
             self.rt.start(process, "heartbeat", self.agent_objects[host.index].heartbeat)
+
+    def watch(self, host: Host) -> None:
+        """The agent's contact watch looks once (what its timer does on a host)."""
+        process = self.agent(host)
+        if process is not None:
+            contact = self.agent_objects[host.index].contact
+            self.rt.start(process, f"contact watch of {host.name}", contact.tick)
 
     def reconcile(self, host: Host, **plan: Any) -> None:
         process = self.agent(host)
@@ -486,17 +554,34 @@ class World:
             )
 
     async def advance(self, seconds: float) -> None:
-        """Let ``seconds`` pass (see the module docstring): every stored time moves back."""
+        """Let ``seconds`` pass (see the module docstring): every stored time moves back
+        and the hosts' clocks move on. Nothing runs: see :meth:`pass_time`."""
         shift = f"interval '{float(seconds)} seconds'"
         async with self.db.acquire() as conn:
             await conn.execute("BEGIN; " + self._shift_sql.replace("{shift}", shift) + " COMMIT;")
+        self._offset += seconds
+
+    async def pass_time(self, seconds: float) -> None:
+        """``seconds`` pass, and what runs by itself meanwhile runs: the control plane's
+        heartbeats, the heartbeat of every agent that can reach it (renewing its fence's
+        lease), then every fence looks at its lease (firing where it ran out)."""
+        await self.advance(seconds)
+        await self.control_heartbeats()
+        for host in self.hosts:
+            if host.cut_for is None:
+                self.heartbeat(host)
+            else:
+                host.cut_for += seconds
+        await self.rt.idle()
+        wake_fences(self)
+        await self.rt.idle()
 
     # -- the I3 watch --------------------------------------------------------------------
 
-    async def _destroying(self, host: Host, instance_uuid: UUID, own: bool) -> None:
+    async def _destroying(self, host: Host, instance_uuid: UUID, token: UUID | None) -> None:
         if self.on_destroy is not None:
             self.rt.inflight.started()
             try:
-                await self.on_destroy(host, instance_uuid, own)
+                await self.on_destroy(host, instance_uuid, token)
             finally:
                 self.rt.inflight.finished()

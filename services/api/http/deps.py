@@ -18,6 +18,7 @@ from services.api.keystone.tokens import KeystoneTokens
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
+from shared.rpc.client import CapSource
 
 
 def get_settings(request: Request) -> Settings:
@@ -57,6 +58,12 @@ def get_keystone(request: Request) -> KeystoneTokens | None:
     return keystone
 
 
+async def get_scheduler_cap(request: Request) -> str:
+    """The scheduler RPC version every scheduler speaks now."""
+    cap: str | CapSource = request.app.state.scheduler_cap
+    return cap if isinstance(cap, str) else await cap()
+
+
 def get_links(request: Request) -> Links:
     return Links(str(request.base_url))
 
@@ -69,3 +76,4 @@ Version = Annotated[APIVersion, Depends(get_version)]
 RequestLinks = Annotated[Links, Depends(get_links)]
 AppPolicy = Annotated[Policy, Depends(get_policy)]
 Keystone = Annotated[KeystoneTokens | None, Depends(get_keystone)]
+SchedulerCap = Annotated[str, Depends(get_scheduler_cap)]

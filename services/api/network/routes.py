@@ -4,11 +4,12 @@ Enough for clients that expect Neutron beside Nova (openstacksdk's cloud layer, 
 Tempest) to see how servers are connected: keel's address pool is one shared external
 network (``router:external: true``) with one subnet, each address a server holds is a
 port on it (``device_id`` the server), and there are no floating IPs (an empty list).
-Members see their own servers' ports, admins every port. Lists take Neutron's filters
-(``?name=private&router:external=true``, repeated for several values, ``fixed_ips=
-ip_address=...``) and ``fields``. Nothing can be created or changed here: keel's
-network is configured, not managed through an API. Errors have Neutron's shape,
-``{"NeutronError": {"type", "message", "detail"}}``.
+Members see their own servers' ports, admins every port. Each project has one security
+group, ``default``, with no rules (keel's guests have no firewall): the one servers
+show. Lists take Neutron's filters (``?name=private&router:external=true``, repeated
+for several values, ``fixed_ips=ip_address=...``) and ``fields``. Nothing can be
+created or changed here: keel's network is configured, not managed through an API.
+Errors have Neutron's shape, ``{"NeutronError": {"type", "message", "detail"}}``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ from fastapi.responses import JSONResponse
 
 from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, DbPool, RequestLinks
-from services.api.network.views import network_view, port_view, subnet_view
+from services.api.network.views import (
+    network_view,
+    port_view,
+    security_group_view,
+    subnet_view,
+)
 from shared.context import RequestContext
-from shared.db import fixed_ips
+from shared.db import fixed_ips, instances
 
 router = APIRouter(prefix="/network")
 
@@ -118,6 +124,7 @@ async def resources(ctx: Context, links: RequestLinks) -> dict[str, Any]:
         "network": "networks",
         "subnet": "subnets",
         "port": "ports",
+        "security_group": "security-groups",
         "floatingip": "floatingips",
     }
     return {
@@ -209,6 +216,41 @@ async def list_floating_ips(ctx: Context) -> dict[str, Any]:
 async def show_floating_ip(floating_ip_id: str, ctx: Context) -> JSONResponse:
     return NeutronError(
         404, "FloatingIPNotFound", f"Floating IP {floating_ip_id} could not be found"
+    ).response()
+
+
+def _group_projects(ctx: RequestContext, request: Request | None) -> set[str]:
+    """Whose default security groups the caller may see: their project's, and for
+    admins the projects a ``project_id``/``tenant_id`` filter names."""
+    found = {ctx.project_id or ""}
+    if ctx.is_admin and request is not None:
+        params = request.query_params
+        found |= set(params.getlist("project_id")) | set(params.getlist("tenant_id"))
+    return found
+
+
+@router.get("/v2.0/security-groups", response_model=None)
+async def list_security_groups(request: Request, ctx: Context) -> dict[str, Any] | JSONResponse:
+    async def make() -> list[dict[str, Any]]:
+        return [security_group_view(p) for p in sorted(_group_projects(ctx, request))]
+
+    return await _listed(request, "security_groups", make)
+
+
+@router.get("/v2.0/security-groups/{group_id}", response_model=None)
+async def show_security_group(
+    group_id: str, pool: DbPool, ctx: Context
+) -> dict[str, Any] | JSONResponse:
+    projects = _group_projects(ctx, None)
+    if ctx.is_admin:
+        async with pool.acquire() as conn:
+            projects |= set(await instances.live_projects(conn))
+    for project_id in sorted(projects):
+        group = security_group_view(project_id)
+        if group["id"] == group_id:
+            return {"security_group": group}
+    return NeutronError(
+        404, "SecurityGroupNotFound", f"Security group {group_id} does not exist"
     ).response()
 
 

@@ -118,3 +118,29 @@ def port_view(held: HeldAddress, *, is_admin: bool) -> dict[str, Any]:
     if is_admin:
         body["binding:host_id"] = held.host or ""
     return body
+
+
+_SECURITY_GROUP_IDS = uuid.UUID("6b2f3c1e-9d0a-4c55-8a3e-2f1d7c9b0e41")
+#: The one security group of every project: keel's guests have no firewall to configure.
+DEFAULT_SECURITY_GROUP = "default"
+
+
+def security_group_id(project_id: str) -> UUID:
+    """The id of ``project_id``'s default security group: stable, derived from the project."""
+    return uuid.uuid5(_SECURITY_GROUP_IDS, f"security-group {project_id} {DEFAULT_SECURITY_GROUP}")
+
+
+def security_group_view(project_id: str) -> dict[str, Any]:
+    """The project's default group in the Networking API's shape: no rules, nothing to
+    filter, as keel's guests have no firewall."""
+    return {
+        "id": str(security_group_id(project_id)),
+        "name": DEFAULT_SECURITY_GROUP,
+        "security_group_rules": [],
+        "stateful": True,
+        "shared": False,
+        "created_at": _EPOCH,
+        "updated_at": _EPOCH,
+        **_common(project_id),
+        "description": "Default security group",
+    }

@@ -2,9 +2,10 @@
 
 Extra specs: :mod:`services.api.resources.flavor_extra_specs`.
 
-Members see public flavors. Admins see public ones too unless they pass ``is_public``
-(``true``, ``false`` or ``none`` for all). ``minRam``/``minDisk`` and ``limit``/``marker``
-narrow the list.
+Members see public flavors and the private ones whose access list holds their project
+(:mod:`services.api.resources.flavor_access`). Admins see those too unless they pass
+``is_public`` (``true``, ``false`` or ``none`` for all). ``minRam``/``minDisk`` and
+``limit``/``marker`` narrow the list.
 """
 
 from __future__ import annotations
@@ -65,11 +66,20 @@ def _minimum(name: str, value: str | None) -> int:
         raise BadRequest(f"Invalid {name} filter [{value}]") from None
 
 
+async def may_use(conn: Connection, ctx: RequestContext, flavor: Flavor) -> bool:
+    """Public flavors are everyone's; private ones are for admins and the projects on
+    their access list (``os-flavor-access``)."""
+    return (
+        flavor.is_public
+        or ctx.is_admin
+        or await flavors_db.has_access(conn, flavor, ctx.project_id)
+    )
+
+
 async def visible_flavor(conn: Connection, ctx: RequestContext, flavor_id: str) -> Flavor:
-    """The flavor, if the caller may see it: private flavors are for admins only (keel has
-    no flavor access lists), and to anyone else they do not exist."""
+    """The flavor, if the caller may see it; to anyone else it does not exist."""
     flavor = await flavors_db.get(conn, flavor_id)
-    if not flavor.is_public and not ctx.is_admin:
+    if not await may_use(conn, ctx, flavor):
         raise FlavorNotFound(f"Flavor {flavor_id} could not be found.")
     return flavor
 
@@ -108,7 +118,7 @@ async def _list(
     least_disk = _minimum("minDisk", query.min_disk)
     paging = page_request(query.limit, query.marker)
     async with pool.acquire() as conn:
-        found = await flavors_db.list_flavors(conn, is_public=public)
+        found = await flavors_db.list_flavors(conn, is_public=public, project_id=ctx.project_id)
     found = [f for f in found if f.memory_mb >= least_ram and f.root_gb >= least_disk]
     page = take_page(found, paging, key=lambda f: f.flavorid)
     after = next_marker(page, paging, key=lambda f: f.flavorid)

@@ -17,7 +17,7 @@ from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import Forbidden
 from services.api.http.microversion import APIVersion
 from services.api.resources.quotas import project_limits
-from shared.db import quotas
+from shared.db import quotas, server_groups
 from shared.db.quotas import ProjectUsage
 
 router = APIRouter(prefix="/v2.1/limits")
@@ -32,7 +32,9 @@ _NETWORK = {
 }
 
 
-def absolute(limits: dict[str, int], usage: ProjectUsage, version: APIVersion) -> dict[str, int]:
+def absolute(
+    limits: dict[str, int], usage: ProjectUsage, version: APIVersion, groups: int = 0
+) -> dict[str, int]:
     body = {
         "maxServerMeta": limits["metadata_items"],
         "maxTotalCores": limits["cores"],
@@ -44,7 +46,7 @@ def absolute(limits: dict[str, int], usage: ProjectUsage, version: APIVersion) -
         "totalCoresUsed": usage.cores,
         "totalInstancesUsed": usage.instances,
         "totalRAMUsed": usage.ram,
-        "totalServerGroupsUsed": 0,
+        "totalServerGroupsUsed": groups,
     }
     if not version.at_least("2.39"):
         body["maxImageMeta"] = limits["metadata_items"]
@@ -68,4 +70,5 @@ async def show_limits(
     async with pool.acquire() as conn:
         limits = await project_limits(conn, project_id, settings.quota)
         usage = await quotas.usage(conn, project_id)
-    return {"limits": {"rate": [], "absolute": absolute(limits, usage, version)}}
+        groups = await server_groups.count(conn, project_id)
+    return {"limits": {"rate": [], "absolute": absolute(limits, usage, version, groups)}}

@@ -19,6 +19,7 @@ import logging
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
+import asyncpg
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +30,7 @@ from services.api.http.microversion import APIVersion
 from services.api.resources.os_services_legacy import legacy_update, parse_body
 from services.api.servers.moves import refuse_up_with_unconfirmed_evacuations
 from services.api.views.os_services import service_view, service_zone
+from shared.context import RequestContext
 from shared.db import service_maintenance, services
 from shared.db.pool import Connection
 from shared.exceptions import ServiceNotFound
@@ -121,20 +123,49 @@ async def update_service(
         raise BadRequest(f"Invalid uuid {service_id}") from None
     _check_update(update)
     down_time = settings.service_down_time
+    updated = await change_service(
+        pool,
+        ctx,
+        service_uuid,
+        down_time,
+        disabled=None if update.status is None else update.status == "disabled",
+        disabled_reason=update.disabled_reason,
+        forced_down=update.forced_down,
+    )
+    async with pool.acquire() as conn:
+        _, zones = await _with_zones(conn, down_time, host=updated.host, binary=updated.binary)
+    return {"service": service_view(updated, version, service_zone(updated, zones))}
+
+
+async def change_service(
+    pool: asyncpg.Pool,
+    ctx: RequestContext,
+    service_uuid: UUID,
+    down_time: float,
+    *,
+    disabled: bool | None = None,
+    disabled_reason: str | None = None,
+    forced_down: bool | None = None,
+) -> Service:
+    """Enable, disable (with a reason) or force down or up a compute service; logged.
+
+    What ``PUT /os-services/{uuid}`` does, and the operator's page with it: only compute
+    services change (400 otherwise), and a host is not forced up while evacuations away
+    from it are done but unconfirmed (400). ``ServiceNotFound`` if there is no such service.
+    """
     async with pool.acquire() as conn:
         service = await services.get(conn, service_uuid, down_time)
         _check_updatable(service)
-        if update.forced_down is False:
+        if forced_down is False:
             await refuse_up_with_unconfirmed_evacuations(conn, service)
         updated = await services.update_status(
             conn,
             service_uuid,
             down_time,
-            disabled=None if update.status is None else update.status == "disabled",
-            disabled_reason=update.disabled_reason,
-            forced_down=update.forced_down,
+            disabled=disabled,
+            disabled_reason=disabled_reason,
+            forced_down=forced_down,
         )
-        _, zones = await _with_zones(conn, down_time, host=updated.host, binary=updated.binary)
     LOG.info(
         "service %s (%s on %s) updated by %s: status=%s forced_down=%s reason=%r",
         updated.uuid,
@@ -145,7 +176,7 @@ async def update_service(
         updated.forced_down,
         updated.disabled_reason,
     )
-    return {"service": service_view(updated, version, service_zone(updated, zones))}
+    return updated
 
 
 async def _target(

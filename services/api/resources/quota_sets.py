@@ -29,7 +29,7 @@ from services.api.keystone.tokens import KeystoneTokens
 from services.api.resources.quotas import defaults, project_limits, user_limits
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import projects, quotas
+from shared.db import projects, quotas, server_groups
 from shared.db.pool import Connection
 
 LOG = logging.getLogger(__name__)
@@ -81,9 +81,10 @@ async def limits_for(
 
 
 async def usage_of(conn: Connection, project_id: str, user_id: str | None) -> dict[str, int]:
+    groups = {"server_groups": await server_groups.count(conn, project_id)}
     if user_id is None:
-        return (await quotas.usage(conn, project_id)).model_dump()
-    return (await quotas.user_usage(conn, project_id, user_id)).model_dump()
+        return {**(await quotas.usage(conn, project_id)).model_dump(), **groups}
+    return {**(await quotas.user_usage(conn, project_id, user_id)).model_dump(), **groups}
 
 
 async def known_project(

@@ -5,11 +5,11 @@ default from the settings (``KEEL_QUOTA__*``); -1 means unlimited. An admin may 
 a limit for one user in a project (``os-quota-sets/{project}?user_id=``): that user's
 own servers (or key pairs) count against it, on top of the project's limit. keel
 enforces ``instances``, ``cores`` and ``ram`` per project and per user where a user
-limit is set, ``key_pairs`` per user (with the user's limit, else the project's) and
-``metadata_items`` per server. The other limits the
-compute API reports (server groups, injected files) concern features keel does not
-have: they are stored and shown so clients can set and read them, and nothing can
-exceed them.
+limit is set, ``key_pairs`` per user (with the user's limit, else the project's),
+``metadata_items`` per server, ``server_groups`` per project and
+``server_group_members`` per group. The other limits the compute API reports (injected
+files) concern features keel does not have: they are stored and shown so clients can
+set and read them, and nothing can exceed them.
 
 The checks run inside the caller's transaction, after a lock that serialises the
 project's (or user's) creations, so what was counted is still true when the new row is
@@ -19,15 +19,13 @@ committed: concurrent requests never exceed a quota together.
 from __future__ import annotations
 
 from shared.config import QuotaSettings
-from shared.db import key_pairs, quotas
+from shared.db import key_pairs, quotas, server_groups
 from shared.db.pool import Connection
 from shared.exceptions import OverQuota
 from shared.objects.flavor import FlavorSnapshot
 
 #: Limits of features keel does not have, at the compute API's defaults.
 UNUSED_DEFAULTS = {
-    "server_groups": 10,
-    "server_group_members": 10,
     "injected_files": 5,
     "injected_file_content_bytes": 10240,
     "injected_file_path_bytes": 255,
@@ -179,3 +177,28 @@ async def check_new_key_pair(
     limit = (await user_limits(conn, project_id, user_id, settings))["key_pairs"]
     if _over(limit, await key_pairs.count(conn, user_id), 1):
         raise OverQuota("Maximum number of key pairs exceeded")
+
+
+async def check_new_server_group(
+    conn: Connection, project_id: str, settings: QuotaSettings
+) -> None:
+    """Raise :class:`OverQuota` unless the project may have one more server group.
+
+    Call it inside the transaction that inserts the group: it takes the project's lock.
+    """
+    await quotas.lock_project(conn, project_id)
+    limit = (await project_limits(conn, project_id, settings))["server_groups"]
+    if _over(limit, await server_groups.count(conn, project_id), 1):
+        raise OverQuota("Quota exceeded, too many server groups.")
+
+
+async def check_group_members(
+    conn: Connection, project_id: str, settings: QuotaSettings, members: int, joining: int
+) -> None:
+    """Raise :class:`OverQuota` unless a group of ``members`` may take ``joining`` more.
+
+    Call it after :func:`shared.db.server_groups.lock_group`, in the joining transaction.
+    """
+    limit = (await project_limits(conn, project_id, settings))["server_group_members"]
+    if _over(limit, members, joining):
+        raise OverQuota("Quota exceeded, too many servers in group")

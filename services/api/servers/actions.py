@@ -17,7 +17,7 @@ from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Version
 from services.api.http.faults import BadRequest
 from services.api.http.microversion import APIVersion
-from services.api.servers import console, reset_state, resize
+from services.api.servers import console, locks, reset_state, resize
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
@@ -198,6 +198,18 @@ async def _reset_state(call: ActionCall) -> Response | None:
     return None
 
 
+async def _lock(call: ActionCall) -> Response | None:
+    await locks.lock(
+        call.pool, ctx=call.ctx, instance=call.instance, value=call.value, version=call.version
+    )
+    return None
+
+
+async def _unlock(call: ActionCall) -> Response | None:
+    await locks.unlock(call.pool, ctx=call.ctx, instance=call.instance, value=call.value)
+    return None
+
+
 #: Action name in the body → its handler.
 ACTIONS: dict[str, Handler] = {
     "os-stop": _stop,
@@ -214,6 +226,8 @@ ACTIONS: dict[str, Handler] = {
     REVERT_ACTION: _revert_resize,
     console.ACTION: _console_output,
     reset_state.ACTION: _reset_state,
+    locks.LOCK: _lock,
+    locks.UNLOCK: _unlock,
 }
 
 
@@ -237,6 +251,8 @@ async def server_action(
         raise BadRequest(f"There is no such action: {name[:100]}")
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
+    if name not in locks.UNLOCKED_ACTIONS:
+        locks.check_unlocked(ctx, instance)
     answer = await handler(
         ActionCall(pool, compute, conductor, settings, version, ctx, instance, value)
     )

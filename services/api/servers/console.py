@@ -47,7 +47,7 @@ LOG = logging.getLogger(__name__)
 ACTION = "os-getConsoleOutput"
 _METHOD = "get_console_output"
 #: Tasks during which the guest on the server's host may be going or gone.
-_BUSY_TASKS = (
+BUSY_TASKS = (
     TaskState.DELETING,
     TaskState.REBUILDING,
     TaskState.RESIZE_PREP,
@@ -101,7 +101,7 @@ async def console_output(
     length = requested_length(value)
     if not instance.host:
         raise ConflictingRequest(f"Instance {instance.uuid} is not ready: it has no host yet.")
-    if instance.task_state in _BUSY_TASKS:
+    if instance.task_state in BUSY_TASKS:
         raise ConflictingRequest(
             f"Cannot '{ACTION}' instance {instance.uuid} while it is in task_state "
             f"{instance.task_state}"

@@ -37,8 +37,9 @@ from services.api.http.bounds import INT4_MAX
 from services.api.http.faults import BadRequest, ConflictingRequest, ServiceUnavailable
 from services.api.http.microversion import APIVersion
 from services.api.http.policy import Policy
+from services.api.resources.flavors import may_use
+from services.api.servers import group_hint, publish, requested_destination
 from services.api.servers import keys as server_keys
-from services.api.servers import publish, requested_destination
 from services.api.servers.fields import PreparedFields, ServerFields
 from services.api.servers.lookup import last_segment
 from services.api.servers.requested_destination import ZoneRequest, parse_zone
@@ -62,6 +63,7 @@ from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError, Ser
 from shared.objects.flavor import Flavor
 from shared.objects.image import Image
 from shared.objects.instance import Instance, RequestedDestination, RequestSpec
+from shared.objects.server_group import ServerGroup
 
 LOG = logging.getLogger(__name__)
 
@@ -92,6 +94,7 @@ class CreateRequest:
 
     zone: str | None
     destination: RequestedDestination | None
+    group: ServerGroup | None = None
 
 
 class NewServer(ServerFields):
@@ -136,6 +139,14 @@ class NewServerBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     server: NewServer
+    #: Scheduler hints: keel reads ``group`` (:mod:`services.api.servers.group_hint`).
+    scheduler_hints: dict[str, Any] | None = Field(default=None, alias="os:scheduler_hints")
+    legacy_scheduler_hints: dict[str, Any] | None = Field(
+        default=None, alias="OS-SCH-HNT:scheduler_hints"
+    )
+
+    def hints(self) -> dict[str, Any]:
+        return {**(self.legacy_scheduler_hints or {}), **(self.scheduler_hints or {})}
 
 
 def counts(server: NewServer, fields: PreparedFields) -> tuple[int, int]:
@@ -155,13 +166,13 @@ def new_reservation_id() -> str:
 
 
 async def _flavor(conn: Connection, ref: str, ctx: RequestContext) -> Flavor:
-    """The flavor asked for; a private one only for admins (keel has no access lists)."""
+    """The flavor asked for; a private one only for admins and projects on its access list."""
     flavor_id = last_segment(ref)
     try:
         flavor = await flavors.get(conn, flavor_id)
     except FlavorNotFound:
         raise BadRequest(f"Flavor {flavor_id} could not be found.") from None
-    if not flavor.is_public and not ctx.is_admin:
+    if not await may_use(conn, ctx, flavor):
         raise BadRequest(f"Flavor {flavor_id} could not be found.")
     if flavor.disabled:
         raise BadRequest(f"Flavor {flavor_id} is disabled.")
@@ -211,8 +222,10 @@ async def _validate(
     *,
     policy: Policy,
     version: APIVersion,
+    hints: dict[str, Any],
 ) -> tuple[Flavor, Image, CreateRequest]:
     zone = parse_zone(server.availability_zone)
+    group = await group_hint.find(conn, ctx, group_hint.group_id(hints))
     destination = await requested_destination.resolve(
         conn,
         ctx,
@@ -226,7 +239,9 @@ async def _validate(
     image = await _image(conn, server.image_ref, ctx)
     check_fits(flavor, image)
     await _check_zone(conn, zone)
-    return flavor, image, CreateRequest(zone=zone.zone, destination=destination)
+    if destination is not None:
+        await group_hint.check_destination(conn, group, destination.node_ids)
+    return flavor, image, CreateRequest(zone=zone.zone, destination=destination, group=group)
 
 
 @dataclass(frozen=True)
@@ -251,7 +266,7 @@ async def _record(
     flavor: Flavor,
     image: Image,
     *,
-    zone: str | None,
+    request: CreateRequest,
     fields: PreparedFields,
     quota: QuotaSettings,
     batch: Batch,
@@ -281,7 +296,7 @@ async def _record(
             display_name=batch.name(server.name, count, index),
             flavor=snapshot,
             image_ref=str(image.id),
-            availability_zone=zone,
+            availability_zone=request.zone,
             reservation_id=batch.reservation_id,
             launch_index=index,
         )
@@ -292,12 +307,13 @@ async def _record(
             user_id=user_id,
             flavor=snapshot,
             image_ref=str(image.id),
-            availability_zone=zone,
+            availability_zone=request.zone,
         )
         await request_specs.create(conn, spec)
         await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
         await server_keys.record_key(conn, instance, key)
         created.append(instance)
+    await group_hint.join(conn, request.group, [i.uuid for i in created], quota=quota)
     return created
 
 
@@ -377,11 +393,14 @@ async def create_server(
     quota: QuotaSettings,
     policy: Policy,
     version: APIVersion,
+    hints: dict[str, Any] | None = None,
 ) -> list[Instance]:
     """Record the servers and ask the conductor to build each; see the module docstring."""
     least, most = counts(server, fields)
     async with pool.acquire() as conn:
-        flavor, image, request = await _validate(conn, ctx, server, policy=policy, version=version)
+        flavor, image, request = await _validate(
+            conn, ctx, server, policy=policy, version=version, hints=hints or {}
+        )
     destination = request.destination
     if destination is not None and not await conductor.can_take_destinations():
         raise _conductor_too_old(await conductor.client.cap())
@@ -397,7 +416,7 @@ async def create_server(
             server,
             flavor,
             image,
-            zone=request.zone,
+            request=request,
             fields=fields,
             quota=quota,
             batch=batch,

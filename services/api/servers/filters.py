@@ -260,8 +260,7 @@ def _fields(given: dict[str, str]) -> tuple[dict[str, list[str]], dict[str, str]
 
 def _nothing(given: dict[str, str], version: APIVersion, vm_states: list[str] | None) -> bool:
     """True when a filter matches no server keel can have."""
-    locked = version.at_least("2.73") and "locked" in given and boolean("locked", given["locked"])
-    return locked or "ip6" in given or vm_states == []
+    return "ip6" in given or vm_states == []
 
 
 def _marker(paging: PageRequest) -> UUID | None:
@@ -285,6 +284,8 @@ def server_search(
         exact["vm_state"] = vm_states
     if task_states:
         exact["task_state"] = task_states
+    if version.at_least("2.73") and "locked" in given:
+        exact["locked"] = [str(boolean("locked", given["locked"])).lower()]
     since, before = _changes(given, version)
     tags = _tags(given, version)
     paging = page_request(params.get("limit"), params.get("marker"), max_limit=max_limit)

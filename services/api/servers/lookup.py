@@ -17,7 +17,7 @@ from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.servers.views import ServerView
 from shared.context import RequestContext
-from shared.db import compute_nodes, fixed_ips, instances, placement
+from shared.db import compute_nodes, fixed_ips, instances, placement, server_groups
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
@@ -81,4 +81,9 @@ async def server_view(
             (s.node.host, s.node.hypervisor_hostname): s.node.availability_zone for s in states
         },
         addresses=await fixed_ips.for_instances(conn, [instance.uuid for instance in shown]),
+        groups=(
+            await server_groups.of_instances(conn, [instance.uuid for instance in shown])
+            if version.at_least("2.71") and len(shown) == 1
+            else {}
+        ),
     )

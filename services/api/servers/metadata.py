@@ -25,6 +25,7 @@ from services.api.http.deps import AppSettings, DbPool
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.resources.quotas import check_metadata_items, project_limits
 from services.api.servers.fields import Metadata
+from services.api.servers.locks import check_unlocked
 from services.api.servers.lookup import find_instance
 from shared.config import QuotaSettings
 from shared.context import RequestContext
@@ -72,6 +73,7 @@ async def _change(
     """Apply ``change`` in a transaction; 403 if the result exceeds the metadata quota."""
     async with pool.acquire() as conn, conn.transaction():
         instance = await find_instance(conn, ctx, server_id)
+        check_unlocked(ctx, instance)
         changed = await change(conn, instance.uuid)
         limits = await project_limits(conn, instance.project_id, quota)
         check_metadata_items(limits, len(changed.metadata))
@@ -143,6 +145,7 @@ async def set_metadata_item(
 async def delete_metadata_item(server_id: str, key: str, pool: DbPool, ctx: Context) -> Response:
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
+        check_unlocked(ctx, instance)
         if key not in instance.metadata:
             raise not_found_item()
         deleted = await server_fields.delete_metadata_item(

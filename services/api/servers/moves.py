@@ -54,9 +54,10 @@ from services.api.http.faults import (
     ServiceUnavailable,
 )
 from services.api.http.microversion import APIVersion
+from services.api.servers import group_hint
 from services.compute.rpcapi import SINCE, ComputeAPI
 from services.conductor.rpcapi import RESIZE_VERSION, ConductorAPI
-from shared import fencing
+from shared import host_fencing
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import (
@@ -212,13 +213,15 @@ async def _source(
 ) -> HostState:
     async with pool.acquire() as conn:
         source = await placement.host_of(conn, instance, down_time)
-        silent = None if source is None else await fencing.silent_for(conn, source.service.id)
+        silent = None if source is None else await host_fencing.silent_for(conn, source.service.id)
     if source is None:
         raise ConflictingRequest(
             f"Cannot '{kind.action}' instance {instance.uuid} while it has no compute host"
         )
     if kind is EVACUATION:
-        fenced = fencing.fence_state(source.service, silent, down_time=down_time, margin=margin)
+        fenced = host_fencing.fence_state(
+            source.service, silent, down_time=down_time, margin=margin
+        )
         if not fenced.fenced:
             raise BadRequest(fenced.why)
     if kind is not EVACUATION and not source.service.is_up:
@@ -249,12 +252,17 @@ async def _check_target(
             raise ItemNotFound(f"Compute host {target} not found.")
         if found[0].id == source.service.id:
             raise BadRequest("The target host can't be the same one.")
-        return
-    if not found:
+    elif not found:
         raise BadRequest(f"Compute host {target} could not be found.")
-    if found[0].id == source.service.id:
+    elif found[0].id == source.service.id:
         raise BadRequest(
             f"Unable to migrate instance ({instance.uuid}) to current host ({source.service.host})."
+        )
+    async with pool.acquire() as conn:
+        nodes = await compute_nodes.named(conn, host=target, node=None)
+        group = await group_hint.group_of(conn, instance.uuid)
+        await group_hint.check_destination(
+            conn, group, [node.id for node in nodes], moving=instance.uuid
         )
 
 
@@ -463,6 +471,10 @@ async def finish_resize(
         )
         if swapped is None:
             raise _Changed()
+        if not confirming:
+            # From now on the copy the migration started from is the server's again: the
+            # revert removes the destination's.
+            await instances.set_copy_token(conn, instance.uuid, swapped.source_token)
         await instance_actions.start(conn, ctx, instance.uuid, action)
         return True
 

@@ -42,7 +42,7 @@ from services.api.servers.lookup import host_service
 from services.compute.rpcapi import SINCE, ComputeAPI, RebootType
 from services.conductor.rpcapi import ACTION_RESULT_SINCE, ConductorAPI
 from services.conductor.rpcapi import PowerAction as ResultAction
-from shared import fencing
+from shared import host_fencing
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances, moves, services
@@ -97,7 +97,7 @@ STARTS = (
 
 
 async def refuse_while_a_stray_copy_may_run(
-    pool: asyncpg.Pool, instance: Instance, name: str, down_time: float
+    pool: asyncpg.Pool, instance: Instance, name: str, down_time: float, margin: float
 ) -> None:
     """409 if the server's last move ended unfinished and the copy it may have started on
     its destination may still run there (see :mod:`services.conductor.moves.deadline`):
@@ -115,15 +115,19 @@ async def refuse_while_a_stray_copy_may_run(
             dest = await compute_nodes.host_state_by_id(conn, move.dest_compute_id, down_time)
         except ComputeNodeNotFound:
             return
-    if not fencing.stray_copy_may_run(dest.service, ended_at=move.updated_at):
+        silent = await host_fencing.silent_for(conn, dest.service.id)
+    if not host_fencing.stray_copy_may_run(
+        dest.service, silent, margin=margin, ended_at=move.updated_at
+    ):
         return
     host = dest.node.host
     raise ConflictingRequest(
         f"Cannot '{name}' instance {instance.uuid}: its {move.migration_type} to {host} "
         f"did not finish, and {host} has been down since, so the copy it may have started "
-        f"there may still run. Bring the agent on {host} back (it stops that copy), or "
-        f"make sure the host is off and force its service down (openstack compute service "
-        f"set --down {host} keel-compute), then try again."
+        f"there may still run. Bring the agent on {host} back (it stops that copy), wait "
+        f"for its fence's lease to run out, or, if it has no armed fence, make sure the "
+        f"host is off and force its service down (openstack compute service set --down "
+        f"{host} keel-compute), then try again."
     )
 
 
@@ -233,7 +237,9 @@ async def run_power_action(
             f"{instance.vm_state} with no compute host"
         )
     if action.task in STARTS:
-        await refuse_while_a_stray_copy_may_run(pool, instance, action.name, down_time)
+        await refuse_while_a_stray_copy_may_run(
+            pool, instance, action.name, down_time, settings.fencing.margin
+        )
     await _begin(pool, ctx, instance, action)
 
     async def cast() -> None:

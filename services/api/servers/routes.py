@@ -21,12 +21,14 @@ from services.api.http.deps import (
     Conductor,
     DbPool,
     RequestLinks,
+    SchedulerCap,
     Version,
 )
 from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker
+from services.api.servers import group_hint, locks
 from services.api.servers.create import NewServerBody, create_server
 from services.api.servers.delete import delete_server
 from services.api.servers.fields import prepare
@@ -187,8 +189,10 @@ async def create(
     version: Version,
     settings: AppSettings,
     policy: AppPolicy,
+    scheduler_cap: SchedulerCap,
 ) -> dict[str, Any]:
     server = body.server
+    group_hint.check_schedulers(body.hints(), scheduler_cap)
     fields = prepare(server, last_segment(server.image_ref), version, settings.network)
     created = await create_server(
         pool,
@@ -199,6 +203,7 @@ async def create(
         quota=settings.quota,
         policy=policy,
         version=version,
+        hints=body.hints(),
     )
     if server.return_reservation_id:
         return {"reservation_id": created[0].reservation_id}
@@ -212,5 +217,6 @@ async def delete(
 ) -> Response:
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
+    locks.check_unlocked(ctx, instance)
     await delete_server(pool, compute, ctx, instance, settings.service_down_time)
     return Response(status_code=204)

@@ -151,6 +151,8 @@ class ServerView:
     node_zones: Mapping[tuple[str, str], str] = field(default_factory=dict)
     #: instance → the fixed addresses it holds.
     addresses: Mapping[UUID, Sequence[FixedIp]] = field(default_factory=dict)
+    #: instance → the server group it is in (read for 2.71 and later only).
+    groups: Mapping[UUID, UUID] = field(default_factory=dict)
 
     def availability_zone(self, instance: Instance) -> str:
         """The zone of the node the server is on; before that, the zone it asked for."""
@@ -288,7 +290,7 @@ class ServerView:
     def _versioned_fields(self, instance: Instance, *, show: bool) -> dict[str, Any]:
         fields: dict[str, Any] = {}
         if self.version.at_least("2.9"):
-            fields["locked"] = False
+            fields["locked"] = instance.locked_by is not None
         if self.version.at_least("2.19"):
             fields["description"] = instance.description
         if self.version.at_least("2.26"):
@@ -296,7 +298,8 @@ class ServerView:
         if self.version.at_least("2.63"):
             fields["trusted_image_certificates"] = None
         if show and self.version.at_least("2.71"):
-            fields["server_groups"] = []
+            group = self.groups.get(instance.uuid)
+            fields["server_groups"] = [] if group is None else [str(group)]
         if self.version.at_least("2.73"):
-            fields["locked_reason"] = None
+            fields["locked_reason"] = instance.locked_reason
         return fields

@@ -23,14 +23,15 @@ def load_driver(settings: Settings) -> Driver:
 
     With rehearsal settings (``KEEL_VIRT__*``) it is wrapped to fail or delay operations.
     """
-    driver = _base_driver(settings)
+    driver = base_driver(settings)
     virt = settings.virt
     if virt.failing or virt.delay_s:
         return RehearsalDriver(driver, fail=virt.failing, delay=virt.delay_s)
     return driver
 
 
-def _base_driver(settings: Settings) -> Driver:
+def base_driver(settings: Settings) -> Driver:
+    """The driver ``settings.compute.driver`` names, as it is (no rehearsal wrapper)."""
     compute = settings.compute
     if compute.driver == "libvirt":
         return _libvirt_driver(settings)

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from pydantic import Field
 
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
@@ -46,6 +46,11 @@ class Driver(Protocol):
         ``node_uuid`` is this agent's compute node: a driver whose hypervisor may be
         shared by several agents marks its guests with it.
         """
+        ...
+
+    async def open_node(self, node_uuid: UUID) -> None:
+        """Watch node ``node_uuid``'s guests without changing anything on the host (what
+        a host fence does beside a running agent, instead of :meth:`init_host`)."""
         ...
 
     async def resources(self) -> HypervisorResources:
@@ -99,6 +104,11 @@ class Driver(Protocol):
         """Shut the guest down; one already off stays off. GuestNotFound if it is missing."""
         ...
 
+    async def halt(self, instance_uuid: UUID) -> None:
+        """Power the guest off at once, as pulling its plug (a host fence's power-off:
+        no clean shutdown is waited for); its disk stays. GuestNotFound if missing."""
+        ...
+
     async def power_on(self, instance_uuid: UUID) -> None:
         """Start the guest; one already running keeps running. GuestNotFound if missing."""
         ...
@@ -129,4 +139,9 @@ class Driver(Protocol):
         GuestNotFound if the guest is missing; ConsoleNotAvailable if its log cannot be
         read. A guest that has printed nothing yet has an empty log.
         """
+        ...
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        """What the driver knows of the guest (state, vCPUs, memory, NICs, disks, uptime);
+        GuestNotFound if it is missing."""
         ...

@@ -12,8 +12,9 @@ import asyncio
 import logging
 from uuid import UUID
 
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.console import boot_banner, stamped, up_line
+from services.compute.virt.diagnostics import simulated
 from services.compute.virt.driver import MAX_CONSOLE_BYTES, HypervisorResources
 from shared.exceptions import GuestNotFound
 from shared.objects.flavor import FlavorSnapshot
@@ -51,6 +52,9 @@ class FakeDriver:
 
     async def init_host(self, node_uuid: UUID) -> None:
         LOG.info("fake driver: %s starts with no guests", self._hostname)
+
+    async def open_node(self, node_uuid: UUID) -> None:
+        """Nothing to open: the guests are this object's."""
 
     async def resources(self) -> HypervisorResources:
         return self._totals.model_copy(update={"running_vms": len(self._guests)})
@@ -110,6 +114,9 @@ class FakeDriver:
             self._running.discard(instance_uuid)
             self._consoles[instance_uuid] += stamped("powered off")
 
+    async def halt(self, instance_uuid: UUID) -> None:
+        await self.power_off(instance_uuid)
+
     async def power_on(self, instance_uuid: UUID) -> None:
         if self._existing(instance_uuid) not in self._running:
             self._boot(instance_uuid)
@@ -150,6 +157,16 @@ class FakeDriver:
         if hard or instance_uuid in self._running:
             self._consoles[instance_uuid] += stamped(f"{'hard' if hard else 'soft'} reboot")
             self._boot(instance_uuid)
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        spec = self._guests[self._existing(instance_uuid)]
+        if instance_uuid in self._suspended:
+            state = "suspended"
+        elif instance_uuid in self._paused:
+            state = "paused"
+        else:
+            state = "running" if instance_uuid in self._running else "shutdown"
+        return simulated(spec, state=state, hypervisor="fake", uptime=None)
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         log = self._consoles[self._existing(instance_uuid)].encode()

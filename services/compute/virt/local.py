@@ -25,12 +25,14 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from uuid import UUID
 
 from services.compute.durable import fsync_dir, write_synced
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.console import append_line, boot_banner, read_tail, up_line
+from services.compute.virt.diagnostics import simulated
 from services.compute.virt.driver import HypervisorResources
 from shared.exceptions import BuildFailed, GuestNotFound, GuestStateError
 from shared.objects.flavor import FlavorSnapshot
@@ -90,6 +92,9 @@ class LocalDriver:
             LOG.warning("removed %s: left half-done by an earlier run", self.instances_dir / name)
         LOG.info("local driver keeps guests in %s", self.instances_dir)
 
+    async def open_node(self, node_uuid: UUID) -> None:
+        """Nothing to open: the guests are the state directory's."""
+
     async def resources(self) -> HypervisorResources:
         return await asyncio.to_thread(self._measure)
 
@@ -144,6 +149,9 @@ class LocalDriver:
     async def power_off(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)
 
+    async def halt(self, instance_uuid: UUID) -> None:
+        await asyncio.to_thread(self._set_power, instance_uuid, SHUTDOWN)
+
     async def power_on(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._set_power, instance_uuid, RUNNING)
 
@@ -171,6 +179,20 @@ class LocalDriver:
         if current not in from_states:
             raise GuestStateError(f"guest {instance_uuid} is {current}, so it cannot become {to}")
         self._set_power(instance_uuid, to)
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        return await asyncio.to_thread(self._diagnostics, instance_uuid)
+
+    def _diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        guest = self._guest(instance_uuid)
+        spec = InstanceSpec.model_validate_json((guest / METADATA_FILE).read_bytes())
+        state = self.power_state(instance_uuid)
+        try:
+            since = (guest / POWER_FILE).stat().st_mtime
+        except FileNotFoundError:
+            since = (guest / METADATA_FILE).stat().st_mtime
+        uptime = max(0, int(time.time() - since))
+        return simulated(spec, state=state, hypervisor="local", uptime=uptime)
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         guest = await asyncio.to_thread(self._guest, instance_uuid)

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from uuid import UUID
 
-from services.compute.rpcapi import GuestDisk, InstanceSpec
+from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.driver import Driver, HypervisorResources
 from shared.config import VIRT_OPERATIONS
 from shared.exceptions import BuildFailed
@@ -55,6 +55,9 @@ class RehearsalDriver:
     async def init_host(self, node_uuid: UUID) -> None:
         await self._driver.init_host(node_uuid)
 
+    async def open_node(self, node_uuid: UUID) -> None:
+        await self._driver.open_node(node_uuid)
+
     async def resources(self) -> HypervisorResources:
         return await self._driver.resources()
 
@@ -89,6 +92,9 @@ class RehearsalDriver:
         await self._rehearse("power_off", instance_uuid)
         await self._driver.power_off(instance_uuid)
 
+    async def halt(self, instance_uuid: UUID) -> None:
+        await self._driver.halt(instance_uuid)
+
     async def power_on(self, instance_uuid: UUID) -> None:
         await self._rehearse("power_on", instance_uuid)
         await self._driver.power_on(instance_uuid)
@@ -115,3 +121,6 @@ class RehearsalDriver:
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         return await self._driver.console_output(instance_uuid)
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        return await self._driver.diagnostics(instance_uuid)

@@ -110,6 +110,8 @@ async def _arrived(pool: asyncpg.Pool, kind: MoveKind, migration: Migration) -> 
             vm_state=vm_state,
             power_state=PowerState.SHUTDOWN if stopped else PowerState.RUNNING,
             flavor=migration.new_flavor,
+            # The copy this move built is the server's now (a resize in place keeps its).
+            copy_token=None if migration.in_place else migration.uuid,
         )
         if moved is None:
             await _end(conn, migration, MigrationStatus.ERROR)

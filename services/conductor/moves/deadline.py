@@ -19,7 +19,7 @@ instance, the record, the claims):
 copy on the destination. If that host is down but not forced down, its guest may still
 run (its agent may have died while the host runs on), so nothing starts the source's
 copy: a cold migration's server stays SHUTOFF on its source, and keel-api refuses to
-start or hard-reboot the server (:func:`shared.fencing.stray_copy_may_run`) until the
+start or hard-reboot the server (:func:`shared.host_fencing.stray_copy_may_run`) until the
 destination's agent is back — it stops the stray copy when it reports its guests —
 or an operator forces that host down. The instance action (and an evacuation's fault) say so.
 
@@ -35,7 +35,7 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.moves.arrival import extra, remove_copy
-from shared import fencing
+from shared import host_fencing
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.db.pool import Connection
@@ -51,12 +51,20 @@ TIMED = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
 
 class MoveDeadline:
     def __init__(
-        self, pool: asyncpg.Pool, compute: ComputeAPI, *, timeout: float, down_time: float
+        self,
+        pool: asyncpg.Pool,
+        compute: ComputeAPI,
+        *,
+        timeout: float,
+        down_time: float,
+        margin: float = 30.0,
     ) -> None:
         self.pool = pool
         self.compute = compute
         self.timeout = timeout
         self.down_time = down_time
+        #: KEEL_FENCING__MARGIN: added to a fence's lease before its guests count as off.
+        self.margin = margin
 
     @property
     def enabled(self) -> bool:
@@ -157,7 +165,9 @@ class MoveDeadline:
             host = await compute_nodes.host_state_by_id(conn, dest, self.down_time)
         except ComputeNodeNotFound:
             return None
-        return host.node.host if fencing.stray_copy_may_run(host.service) else None
+        silent = await host_fencing.silent_for(conn, host.service.id)
+        may_run = host_fencing.stray_copy_may_run(host.service, silent, margin=self.margin)
+        return host.node.host if may_run else None
 
     async def _stop_destination_copy(self, migration: Migration) -> None:
         """Ask an up destination to shut down the copy an evacuation may have started

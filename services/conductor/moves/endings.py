@@ -183,6 +183,9 @@ async def finish_revert(
             task=TaskState.RESIZE_REVERTING,
             node=source.node,
             flavor=migration.old_flavor,
+            # The source's copy is the server's again (a resize in place kept its own).
+            copy_token=current.source_token,
+            set_token=not migration.in_place,
         )
         if instance is None:
             await moves.swap_status(

@@ -31,6 +31,12 @@ R5    anything else (an unknown server; a copy a failed, cancelled   ``orphaned`
 So a copy on the server's current node, or on either end of a move under way, is never
 destroyed (R2d, R3), whatever older records say; a copy is destroyed only on positive
 evidence that the server's current copy is elsewhere and newer (R1, R2b, R2c, R4).
+
+**Copy tokens** (:mod:`shared.copy_tokens`) settle it first where the agent reports
+them (release 18 and later): a guest carrying the server's current copy token is never
+removed, whatever a row above says (it is kept, and an evacuation's source copy is kept
+shut down); and on the server's own node (R3) a guest carrying any other token is not
+the server's copy: it is kept, shut down, as an orphan.
 The unit tests (``tests/unit/services/conductor/moves/test_guests.py``) have a case per
 row.
 
@@ -49,8 +55,10 @@ from uuid import UUID
 import asyncpg
 
 from services.conductor.rpcapi import GuestFate, GuestsReport, GuestVerdict, ReportGuests
+from shared import copy_tokens
 from shared.db import compute_nodes, instances, moves, orphans, placement, services
 from shared.db.pool import Connection
+from shared.objects.instance import Instance
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
 from shared.objects.states import PowerState, VmState
 
@@ -87,13 +95,37 @@ def _superseded(move: Migration, node: int) -> bool:
 
 
 def guest_verdict(
-    guest: UUID, instance_node: int | None, deleted: bool, history: list[Migration], node: int
+    guest: UUID,
+    instance_node: int | None,
+    deleted: bool,
+    history: list[Migration],
+    node: int,
+    *,
+    current: bool | None = None,
 ) -> GuestVerdict:
     """The fate of guest ``guest`` on node ``node``; see the module's table.
 
     ``instance_node``: the node the server lives on (``None``: no such server, or not
-    placed); ``history``: every move of the server, oldest first.
+    placed); ``history``: every move of the server, oldest first; ``current``: whether
+    the guest carries the server's current copy token (``None``: not reported).
     """
+    verdict = _by_history(guest, instance_node, deleted, history, node)
+    if current is True and verdict.fate in (GuestFate.MOVED, GuestFate.EVACUATED):
+        return _verdict(guest, GuestFate.KEEP, "it carries the server's current copy token")
+    if current is False and verdict.fate is GuestFate.KEEP and verdict.migration_uuid is None:
+        return _verdict(
+            guest,
+            GuestFate.ORPHANED,
+            "the server lives on this node, but this copy does not carry its current copy "
+            "token: it is not the server's copy",
+        )
+    return verdict
+
+
+def _by_history(
+    guest: UUID, instance_node: int | None, deleted: bool, history: list[Migration], node: int
+) -> GuestVerdict:
+    """The table's verdict, from the server's row and its move history alone."""
     if deleted:
         return _verdict(guest, GuestFate.DELETED, "deleted")
     latest = history[-1] if history else None
@@ -151,6 +183,10 @@ async def _history(conn: Connection, instance_uuid: UUID) -> list[Migration]:
 async def _where(conn: Connection, instance_uuid: UUID) -> tuple[int | None, bool]:
     """The node the server lives on (``None`` if unknown or unplaced), and if deleted."""
     instance = await instances.find(conn, instance_uuid)
+    return await _placed(conn, instance)
+
+
+async def _placed(conn: Connection, instance: Instance | None) -> tuple[int | None, bool]:
     if instance is None:
         return None, False
     found = await placement.node_of(conn, instance)
@@ -240,9 +276,15 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
             release = service.version
         verdicts = []
         for guest in req.guests:
-            instance_node, deleted = await _where(conn, guest)
+            instance = await instances.find(conn, guest)
+            instance_node, deleted = await _placed(conn, instance)
             history = await _history(conn, guest)
-            verdict = guest_verdict(guest, instance_node, deleted, history, node.id)
+            current = None
+            if req.tokens is not None and guest in req.tokens:
+                current = copy_tokens.is_current(instance, req.tokens[guest])
+            verdict = guest_verdict(
+                guest, instance_node, deleted, history, node.id, current=current
+            )
             verdicts.append(step_down(verdict, release))
         kept_here = [
             v.instance_uuid

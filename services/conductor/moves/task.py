@@ -13,7 +13,12 @@ at least once, each step converges:
    ``pre-migrating``);
 4. for a cold migration, the source's agent shuts the guest down (keeping its data:
    until the migration is confirmed it is what a revert returns to);
-5. the destination's agent is asked to build the instance there — again on every
+5. for an evacuation, the new copy waits until the source's guests are known to be off
+   (:func:`shared.host_fencing.fence_state`): a source forced down while its fence's
+   lease still runs holds the move (``held_until``, said in the server's instance
+   action) until that lease has run out; the conductors' sweep sends it on then
+   (:mod:`services.conductor.moves.held`);
+6. the destination's agent is asked to build the instance there — again on every
    delivery that finds the migration ``pre-migrating``, since the agent builds a guest
    once however often it is asked. Its result (``move_result``) finishes the move
    (:mod:`services.conductor.moves`).
@@ -40,8 +45,10 @@ from services.compute.rpcapi import (
     topic_for,
 )
 from services.conductor.boot_images import BootImages
+from services.conductor.moves import held
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
+from shared import host_fencing
 from shared.context import RequestContext
 from shared.db import (
     allocations,
@@ -105,8 +112,11 @@ class MoveTask(TaskBase):
         faults: FaultPoints | None = None,
         boot_images: BootImages | None = None,
         same_host_resize: bool = False,
+        fence_margin: float = 30.0,
     ) -> None:
         self.ctx = ctx
+        #: KEEL_FENCING__MARGIN: added to a fence's lease before its guests count as off.
+        self.fence_margin = fence_margin
         self.faults = faults or FaultPoints()
         self.boot_images = boot_images
         #: Whether a resize may stay on its host (KEEL_ALLOW_RESIZE_TO_SAME_HOST).
@@ -149,10 +159,32 @@ class MoveTask(TaskBase):
             destination = await self._recorded_destination(migration)
         if destination is None:
             return
+        if self.kind is EVACUATION and await self._held_for_the_source(migration):
+            return
         source_disk = None
         if self.kind is not EVACUATION:
             source_disk = await self._stop_source(migration, instance)
         await self._send_build(instance, destination, source_disk)
+
+    async def _held_for_the_source(self, migration: Migration) -> bool:
+        """Hold an evacuation while the source's guests may still run (its fence's lease
+        runs on); True if held. A source that no longer exists holds nothing."""
+        assert migration.source_compute_id is not None
+        async with self.pool.acquire() as conn:
+            try:
+                source = await compute_nodes.host_state_by_id(
+                    conn, migration.source_compute_id, self.service_down_time
+                )
+            except ComputeNodeNotFound:
+                return False
+            silent = await host_fencing.silent_for(conn, source.service.id)
+        state = host_fencing.fence_state(
+            source.service, silent, down_time=self.service_down_time, margin=self.fence_margin
+        )
+        if state.guests_off:
+            return False
+        await held.hold(self.pool, migration, state)
+        return True
 
     async def _stop_source(self, migration: Migration, instance: Instance) -> GuestDisk | None:
         """Shut the source guest down; where its disk is, for the destination to copy."""

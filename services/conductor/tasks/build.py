@@ -202,6 +202,8 @@ class BuildInstanceTask(TaskBase):
             metadata=instance.metadata,
             user_data=instance.user_data,
             boot=boot,
+            # The guest carries its copy's token: what every later verdict compares.
+            origin=instance.copy_token,
         )
         try:
             await self.compute.build_and_run_instance(self.ctx, selection.service_uuid, spec)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from services.scheduler.filters.aggregate_extra_specs import AggregateInstanceExtraSpecsFilter
+from services.scheduler.filters.aggregate_tenancy import AggregateMultiTenancyIsolation
 from services.scheduler.filters.availability_zone import AvailabilityZoneFilter
 from services.scheduler.filters.base import HostFilter
 from services.scheduler.filters.compute import ComputeFilter
@@ -9,9 +11,12 @@ from services.scheduler.filters.disk import DiskFilter
 from services.scheduler.filters.ignore_hosts import IgnoreHostsFilter
 from services.scheduler.filters.ram import RamFilter
 from services.scheduler.filters.requested_destination import RequestedDestinationFilter
+from services.scheduler.filters.server_group import ServerGroupFilter
 from services.scheduler.filters.vcpus import VcpuFilter
 
 __all__ = [
+    "AggregateInstanceExtraSpecsFilter",
+    "AggregateMultiTenancyIsolation",
     "AvailabilityZoneFilter",
     "ComputeFilter",
     "DiskFilter",
@@ -19,6 +24,7 @@ __all__ = [
     "IgnoreHostsFilter",
     "RamFilter",
     "RequestedDestinationFilter",
+    "ServerGroupFilter",
     "VcpuFilter",
     "default_filters",
 ]
@@ -34,7 +40,10 @@ def default_filters() -> list[HostFilter]:
         ComputeFilter(),
         IgnoreHostsFilter(),
         AvailabilityZoneFilter(),
+        AggregateMultiTenancyIsolation(),
+        AggregateInstanceExtraSpecsFilter(),
         VcpuFilter(),
         RamFilter(),
         DiskFilter(),
+        ServerGroupFilter(),
     ]

@@ -37,11 +37,12 @@ from uuid import UUID
 from xml.etree import ElementTree
 
 from services.compute.image_cache import ImageCache
-from services.compute.rpcapi import BootSource, GuestDisk, InstanceSpec
+from services.compute.rpcapi import BootSource, GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.console import read_tail
 from services.compute.virt.driver import HypervisorResources
 from services.compute.virt.libvirt import disks
 from services.compute.virt.libvirt.connection import LibvirtConnection
+from services.compute.virt.libvirt.diagnostics import domain_diagnostics
 from services.compute.virt.libvirt.domain import (
     NAMESPACE,
     GuestFiles,
@@ -142,6 +143,9 @@ class LibvirtDriver:
             len(guests),
             self.instances_dir,
         )
+
+    async def open_node(self, node_uuid: UUID) -> None:
+        self._node_uuid = node_uuid
 
     async def resources(self) -> HypervisorResources:
         info, hostname = await self._conn.run(lambda conn: (conn.getInfo(), conn.getHostname()))
@@ -416,6 +420,10 @@ class LibvirtDriver:
         dom = await self._domain(instance_uuid)
         await self._shut_down(dom, instance_uuid)
 
+    async def halt(self, instance_uuid: UUID) -> None:
+        dom = await self._domain(instance_uuid)
+        await self._conn.run(lambda _conn: self._force_off(dom))
+
     async def _shut_down(self, dom: Any, instance_uuid: UUID) -> None:
         """Press the power button until the guest is off; force it after the timeout.
 
@@ -515,6 +523,16 @@ class LibvirtDriver:
         """Starting a domain with a managed save restores it from there."""
         dom = await self._domain(instance_uuid)
         await self._conn.run(lambda _conn: self._start(dom))
+
+    async def diagnostics(self, instance_uuid: UUID) -> GuestDiagnostics:
+        """libvirt tells no domain's start time: ``uptime`` is left ``None``."""
+        dom = await self._domain(instance_uuid)
+
+        def read(_conn: Any) -> GuestDiagnostics:
+            saved = bool(dom.hasManagedSaveImage(0))
+            return domain_diagnostics(dom, saved=saved, uptime=None)
+
+        return await self._conn.run(read)
 
     async def console_output(self, instance_uuid: UUID) -> bytes:
         await self._domain(instance_uuid)

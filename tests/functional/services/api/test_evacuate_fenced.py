@@ -1,7 +1,7 @@
-"""``evacuate`` only of a fenced host: forced down, or silent past its agent's fence window.
+"""``evacuate`` only of a fenced host: silent past its armed fence's lease, or forced down.
 
 keel-api in-process against real PostgreSQL and RabbitMQ; the compute services' rows are
-set as their agents would have left them (release, self-fence window, last heartbeat).
+set as their agents would have left them (release, fence lease, last heartbeat).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from shared.db import compute_nodes, instances, move_requests, moves
 from shared.exceptions import MessagingTimeout
 from shared.objects.migration import EVACUATION, MigrationStatus
 from shared.objects.states import TaskState
-from shared.versions import SERVICE_VERSION
+from shared.versions import HOST_FENCE_VERSION, SERVICE_VERSION
 from tests.functional.services.api.conftest import (
     ADMIN,
     Recorder,
@@ -44,16 +44,22 @@ def settings(settings: Settings) -> Settings:
 
 
 async def agent_left(
-    pool: asyncpg.Pool, host: str, *, silent: float, fence: float | None = FENCE
+    pool: asyncpg.Pool,
+    host: str,
+    *,
+    silent: float,
+    fence: float | None = FENCE,
+    version: int = SERVICE_VERSION,
 ) -> None:
-    """``host``'s agent, of this release, last heartbeat ``silent`` seconds ago."""
+    """``host``'s agent's last heartbeat, ``silent`` seconds ago: its release, and the lease
+    of the host's fence it reported (``None``: no armed fence)."""
     async with pool.acquire() as conn:
         await conn.execute(
-            """UPDATE services SET version = $2, self_fence_after = $3,
+            """UPDATE services SET version = $2, self_fence_after = $3, fence_lease = $3,
                       last_seen_up = now() - make_interval(secs => $4)
                 WHERE host = $1 AND "binary" = 'keel-compute'""",
             host,
-            SERVICE_VERSION,
+            version,
             fence,
             silent,
         )
@@ -98,7 +104,7 @@ async def world(
     return servers
 
 
-async def test_a_host_silent_less_than_its_window_is_refused_naming_the_seconds_left(
+async def test_a_host_silent_less_than_its_lease_is_refused_naming_the_seconds_left(
     client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str]
 ) -> None:
     server = world["cut"]
@@ -115,24 +121,26 @@ async def test_a_host_silent_less_than_its_window_is_refused_naming_the_seconds_
     assert 1 <= int(found[1]) <= FENCE + MARGIN
     assert await moves_of(db_pool, server) == 0
 
-    await agent_left(db_pool, "cut", silent=DOWN + FENCE + MARGIN + 1)
+    await agent_left(db_pool, "cut", silent=FENCE + MARGIN + 1)
     assert (await evacuate(client, server)).status_code == 200
     assert await moves_of(db_pool, server) == 1
 
 
 NOT_FENCING = {
-    "no-fence": (0.0, "KEEL_FENCING__SELF_FENCE_AFTER=0"),
-    "old": (None, "does not fence itself"),
+    "no-fence": (None, SERVICE_VERSION, "no armed host fence"),
+    "old": (FENCE, HOST_FENCE_VERSION - 1, "keeps no host fence"),
 }
 
 
 @pytest.mark.parametrize("host", sorted(NOT_FENCING))
-async def test_a_host_whose_agent_does_not_fence_itself_needs_forcing_down(
+async def test_a_host_without_an_armed_fence_needs_forcing_down(
     client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str], host: str
 ) -> None:
-    fence, says = NOT_FENCING[host]
+    """Fencing off or a dead fence, or an agent before fences: an agent that died leaves
+    its guests running for ever, so time alone never makes its host evacuable."""
+    fence, version, says = NOT_FENCING[host]
     server = world[host]
-    await agent_left(db_pool, host, silent=3600, fence=fence)
+    await agent_left(db_pool, host, silent=3600, fence=fence, version=version)
 
     refused = await evacuate(client, server)
     assert refused.status_code == 400
@@ -149,11 +157,28 @@ async def test_a_host_whose_agent_does_not_fence_itself_needs_forcing_down(
     assert await moves_of(db_pool, server) == 1
 
 
+async def test_a_host_forced_down_with_an_armed_fence_is_evacuated_at_once(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str]
+) -> None:
+    """Accepted and recorded at once; the conductor starts the new copy only once the
+    fence's lease has run out (tests/functional/services/conductor/test_held_evacuations.py)."""
+    server = world["cut"]
+    await agent_left(db_pool, "cut", silent=1.0)
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET forced_down = true
+                WHERE host = 'cut' AND "binary" = 'keel-compute'"""
+        )
+
+    assert (await evacuate(client, server)).status_code == 200
+    assert await moves_of(db_pool, server) == 1
+
+
 async def test_two_evacuations_of_one_server_at_once_record_one_move(
     client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str]
 ) -> None:
     server = world["cut"]
-    await agent_left(db_pool, "cut", silent=DOWN + FENCE + MARGIN + 1)
+    await agent_left(db_pool, "cut", silent=FENCE + MARGIN + 1)
 
     answers = await asyncio.gather(evacuate(client, server), evacuate(client, server))
 

@@ -19,7 +19,9 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api.http.microversion import MAX_VERSION
+from services.api.http.microversion import MAX_VERSION, APIVersion
+from services.api.servers.diagnostics import diagnostics_view
+from services.compute.rpcapi import GuestDiagnostics
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
@@ -219,6 +221,34 @@ async def locked_filter_count(w: World, v: str) -> int:
     return await count(w, v, "servers?locked=true", "servers", MEMBER)
 
 
+async def public_flavor_access_status(w: World, v: str) -> int:
+    added = await w.post("flavors/1/action", v, {"addTenantAccess": {"tenant": f"p-{v}"}})
+    return added.status_code
+
+
+async def diagnostics_standard(w: World, v: str) -> bool:
+    """The view of an agent's answer at ``v`` (the agent itself is not in this world)."""
+    found = GuestDiagnostics(state="running", driver="libvirt")
+    return "num_cpus" in diagnostics_view(found, APIVersion.parse(v))
+
+
+async def group_status(w: World, v: str, group: dict[str, Any]) -> int:
+    made = await w.post("os-server-groups", v, {"server_group": {"name": "g", **group}})
+    return made.status_code
+
+
+async def group_has_project(w: World, v: str) -> bool:
+    made = await w.post(
+        "os-server-groups", v, {"server_group": {"name": "g", "policies": ["affinity"]}}
+    )
+    return "project_id" in made.json()["server_group"]
+
+
+async def aggregate_has_uuid(w: World, v: str) -> bool:
+    made = await w.post("os-aggregates", v, {"aggregate": {"name": f"a-{v}"}})
+    return "uuid" in made.json()["aggregate"]
+
+
 async def destination_status(w: World, v: str) -> int:
     return await w.create(v, host="mv-2")
 
@@ -260,6 +290,7 @@ CASES = [
         False,
     ),
     Case("2.5", "ip6 filter for members", ip6_member_count, 0, 1),
+    Case("2.7", "no access list for a public flavor", public_flavor_access_status, 409, 200),
     Case("2.9", "locked in server", lambda w, v: has(w, v, "locked"), True, False),
     Case("2.10", "admin keypair for a user", keypair_for_user, 201, 400),
     Case("2.11", "forced_down in os-services", services_forced_down, True, False),
@@ -269,6 +300,14 @@ CASES = [
         lambda w, v: evacuate_says(w, v, {"onSharedStorage": False}),
         True,
         False,
+    ),
+    Case("2.13", "project_id in server groups", group_has_project, True, False),
+    Case(
+        "2.15",
+        "soft server group policies",
+        lambda w, v: group_status(w, v, {"policies": ["soft-affinity"]}),
+        200,
+        400,
     ),
     Case("2.16", "host_status for admins", lambda w, v: has(w, v, "host_status"), True, False),
     Case("2.19", "server description", description_on_create, 202, 400),
@@ -328,9 +367,11 @@ CASES = [
     ),
     Case("2.39", "maxImageMeta gone", lambda w, v: limits_has(w, v, "maxImageMeta"), False, True),
     Case("2.40", "usage paging", usage_paged, True, False),
+    Case("2.41", "the uuid of aggregates", aggregate_has_uuid, True, False),
     Case("2.42", "network tags again", network_tag_status, 202, 400),
     Case("2.46", "X-OpenStack-Request-ID", request_id_header, True, True),
     Case("2.47", "the flavor embedded in servers", flavor_is_embedded, True, False),
+    Case("2.48", "standard server diagnostics", diagnostics_standard, True, False),
     Case("2.51", "action events for members", member_sees_events, True, False),
     Case("2.52", "tags on create", tags_on_create, 202, 400),
     Case("2.53", "service ids are UUIDs", service_id_type, "str", "int"),
@@ -349,6 +390,13 @@ CASES = [
         lambda w, v: evacuate_says(w, v, {"force": False}),
         True,
         False,
+    ),
+    Case(
+        "2.64",
+        "a server group's policy and rules",
+        lambda w, v: group_status(w, v, {"policy": "anti-affinity", "rules": {}}),
+        200,
+        400,
     ),
     Case("2.71", "server_groups in show", lambda w, v: has(w, v, "server_groups"), True, False),
     Case("2.73", "the locked filter", locked_filter_count, 0, 1),

@@ -7,6 +7,7 @@ agent is a stand-in served on ``compute.<service uuid>``.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from uuid import UUID
 
@@ -15,7 +16,7 @@ import pytest
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.manager import ConductorManager
-from services.conductor.rpcapi import BuildInstances, ConductorAPI
+from services.conductor.rpcapi import BuildInstances, BuildVerdict, ConductorAPI, CopyToken
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances
@@ -30,6 +31,7 @@ from tests.functional.services.conductor.stand_in import (
     heartbeat,
     register,
     serve_stand_in,
+    until,
 )
 
 pytestmark = pytest.mark.functional
@@ -278,3 +280,83 @@ async def test_a_build_to_a_requested_host_delivered_twice_at_once_claims_there_
             "SELECT spec FROM request_specs WHERE instance_uuid = $1", instance_uuid
         )
     assert "requested_destination" not in spec
+
+
+async def test_every_build_delivery_carries_the_servers_copy_token(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    registration = await register(conductor, "token-host")
+    agent = StandInCompute(conductor)
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+
+    await asyncio.gather(
+        conductor.build_instances(RequestContext(), instance_uuid),
+        conductor.build_instances(RequestContext(), instance_uuid),
+    )
+    instance = await settled(db_pool, instance_uuid, "active")
+
+    assert instance.copy_token is not None
+    assert {spec.origin for spec in agent.built} == {instance.copy_token}
+
+
+async def test_a_guest_carrying_the_current_token_is_adopted_never_abandoned(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 16: one delivery's failure put the build in ERROR while another delivery's
+    guest runs; a third delivery asking is told to build (report it), not to discard it,
+    and its success makes the server ACTIVE with its claim."""
+    registration = await register(conductor, "adopt-host")
+    agent = StandInCompute(conductor)
+    agent.report = False
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    await until(lambda: _sent(agent, instance_uuid))
+    token = agent.built[0].origin
+    ctx = RequestContext()
+    await conductor.instance_build_result(ctx, instance_uuid, success=False, message="failed")
+    await settled(db_pool, instance_uuid, "error")
+
+    stranger = CopyToken(token=uuid.uuid4())
+    checks = await asyncio.gather(
+        conductor.check_build(ctx, instance_uuid, registration.node_uuid, CopyToken(token=token)),
+        conductor.check_build(ctx, instance_uuid, registration.node_uuid, stranger),
+        conductor.check_build(ctx, instance_uuid, registration.node_uuid),
+    )
+    assert [c.verdict if c else None for c in checks] == [
+        BuildVerdict.BUILD,
+        BuildVerdict.ABANDON,
+        BuildVerdict.ABANDON,
+    ]
+
+    await conductor.instance_build_result(
+        ctx, instance_uuid, success=True, built=CopyToken(token=token)
+    )
+    instance = await settled(db_pool, instance_uuid, "active")
+    assert await held(db_pool, instance_uuid) == 1
+    assert instance.copy_token == token
+
+
+async def test_a_build_result_for_a_copy_that_is_not_current_changes_nothing(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    registration = await register(conductor, "stale-host")
+    agent = StandInCompute(conductor)
+    agent.report = False
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    await until(lambda: _sent(agent, instance_uuid))
+
+    await conductor.instance_build_result(
+        RequestContext(), instance_uuid, success=True, built=CopyToken(token=uuid.uuid4())
+    )
+    await asyncio.sleep(0.5)
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+    assert (instance.vm_state, instance.task_state) == ("building", "spawning")
+
+
+def _sent(agent: StandInCompute, instance_uuid: UUID) -> bool:
+    return any(spec.uuid == instance_uuid for spec in agent.built)

@@ -33,7 +33,7 @@ from tests.functional.services.conductor.stand_in import create_instance, resour
 pytestmark = pytest.mark.functional
 
 DOWN, FENCE, MARGIN = 4.0, 8.0, 2.0
-FENCED = DOWN + FENCE + MARGIN + 1
+FENCED = FENCE + MARGIN + 1
 
 
 class RecordingConductor(ConductorAPI):
@@ -70,7 +70,7 @@ class World:
         return Recovery(self.pool, self.conductor, settings, self.metrics)
 
     async def host(self, name: str, zone: str = "nova") -> int:
-        """A compute host of this release, self-fencing, up; its node's id."""
+        """A compute host of this release, its fence armed, up; its node's id."""
         async with self.pool.acquire() as conn:
             service = await services.get_or_create(
                 conn,
@@ -83,7 +83,12 @@ class World:
                 self_fence_after=FENCE,
             )
             await services.heartbeat(
-                conn, service.uuid, SERVICE_VERSION, agent=True, self_fence_after=FENCE
+                conn,
+                service.uuid,
+                SERVICE_VERSION,
+                agent=True,
+                self_fence_after=FENCE,
+                fence_lease=FENCE,
             )
             node = await compute_nodes.upsert(
                 conn,
@@ -115,7 +120,7 @@ class World:
         async with self.pool.acquire() as conn:
             await conn.execute(
                 """UPDATE services SET last_seen_up = now() - make_interval(secs => $2),
-                                       self_fence_after = $3
+                                       self_fence_after = $3, fence_lease = $3
                     WHERE host = $1 AND "binary" = 'keel-compute'""",
                 name,
                 seconds,
@@ -190,7 +195,7 @@ async def test_all_takes_every_server_and_off_takes_none(world: World) -> None:
 
 async def test_a_host_not_yet_fenced_waits(world: World) -> None:
     await five_hosts(world)
-    await world.silent("cn3", DOWN + FENCE)  # down, inside the window and margin
+    await world.silent("cn3", FENCE)  # down, inside the lease and margin
 
     assert await world.recovery().sweep() == 0
     assert await world.evacuated() == {}

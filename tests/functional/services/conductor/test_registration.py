@@ -224,3 +224,41 @@ async def test_the_agents_self_fence_window_is_recorded_as_it_last_reported_it(
         CTX, service_uuid=registered.service_uuid, version=SELF_FENCING_VERSION - 1
     )
     assert await fence_window(db_pool, "cn-f") is None
+
+
+async def fence_lease(pool: asyncpg.Pool, host: str) -> float | None:
+    async with pool.acquire() as conn:
+        lease: float | None = await conn.fetchval(
+            """SELECT fence_lease FROM services
+                WHERE host = $1 AND "binary" = 'keel-compute' AND deleted_at IS NULL""",
+            host,
+        )
+    return lease
+
+
+async def test_the_lease_of_the_hosts_armed_fence_is_recorded_as_the_last_heartbeat_said(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    registered = await conductor.register_compute(
+        CTX,
+        host="cn-l",
+        node_uuid=uuid.uuid4(),
+        version=SERVICE_VERSION,
+        resources=resources("cn-l"),
+    )
+    assert await fence_lease(db_pool, "cn-l") is None, "armed only once a heartbeat says so"
+
+    beats = [
+        conductor.service_heartbeat(
+            CTX, service_uuid=registered.service_uuid, version=SERVICE_VERSION, fence_lease=90.0
+        )
+        for _ in range(2)
+    ]
+    await asyncio.gather(*beats)
+    assert await fence_lease(db_pool, "cn-l") == 90.0
+
+    # Its fence died: the next heartbeat reports none, and the host is unarmed again.
+    await conductor.service_heartbeat(
+        CTX, service_uuid=registered.service_uuid, version=SERVICE_VERSION
+    )
+    assert await fence_lease(db_pool, "cn-l") is None

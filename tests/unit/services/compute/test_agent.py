@@ -401,7 +401,7 @@ async def test_an_agent_of_an_older_release_reports_no_fencing(
         await agent.stop()
 
 
-async def test_a_cut_off_agent_fences_itself_and_reconciles_before_it_builds_again(
+async def test_a_cut_off_agents_fence_fires_and_it_reconciles_before_it_builds_again(
     world: World, tmp_path: Path
 ) -> None:
     driver = FakeDriver("host1")
@@ -415,9 +415,8 @@ async def test_a_cut_off_agent_fences_itself_and_reconciles_before_it_builds_aga
         assert driver.is_running(first.uuid)
 
         world.conductor.answering.clear()  # cut off
-        await eventually(
-            lambda: (tmp_path / "fenced.json").exists() and not driver.is_running(first.uuid)
-        )
+        fence = agent.contact.fence
+        await eventually(lambda: fence.fired() and not driver.is_running(first.uuid))
         second = make_spec()
         await compute.build_and_run_instance(ctx, agent.service_uuid, second)
         await asyncio.sleep(0.3)
@@ -430,7 +429,7 @@ async def test_a_cut_off_agent_fences_itself_and_reconciles_before_it_builds_aga
         after = world.conductor.answered[healed_at:]
         building = after.index(("check_build", second.uuid))
         assert ("report", None) in after[:building]
-        assert not (tmp_path / "fenced.json").exists()
+        await eventually(lambda: not fence.fired())
         assert driver.guest(first.uuid) is not None, "a fenced guest is kept"
         assert not driver.is_running(first.uuid), "and is not started again"
         assert driver.is_running(second.uuid)

@@ -80,6 +80,9 @@ class Gate:
     def __init__(self) -> None:
         self.opened = asyncio.Event()
         self.waited: list[tuple[str, uuid.UUID]] = []
+        #: Set by the test when a heartbeat is answered again.
+        self.answered = asyncio.Event()
+        self.waited_for_answers = 0
 
     def serving(self) -> bool:
         return self.opened.is_set()
@@ -88,6 +91,11 @@ class Gate:
         if not self.serving():
             self.waited.append((what, instance_uuid))
         await self.opened.wait()
+
+    async def wait_answered(self) -> None:
+        self.waited_for_answers += 1
+        await self.answered.wait()
+        self.answered.clear()
 
 
 @asynccontextmanager
@@ -199,19 +207,43 @@ async def test_a_withdrawn_delete_or_stop_that_arrives_later_changes_nothing(rig
     assert [t.request_id for t in rig.conductor.taken] == [stop.request_id, delete.request_id]
 
 
-async def test_a_delete_is_not_held_up_when_no_conductor_can_take_its_request(
+async def test_a_delete_waits_until_a_conductor_can_take_its_request(tmp_path: Path) -> None:
+    """It may have been withdrawn (keel-api answered 503): nothing is done before a
+    conductor answers, and then what it answers is done."""
+    gate = Gate()
+    gate.opened.set()
+    async with _rig(LocalDriver(tmp_path, "host1"), gate=gate) as rig:
+        spec = make_spec()
+        await rig.build(spec)
+        await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
+        rig.conductor.take_fails = True
+
+        await rig.terminate(spec.uuid)
+        await eventually(lambda: gate.waited_for_answers == 1)
+        await asyncio.sleep(0.1)
+        assert rig.guest_dir(spec).exists(), "not deleted while no conductor takes it"
+
+        rig.conductor.take_fails = False
+        gate.answered.set()  # heartbeats are answered again
+        await eventually(lambda: spec.uuid in rig.conductor.deleted)
+        assert not rig.guest_dir(spec).exists()
+
+
+async def test_without_a_contact_watch_an_untaken_request_is_tried_again_later(
     rig: Rig,
 ) -> None:
+    """The failure is transient: the message goes back to be delivered again."""
     spec = make_spec()
     await rig.build(spec)
     await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
     rig.conductor.take_fails = True
 
     await rig.terminate(spec.uuid)
-    await eventually(lambda: spec.uuid in rig.conductor.deleted)
+    await eventually(lambda: len(rig.conductor.taken) >= 2)
+    assert rig.guest_dir(spec).exists()
 
-    assert not rig.guest_dir(spec).exists()
-    assert len(rig.conductor.taken) >= 1
+    rig.conductor.take_fails = False
+    await eventually(lambda: spec.uuid in rig.conductor.deleted)
 
 
 async def test_terminate_of_a_missing_guest_still_reports_it_deleted(rig: Rig) -> None:

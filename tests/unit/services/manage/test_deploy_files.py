@@ -110,27 +110,37 @@ def test_compose_ha_clusters_three_broker_nodes_on_one_cookie(compose_ha: dict[s
     assert "\nRABBITMQ_ERLANG_COOKIE=" in example
 
 
-def test_compose_ha_has_a_synchronous_standby(compose_ha: dict[str, Any]) -> None:
+def test_compose_ha_fails_the_database_over_with_patroni(compose_ha: dict[str, Any]) -> None:
     services = compose_ha["services"]
-    assert "synchronous_standby_names=*" in services["postgres"]["command"]
-    standby = services["postgres-standby"]
-    assert standby["depends_on"]["postgres"]["condition"] == "service_healthy"
-    script = (ROOT / "deploy" / "ha" / "postgres-standby.sh").read_text()
-    assert "pg_basebackup --host postgres" in script
-    assert "--write-recovery-conf" in script
+    nodes = [services[name] for name in ("postgres", "postgres2")]
+    for node in nodes:
+        assert node["build"]["dockerfile"] == "deploy/ha/Dockerfile.patroni"
+        assert node["depends_on"]["etcd"]["condition"] == "service_healthy"
+        assert node["environment"]["PATRONI_ETCD3_HOSTS"] == "etcd:2379"
+    assert [n["environment"]["PATRONI_NAME"] for n in nodes] == ["postgres", "postgres2"]
+    assert "etcd" in services
+    url = services["api"]["environment"]["KEEL_DATABASE_URL"]
+    assert "@postgres:5432,postgres2:5432/keel?target_session_attrs=read-write" in url
+
+    patroni = yaml.safe_load((ROOT / "deploy" / "ha" / "patroni.yml").read_text())
+    dcs = patroni["bootstrap"]["dcs"]
+    assert dcs["synchronous_mode"] is True
+    assert dcs["primary_start_timeout"] == 0
+    assert patroni["bootstrap"]["post_bootstrap"] == "/etc/patroni/create-keel-database.sh"
+    dockerfile = (ROOT / "deploy" / "ha" / "Dockerfile.patroni").read_text()
+    assert "patroni-requirements.txt" in dockerfile
+    assert "/etc/patroni/create-keel-database.sh" in dockerfile
 
 
-def test_compose_ha_gives_every_process_every_node(
-    compose: dict[str, Any], compose_ha: dict[str, Any]
-) -> None:
-    keel = [name for name, service in compose["services"].items() if "build" in service]
-    assert set(keel) <= set(compose_ha["services"])
-    for name in keel:
-        env = compose_ha["services"][name]["environment"]
-        assert "@rabbitmq:5672,rabbitmq2:5672,rabbitmq3:5672/" in env["KEEL_TRANSPORT_URL"]
-        if "KEEL_DATABASE_URL" in compose["services"][name]["environment"]:
-            url = env["KEEL_DATABASE_URL"]
-            assert "@postgres:5432,postgres-standby:5432/keel" in url
-            assert url.endswith("?target_session_attrs=read-write")
-        else:
-            assert "KEEL_DATABASE_URL" not in env
+def test_patroni_is_pinned_and_installed_by_the_set_up_script() -> None:
+    pins = [
+        line
+        for line in (ROOT / "deploy" / "ha" / "patroni-requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert pins
+    assert all("==" in line for line in pins)
+    assert any(line.startswith("patroni==") for line in pins)
+    script = (ROOT / "deploy" / "dev-servers.sh").read_text()
+    assert "ha/patroni-requirements.txt" in script
+    assert "etcd-server" in script

@@ -127,6 +127,18 @@ async def test_handler_sees_the_callers_request_id(client: RPCClient) -> None:
     assert current_request_id.get() is None
 
 
+async def test_each_handled_message_is_counted_and_timed(
+    client: RPCClient, server: RPCServer
+) -> None:
+    for name in ("a", "b"):
+        await client.call(RequestContext(), "forget", Greeting(name=name), version="1.3")
+    metrics = server.metrics
+    assert metrics.value("keel_rpc_handle_seconds_count", topic=TOPIC, method="forget") == 2
+    assert 0 < metrics.value("keel_rpc_handle_seconds_sum", topic=TOPIC, method="forget") < 5
+    settled = metrics.value("keel_rpc_messages_total", topic=TOPIC, method="forget", settled="ack")
+    assert settled == 2
+
+
 async def test_method_returning_nothing_is_called(client: RPCClient, endpoint: Endpoint) -> None:
     await client.call(RequestContext(), "forget", Greeting(name="x"), version="1.3")
     assert endpoint.handled == ["x"]

@@ -184,3 +184,30 @@ def test_a_resize_on_its_own_host_never_condemns_its_one_copy(status: MigrationS
 def test_a_resize_to_another_host_removes_the_source_copy_once_confirming() -> None:
     resized = move(MigrationType.RESIZE, S.CONFIRMING, HERE, THERE)
     assert guest_verdict(GUEST, THERE, False, [resized], HERE).fate is GuestFate.MOVED
+
+
+@pytest.mark.parametrize(
+    ("instance_node", "moves"),
+    [
+        (THERE, [(EVAC, S.DONE, HERE, THERE)]),  # R4: evacuated away, by the records
+        (HERE, [(MIGR, S.CONFIRMING, HERE, THERE)]),  # R2b: a confirmed migration's source
+    ],
+)
+def test_a_copy_carrying_the_current_token_is_never_removed(
+    instance_node: int, moves: list[tuple[MigrationType, MigrationStatus, int, int]]
+) -> None:
+    history = [move(*m) for m in moves]
+    verdict = guest_verdict(GUEST, instance_node, False, history, HERE, current=True)
+    assert verdict.fate is GuestFate.KEEP
+    assert "current copy token" in verdict.reason
+
+
+def test_a_copy_on_the_servers_node_without_its_token_is_an_orphan() -> None:
+    """Finding 2 by tokens: a stale copy is never taken for the server's."""
+    verdict = guest_verdict(GUEST, HERE, False, [], HERE, current=False)
+    assert verdict.fate is GuestFate.ORPHANED
+    assert guest_verdict(GUEST, HERE, False, [], HERE, current=None).fate is GuestFate.KEEP
+
+
+def test_a_deleted_servers_copy_goes_whatever_its_token() -> None:
+    assert guest_verdict(GUEST, HERE, True, [], HERE, current=True).fate is GuestFate.DELETED

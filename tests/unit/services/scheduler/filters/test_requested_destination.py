@@ -40,14 +40,14 @@ def test_a_requested_host_still_goes_through_every_filter() -> None:
     assert [r.name for r in results][:2] == ["RequestedDestinationFilter", "ComputeFilter"]
 
 
-def test_a_forced_host_skips_every_other_filter() -> None:
+def test_a_forced_host_skips_every_other_filter_but_the_server_groups() -> None:
     disabled = make_host("b", disabled=True, memory_mb=256)
     other = make_host("a")
     destination = RequestedDestination(host="b", node_ids=[disabled.node.id], forced=True)
     spec = make_spec().model_copy(update={"requested_destination": destination})
     passed, results = HostManager(service_down_time=60).apply_filters([other, disabled], spec)
     assert passed == [disabled]
-    assert [r.name for r in results] == ["RequestedDestinationFilter"]
+    assert [r.name for r in results] == ["RequestedDestinationFilter", "ServerGroupFilter"]
 
 
 def test_a_custom_filter_list_without_it_still_narrows() -> None:
