@@ -73,3 +73,13 @@ async def test_an_outage_is_a_503_fault_with_retry_after(
     assert response.status_code == 503
     assert "Keystone" in response.json()["serviceUnavailable"]["message"]
     assert int(response.headers["Retry-After"]) > 0
+
+
+async def test_the_operators_page_signs_no_one_in(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/ops/login",
+        content="username=admin&password=secret",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert response.status_code == 403
+    assert "set-cookie" not in response.headers
