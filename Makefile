@@ -192,7 +192,7 @@ rally: $(CHECKOUT_PTH) $(RALLY_STAMP) ## Rally's boot_and_delete_server: RALLY_T
 		--concurrency $(RALLY_CONCURRENCY)
 
 # 10 iterations at concurrency 2, whatever RALLY_TIMES says.
-test-rally: prerequisites $(RALLY_STAMP)
+test-rally: prerequisites $(RALLY_STAMP) ## Rally's boot_and_delete_server, 10 iterations at concurrency 2 (not in CI)
 	$(BIN)/python bench/rally.py --venv $(RALLY_VENV) --times 10 --concurrency 2
 
 # Each benchmark prints a human line and a JSON line per figure, and PASS/FAIL against
