@@ -52,7 +52,7 @@ typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)
 # tests that need the servers is one word in SERVER_TIERS (a tier run otherwise gets its
 # own `test-<tier>` rule and a word in TIERS).
 SERVER_TIERS := functional e2e ha bench
-TIERS := unit $(SERVER_TIERS) partitions tempest libvirt
+TIERS := unit $(SERVER_TIERS) partitions tempest keystone libvirt
 # Extra pytest options for every tier, e.g. PYTEST_ARGS=-x.
 PYTEST_ARGS ?=
 
@@ -157,6 +157,43 @@ $(CLIENTS_STAMP): tests/clients/requirements.txt
 .PHONY: test-clients
 test-clients: prerequisites $(CLIENTS_STAMP) ## Ansible playbooks against a cloud of their own (not in make test)
 	KEEL_CLIENTS_VENV=$(CLIENTS_VENV) $(BIN)/pytest tests/clients $(PYTEST_ARGS)
+
+# Keystone (from PyPI) in a virtualenv of its own, like Tempest: the keystone tier runs it
+# on a scratch PostgreSQL database under gunicorn and puts keel-api behind it.
+KEYSTONE_VENV ?= .keystone-venv
+KEYSTONE_STAMP := $(KEYSTONE_VENV)/.installed
+
+$(KEYSTONE_STAMP): tests/keystone/requirements.txt
+	test -x $(KEYSTONE_VENV)/bin/python || $(PYTHON) -m venv $(KEYSTONE_VENV)
+	$(KEYSTONE_VENV)/bin/pip install --quiet -r tests/keystone/requirements.txt
+	touch $@
+
+.PHONY: test-keystone
+test-keystone: prerequisites $(KEYSTONE_STAMP) ## keel-api behind a real Keystone (installed in .keystone-venv)
+	KEEL_KEYSTONE_VENV=$(abspath $(KEYSTONE_VENV)) $(BIN)/pytest tests/keystone $(PYTEST_ARGS)
+
+# Rally (rally-openstack, from PyPI) in a virtualenv of its own, like Tempest: its
+# NovaServers.boot_and_delete_server with the users context against a cloud of its own
+# (bench/rally.py). `make rally` runs the issue's size; `make test-rally` a small one (not
+# in CI: with its virtualenv's install it takes about four minutes).
+RALLY_VENV ?= .rally-venv
+RALLY_STAMP := $(RALLY_VENV)/.installed
+RALLY_TIMES ?= 200
+RALLY_CONCURRENCY ?= 20
+
+$(RALLY_STAMP): bench/rally-requirements.txt
+	test -x $(RALLY_VENV)/bin/python || $(PYTHON) -m venv $(RALLY_VENV)
+	$(RALLY_VENV)/bin/pip install --quiet -r bench/rally-requirements.txt
+	touch $@
+
+.PHONY: rally test-rally
+rally: $(CHECKOUT_PTH) $(RALLY_STAMP) ## Rally's boot_and_delete_server: RALLY_TIMES (200) at RALLY_CONCURRENCY (20)
+	$(BIN)/python bench/rally.py --venv $(RALLY_VENV) --times $(RALLY_TIMES) \
+		--concurrency $(RALLY_CONCURRENCY)
+
+# 10 iterations at concurrency 2, whatever RALLY_TIMES says.
+test-rally: prerequisites $(RALLY_STAMP) ## Rally's boot_and_delete_server, 10 iterations at concurrency 2 (not in CI)
+	$(BIN)/python bench/rally.py --venv $(RALLY_VENV) --times 10 --concurrency 2
 
 # Each benchmark prints a human line and a JSON line per figure, and PASS/FAIL against
 # its targets (never enforced). `make bench` is the quick set (a few minutes);

@@ -48,9 +48,9 @@ from devkit.processes import BIN, Process, ProcessGroup
 from devkit.readiness import api_answers, up_services
 from services.manage.database import connect
 from shared.config import Settings, load_settings
-from shared.db import images, projects, users
+from shared.db import images, projects, role_assignments, roles, users
 from shared.exceptions import ConfigError, ImageNotFound, KeelError, NotFound
-from shared.objects.identity import Role
+from shared.objects.identity import ADMIN_ROLE, MEMBER_ROLE
 from shared.passwords import hash_password
 
 COMPUTE_HOSTS = ("compute1", "compute2")
@@ -110,16 +110,17 @@ class Account:
     user_id: str
     project: str
     project_id: str
-    role: Role
+    #: The roles the user has in the project, implied ones included.
+    roles: tuple[str, ...]
     password: str
     token: str
 
 
 #: (user, project, role) of the local cloud's two users.
-ACCOUNTS = (("admin", "admin", Role.ADMIN), ("demo", "demo", Role.MEMBER))
+ACCOUNTS = (("admin", "admin", ADMIN_ROLE), ("demo", "demo", MEMBER_ROLE))
 
 
-async def _account(database_url: str, user: str, project: str, role: Role) -> Account:
+async def _account(database_url: str, user: str, project: str, role: str) -> Account:
     """Create the project and user unless they exist; give the user a fresh password."""
     password = secrets.token_urlsafe(18)
     async with connect(database_url) as conn:
@@ -132,14 +133,17 @@ async def _account(database_url: str, user: str, project: str, role: Role) -> Ac
             await users.set_password(conn, found_user, hash_password(password))
         except NotFound:
             found_user = await users.create(
-                conn, user, hash_password(password), found_project, role
+                conn, user, hash_password(password), default_project_id=found_project.id
             )
+        given = await roles.find(conn, role)
+        await role_assignments.grant(conn, found_user.id, found_project.id, given.id)
+        held = await roles.effective(conn, found_user.id, found_project.id)
     return Account(
         user=user,
         user_id=found_user.id,
         project=project,
         project_id=found_project.id,
-        role=role,
+        roles=tuple(r.name for r in held),
         password=password,
         token=secrets.token_urlsafe(24),
     )
@@ -207,7 +211,7 @@ def token_config(accounts: list[Account]) -> str:
             account.token: {
                 "user_id": account.user_id,
                 "project_id": account.project_id,
-                "roles": list(account.role.granted),
+                "roles": list(account.roles),
             }
             for account in accounts
         }

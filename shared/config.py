@@ -289,10 +289,37 @@ class QuotaSettings(_Group):
 
 
 class IdentitySettings(_Group):
+    """The embedded identity (the default), or a real Keystone keel-api relies on."""
+
     #: Seconds a token issued by the identity API stays valid.
     token_expiration: float = Field(default=3600.0, gt=0)
     #: The region every endpoint of the service catalog is in.
     region: str = Field(default="RegionOne", min_length=1, max_length=255)
+    #: Keystone's identity URL (``http://keystone:5000/v3``). Set, keel-api validates
+    #: tokens against it and serves no identity of its own.
+    keystone_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    #: keel-api's service user in Keystone, which may validate tokens (role ``service``
+    #: or ``admin``), its project and their domains.
+    keystone_username: str | None = Field(default=None, min_length=1)
+    keystone_password: str | None = Field(default=None, min_length=1, repr=False)
+    keystone_project_name: str = Field(default="service", min_length=1)
+    keystone_user_domain_name: str = Field(default="Default", min_length=1)
+    keystone_project_domain_name: str = Field(default="Default", min_length=1)
+    #: Seconds a token Keystone validated is trusted without asking again (as
+    #: keystonemiddleware's ``token_cache_time``): a revocation takes effect within it.
+    #: ``0`` asks Keystone on every request.
+    token_cache_time: float = Field(default=300.0, ge=0, le=86400)
+    #: Seconds one request to Keystone may take before Keystone counts as unreachable.
+    keystone_timeout: float = Field(default=10.0, gt=0, le=300)
+
+    @model_validator(mode="after")
+    def _service_credentials(self) -> IdentitySettings:
+        if self.keystone_url and not (self.keystone_username and self.keystone_password):
+            raise ValueError(
+                "KEEL_IDENTITY__KEYSTONE_URL needs keel-api's service credentials: set "
+                "KEEL_IDENTITY__KEYSTONE_USERNAME and KEEL_IDENTITY__KEYSTONE_PASSWORD"
+            )
+        return self
 
 
 def _pin(value: str) -> str:

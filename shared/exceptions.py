@@ -10,6 +10,7 @@
     │   ├── ComputeNodeNotFound
     │   ├── ProjectNotFound
     │   ├── UserNotFound
+    │   ├── RoleNotFound
     │   ├── KeyPairNotFound
     │   ├── ServerGroupNotFound
     │   ├── AggregateNotFound
@@ -96,6 +97,10 @@ class ProjectNotFound(NotFound):
 
 
 class UserNotFound(NotFound):
+    pass
+
+
+class RoleNotFound(NotFound):
     pass
 
 

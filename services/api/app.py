@@ -18,6 +18,7 @@ from services.api.http import faults, openapi
 from services.api.http.input_guard import InputGuard
 from services.api.http.middleware import ApiMiddleware
 from services.api.http.policy import Policy
+from services.api.keystone.tokens import KeystoneTokens
 from services.api.network import routes as network_routes
 from services.api.ops.headers import OpsHeaders
 from services.api.resources import (
@@ -65,9 +66,12 @@ def create_app(
     compute: ComputeAPI,
     *,
     policy: Policy | None = None,
+    keystone: KeystoneTokens | None = None,
     pins: Pins | None = None,
     scheduler_cap: str | CapSource = SCHEDULER_RPC_VERSION,
 ) -> FastAPI:
+    """The application; with ``keystone`` it validates tokens against Keystone and serves
+    no identity of its own (no ``/identity`` routes)."""
     app = FastAPI(
         title="keel-api",
         summary="OpenStack Compute API v2.1 subset and an image metadata registry",
@@ -80,6 +84,7 @@ def create_app(
     app.state.conductor = conductor
     app.state.compute = compute
     app.state.policy = policy or Policy.load(settings.api.policy_file)
+    app.state.keystone = keystone
     #: keel-api's RPC pins, shown on the operator's page (made there when not given).
     app.state.pins = pins
     #: What the schedulers speak (the automatic pin in a real process): a server joins a
@@ -121,7 +126,8 @@ def create_app(
     app.include_router(image_data.router, prefix="/image/v2")
     app.include_router(image_schemas.router, prefix="/image/v2")
     app.include_router(image_data.download_router)
-    app.include_router(identity.router())
+    if keystone is None:
+        app.include_router(identity.router())
     app.include_router(network_routes.router)
     app.include_router(ops.router())
     return app

@@ -11,14 +11,17 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Generator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 
 import asyncpg
+import httpx
 import uvicorn
 
 from services.api.app import create_app
 from services.api.fleet_metrics import FleetGauges
 from services.api.http.policy import Policy
+from services.api.keystone.client import KeystoneClient, KeystoneRefused, KeystoneUnreachable
+from services.api.keystone.tokens import KeystoneTokens
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import NetworkSettings, Settings
@@ -97,12 +100,33 @@ async def prepare_network(pool: asyncpg.Pool, network: NetworkSettings) -> None:
     )
 
 
+async def keystone_tokens(settings: Settings, http: httpx.AsyncClient) -> KeystoneTokens:
+    """Token validation by Keystone; refuses to start if Keystone refuses keel-api's
+    credentials, and starts anyway (answering 503 until it is back) if it is away."""
+    client = KeystoneClient(settings.identity, http)
+    try:
+        await client.service_token()
+    except KeystoneRefused as exc:
+        raise KeelError(f"{exc.message}: keel-api cannot validate tokens") from None
+    except KeystoneUnreachable as exc:
+        LOG.warning("%s: requests get 503 until it answers", exc.message)
+    LOG.info(
+        "validating tokens with Keystone at %s, each answer cached for %gs at most; "
+        "keel-api serves no identity of its own",
+        client.url,
+        settings.identity.token_cache_time,
+    )
+    return KeystoneTokens(client, settings.identity.token_cache_time)
+
+
 async def serve_api(
     settings: Settings,
     lifecycle: Lifecycle,
     sock: socket.socket,
     pool: asyncpg.Pool,
     transport: AmqpTransport,
+    *,
+    http: httpx.AsyncClient | None = None,
 ) -> None:
     """Check versions, register keel-api's own row, then answer requests until stopping.
 
@@ -116,16 +140,20 @@ async def serve_api(
     await record.check()
     await record.register()
     timeout = settings.rpc.call_timeout
+    keystone = await keystone_tokens(settings, http) if http is not None else None
     app = create_app(
         settings,
         pool,
         ConductorAPI(transport, timeout=timeout, version_cap=pins.conductor.cap),
         ComputeAPI(transport, timeout=timeout, version_cap=pins.compute.cap),
         policy=policy,
+        keystone=keystone,
         pins=pins,
         scheduler_cap=pins.scheduler.cap,
     )
     lifecycle.on_reload(pins.reload)
+    if keystone is not None:
+        lifecycle.on_reload(keystone.reload)
     config = uvicorn.Config(
         app,
         host=settings.api_host,
@@ -163,13 +191,24 @@ async def serve(settings: Settings, lifecycle: Lifecycle) -> None:
             transport = AmqpTransport.from_settings(settings)
             await transport.connect()
             try:
-                await serve_api(settings, lifecycle, sock, pool, transport)
+                async with keystone_http(settings) as http:
+                    await serve_api(settings, lifecycle, sock, pool, transport, http=http)
             finally:
                 await transport.close()
         finally:
             await pool.close()
     finally:
         sock.close()
+
+
+@contextlib.asynccontextmanager
+async def keystone_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient | None]:
+    """The HTTP client keel-api asks Keystone with, when it runs behind one."""
+    if settings.identity.keystone_url is None:
+        yield None
+        return
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=20)) as http:
+        yield http
 
 
 def main(argv: Sequence[str] | None = None) -> None:

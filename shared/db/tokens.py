@@ -2,7 +2,8 @@
 
 A token is stored only as its SHA-256 digest: tokens are long random strings, so a
 fast hash is enough, and whoever reads the table cannot use what they read. A token is
-valid while it has not expired and its user still holds a role in its project.
+valid while it has not expired, its user and project are enabled and the user still
+holds a role in the project.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 
-from shared.db import users
+import asyncpg
+
+from shared.db import projects, roles, users
 from shared.db.pool import Connection
-from shared.objects.identity import IssuedToken, Membership
+from shared.exceptions import UserNotFound
+from shared.objects.identity import IssuedToken, Membership, Project, User
 
 
 def digest(token: str) -> bytes:
@@ -22,18 +26,27 @@ def digest(token: str) -> bytes:
 async def issue(
     conn: Connection, token: str, membership: Membership, audit_id: str, expires_at: datetime
 ) -> IssuedToken:
-    """Record ``token`` for the membership; expired tokens are purged on the way."""
+    """Record ``token`` for the membership; expired tokens are purged on the way.
+
+    :class:`UserNotFound` if the user or the project was deleted meanwhile.
+    """
     async with conn.transaction():
         await conn.execute("DELETE FROM identity_tokens WHERE expires_at < now()")
-        row = await conn.fetchrow(
-            """INSERT INTO identity_tokens (token_hash, user_id, project_id, audit_id, expires_at)
-               VALUES ($1, $2, $3, $4, $5) RETURNING issued_at, expires_at""",
-            digest(token),
-            membership.user.id,
-            membership.project.id,
-            audit_id,
-            expires_at,
-        )
+        try:
+            row = await conn.fetchrow(
+                """INSERT INTO identity_tokens
+                          (token_hash, user_id, project_id, audit_id, expires_at)
+                   VALUES ($1, $2, $3, $4, $5) RETURNING issued_at, expires_at""",
+                digest(token),
+                membership.user.id,
+                membership.project.id,
+                audit_id,
+                expires_at,
+            )
+        except asyncpg.ForeignKeyViolationError:
+            raise UserNotFound(
+                f"user {membership.user.id} or project {membership.project.id} was deleted"
+            ) from None
     assert row is not None
     return IssuedToken(
         membership=membership,
@@ -44,21 +57,57 @@ async def issue(
 
 
 async def find_valid(conn: Connection, token: str) -> IssuedToken | None:
-    """What ``token`` stands for, or ``None`` if it is unknown, expired or revoked."""
+    """What ``token`` stands for, or ``None`` if it is unknown, expired or revoked, or its
+    user or project is disabled, or the user holds no role in the project any more."""
     row = await conn.fetchrow(
-        f"""SELECT {users.MEMBERSHIP_COLUMNS}, t.audit_id, t.issued_at, t.expires_at
-              {users.MEMBERSHIP_FROM}
-              JOIN identity_tokens t ON t.user_id = r.user_id AND t.project_id = r.project_id
-             WHERE t.token_hash = $1 AND t.expires_at > now()""",
+        """SELECT t.audit_id, t.issued_at, t.expires_at,
+                  u.id AS user_id, u.name AS user_name, u.default_project_id,
+                  u.extra AS user_extra, u.created_at AS user_created_at, u.password_changed_at,
+                  p.id AS project_id, p.name AS project_name, p.description,
+                  p.extra AS project_extra, p.created_at AS project_created_at
+             FROM identity_tokens t
+             JOIN users u ON u.id = t.user_id AND u.enabled
+             JOIN projects p ON p.id = t.project_id AND p.enabled
+            WHERE t.token_hash = $1 AND t.expires_at > now()""",
         digest(token),
     )
     if row is None:
         return None
+    held = await roles.effective(conn, row["user_id"], row["project_id"])
+    if not held:
+        return None
+    user = User(
+        id=row["user_id"],
+        name=row["user_name"],
+        default_project_id=row["default_project_id"],
+        extra=row["user_extra"],
+        created_at=row["user_created_at"],
+        password_changed_at=row["password_changed_at"],
+    )
+    project = Project(
+        id=row["project_id"],
+        name=row["project_name"],
+        description=row["description"],
+        extra=row["project_extra"],
+        created_at=row["project_created_at"],
+    )
     return IssuedToken(
-        membership=users.membership_from_row(row),
+        membership=Membership(user=user, project=project, roles=tuple(held)),
         audit_id=row["audit_id"],
         issued_at=row["issued_at"],
         expires_at=row["expires_at"],
+    )
+
+
+async def membership_of(conn: Connection, user_id: str, project_id: str) -> Membership | None:
+    """The user's roles in the project, or ``None`` if they hold none there."""
+    held = await roles.effective(conn, user_id, project_id)
+    if not held:
+        return None
+    return Membership(
+        user=await users.get(conn, user_id),
+        project=await projects.get(conn, project_id),
+        roles=tuple(held),
     )
 
 

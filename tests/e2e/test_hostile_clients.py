@@ -126,6 +126,9 @@ def test_fuzzing_the_openapi_document_finds_no_server_error_and_no_deviation(
         "--max-examples", str(FUZZ_EXAMPLES), "--seed", str(FUZZ_SEED),
         "--generation-database", "none", "--no-color",
     ]  # fmt: skip
+    if microversion != "latest":
+        # The identity API has no compute microversions: fuzzing it once is enough.
+        argv += ["--exclude-path-regex", "^/identity"]
     run = subprocess.run(
         argv,
         cwd=tmp_path,  # where schemathesis keeps its cache

@@ -18,7 +18,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 
 from shared.db import projects, users
-from shared.objects.identity import Role
+from shared.objects.identity import ADMIN_ROLE, MEMBER_ROLE
 from shared.passwords import hash_password
 from tests.e2e.browser import Browser, chromium
 from tests.e2e.cloud import Cloud
@@ -40,8 +40,12 @@ def browser() -> Iterator[Browser]:
 async def add_users(cloud: Cloud) -> None:
     async with cloud.pool.acquire() as conn:
         project = await projects.create(conn, "page-project")
-        await users.create(conn, ADMIN_USER, hash_password(ADMIN_PASSWORD), project, Role.ADMIN)
-        await users.create(conn, MEMBER_USER, hash_password(MEMBER_PASSWORD), project, Role.MEMBER)
+        await users.create_in_project(
+            conn, ADMIN_USER, hash_password(ADMIN_PASSWORD), project, ADMIN_ROLE
+        )
+        await users.create_in_project(
+            conn, MEMBER_USER, hash_password(MEMBER_PASSWORD), project, MEMBER_ROLE
+        )
 
 
 def sign_in(browser: Browser, cloud: Cloud, user: str, password: str) -> None:

@@ -1,11 +1,10 @@
-"""What Tempest is told about a keel cloud: its accounts and its ``tempest.conf``.
+"""What Tempest is told about a keel cloud: its admin account and its ``tempest.conf``.
 
-keel's Identity API authenticates users but has no API to create projects or users, so
-Tempest runs with pre-provisioned accounts (``accounts.yaml``) that :mod:`tests.tempest.run`
-creates in the database before Tempest starts. Tempest hands each test class a member
-(primary), a reader and a manager of one project, an account of another project (alt)
-and an admin, and locks each account while a class holds it: there are enough of each
-for every worker at once.
+Tempest runs with dynamic credentials (``use_dynamic_credentials``), as against any
+OpenStack cloud: with the one admin account :mod:`tests.tempest.run` creates before it
+starts, it makes a project and users of its own for each test class through keel's
+Identity API (projects, users, roles granted by name) and deletes them afterwards, so
+every class is isolated from the others, tenant isolation included.
 
 The feature flags say exactly what keel serves: a flag is true only where keel
 implements the feature; what keel lacks is false, so Tempest skips those tests and says
@@ -14,12 +13,8 @@ why.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-
-#: Account sets: one per worker that may hold credentials at the same time, and spares.
-ACCOUNT_SETS = 4
 
 #: The compute microversions keel-api answers.
 MIN_MICROVERSION = "2.1"
@@ -63,50 +58,12 @@ FEATURES: dict[str, bool] = {
 
 
 @dataclass(frozen=True)
-class Account:
-    """One pre-provisioned account: a keel user with one role in one project."""
+class Admin:
+    """The one account made before Tempest starts: an admin, who makes every other."""
 
     username: str
     project: str
     password: str
-    #: keel's role: ``admin`` or ``member``.
-    keel_role: str
-    #: The roles Tempest matches on (``reader`` and ``manager`` are keel members).
-    tempest_roles: tuple[str, ...]
-
-
-def accounts(password: str) -> list[Account]:
-    """Every account, alt accounts first.
-
-    Tempest gives a class its alt account from the first free account that is not an
-    admin, so the accounts of projects of their own come first: an alt never shares the
-    primary's project.
-    """
-    found: list[Account] = []
-    for i in range(1, ACCOUNT_SETS + 1):
-        found.append(Account(f"tempest-alt-{i}", f"tempest-alt-{i}", password, "member", ()))
-    for i in range(1, ACCOUNT_SETS + 1):
-        project = f"tempest-{i}"
-        for persona in ("member", "reader", "manager"):
-            found.append(Account(f"{project}-{persona}", project, password, "member", (persona,)))
-    for i in range(1, ACCOUNT_SETS + 1):
-        name = f"tempest-admin-{i}"
-        found.append(Account(name, name, password, "admin", ("admin",)))
-    return found
-
-
-def accounts_yaml(found: list[Account]) -> str:
-    """Tempest's ``test_accounts_file`` (JSON strings are YAML scalars)."""
-    lines: list[str] = []
-    for account in found:
-        lines.append(f"- username: {json.dumps(account.username)}")
-        lines.append(f"  project_name: {json.dumps(account.project)}")
-        lines.append(f"  password: {json.dumps(account.password)}")
-        lines.append("  user_domain_name: Default")
-        lines.append("  project_domain_name: Default")
-        if account.tempest_roles:
-            lines.append(f"  roles: {json.dumps(list(account.tempest_roles))}")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -122,7 +79,7 @@ class Cloud:
     network_name: str = "private"
 
 
-def tempest_conf(cloud: Cloud, workdir: Path, accounts_file: Path) -> str:
+def tempest_conf(cloud: Cloud, workdir: Path, admin: Admin) -> str:
     """The whole ``tempest.conf`` for ``cloud``; Tempest's state goes under ``workdir``."""
     features = "\n".join(f"{name} = {str(on).lower()}" for name, on in FEATURES.items())
     return f"""\
@@ -134,8 +91,11 @@ log_file = tempest.log
 lock_path = {workdir / "locks"}
 
 [auth]
-use_dynamic_credentials = false
-test_accounts_file = {accounts_file}
+use_dynamic_credentials = true
+admin_username = {admin.username}
+admin_password = {admin.password}
+admin_project_name = {admin.project}
+admin_domain_name = Default
 default_credentials_domain_name = Default
 create_isolated_networks = false
 
@@ -145,6 +105,7 @@ auth_version = v3
 region = RegionOne
 v3_endpoint_type = public
 admin_role = admin
+default_domain_id = default
 
 [identity-feature-enabled]
 api_v2 = false

@@ -1,12 +1,13 @@
 """``make tempest``: OpenStack's Tempest compute API tests against a keel cloud of its own.
 
 Starts a whole cloud with the end-to-end harness (its own database, exchange and API
-port, so it never meets ``make run``'s), creates Tempest's pre-provisioned accounts and a
-second image, writes ``tempest.conf`` (see :mod:`tests.tempest.config`), runs
-``tempest run`` over the tests of ``include.txt`` less those of ``exclude.txt`` (each
-with its reason), and ends with ``N passed, N failed, N skipped``. Exits non-zero when a
-test failed or none ran. Tempest runs from its own virtualenv (``make tempest`` builds
-it from ``requirements.txt``).
+port, so it never meets ``make run``'s), creates Tempest's admin account (Tempest makes
+every other account through the Identity API: dynamic credentials) and a second image,
+writes ``tempest.conf`` (see :mod:`tests.tempest.config`), runs ``tempest run`` over the
+tests of ``include.txt`` less those of ``exclude.txt`` (each with its reason), and ends
+with ``N passed, N failed, N skipped``. Exits non-zero when a test failed or none ran.
+Tempest runs from its own virtualenv (``make tempest`` builds it from
+``requirements.txt``).
 
     python -m tests.tempest.run [--regex REGEX] [--concurrency N] [--workdir DIR]
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.db import images, projects, users
-from shared.objects.identity import Project, Role
+from shared.objects.identity import ADMIN_ROLE
 from shared.passwords import hash_password
 from tests.e2e.cloud import CIRROS_ID, Cloud, CloudConfig, running_cloud
 from tests.tempest import config
@@ -75,18 +76,13 @@ class Totals:
         return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
 
 
-async def provision(cloud: Cloud, found: list[config.Account]) -> None:
-    """Create the accounts' projects and users, and the second image."""
-    hashed = hash_password(found[0].password)
-    made: dict[str, Project] = {}
+async def provision(cloud: Cloud, admin: config.Admin) -> None:
+    """Create Tempest's admin (every other account it makes itself) and the second image."""
     async with cloud.pool.acquire() as conn:
-        for account in found:
-            project = made.get(account.project)
-            if project is None:
-                project = made[account.project] = await projects.create(
-                    conn, account.project, "Tempest's pre-provisioned account"
-                )
-            await users.create(conn, account.username, hashed, project, Role(account.keel_role))
+        project = await projects.create(conn, admin.project, "Tempest's admin")
+        await users.create_in_project(
+            conn, admin.username, hash_password(admin.password), project, ADMIN_ROLE
+        )
         await images.create(conn, image_id=ALT_IMAGE_ID, name="cirros-alt", min_disk=1)
 
 
@@ -174,13 +170,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def run(args: argparse.Namespace, tempest: Path, workdir: Path) -> int:
-    found = config.accounts(secrets.token_urlsafe(18))
+    admin = config.Admin("tempest-admin", "tempest-admin", secrets.token_urlsafe(18))
     started = time.monotonic()
     async with running_cloud(workdir / "cloud", CLOUD) as cloud:
-        await provision(cloud, found)
-        accounts_file = workdir / "accounts.yaml"
-        accounts_file.write_text(config.accounts_yaml(found), encoding="utf-8")
-        accounts_file.chmod(0o600)
+        await provision(cloud, admin)
         conf = workdir / "tempest.conf"
         described = config.Cloud(
             api_url=cloud.api_url,
@@ -190,7 +183,8 @@ async def run(args: argparse.Namespace, tempest: Path, workdir: Path) -> int:
             flavor_ref_alt="2",
             compute_nodes=len(COMPUTES),
         )
-        conf.write_text(config.tempest_conf(described, workdir, accounts_file), encoding="utf-8")
+        conf.write_text(config.tempest_conf(described, workdir, admin), encoding="utf-8")
+        conf.chmod(0o600)
         print(f"keel-tempest: cloud at {cloud.api_url}, state in {workdir}", flush=True)
         output = await asyncio.to_thread(run_tempest, tempest, conf, args, workdir / "run")
     # Listing needs the test repository the run made.

@@ -2,8 +2,10 @@
 
 ``X-Auth-Token`` is looked up first in ``settings.auth.tokens`` (static tokens: token →
 user, project, roles), then among the tokens the identity API issued (valid while
-unexpired and while the user keeps a role in the token's project). A missing or unknown
-token is a 401; a route that needs the ``admin`` role answers members with a 403.
+unexpired and while the user keeps a role in the token's project) or, behind Keystone
+(``KEEL_IDENTITY__KEYSTONE_URL``), validated by Keystone (:mod:`services.api.keystone`).
+A missing or unknown token is a 401; a route that needs the ``admin`` role answers
+members with a 403.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncpg
 from fastapi import Depends, Request
 
 from services.api.http.faults import Forbidden, Unauthorized
+from services.api.keystone.tokens import KeystoneTokens
 from shared.config import AuthSettings, Settings, TokenInfo
 from shared.context import RequestContext, new_request_id
 from shared.db import tokens
@@ -65,17 +68,29 @@ async def issued_token(request: Request, token: str) -> TokenInfo | None:
     return TokenInfo(
         user_id=membership.user.id,
         project_id=membership.project.id,
-        roles=list(membership.role.granted),
+        roles=list(membership.role_names),
     )
+
+
+async def identify(request: Request, token: str) -> TokenInfo | None:
+    """A static token's identity, else Keystone's answer (behind Keystone) or an issued
+    token's (the embedded identity)."""
+    settings: Settings = request.app.state.settings
+    info = find_token(settings.auth, token)
+    if info is not None:
+        return info
+    keystone: KeystoneTokens | None = request.app.state.keystone
+    if keystone is not None:
+        return await keystone.identify(token)
+    return await issued_token(request, token)
 
 
 async def authenticate(request: Request) -> RequestContext:
     """The request's context; 401 unless it carries a known token."""
-    settings: Settings = request.app.state.settings
     token = request.headers.get(TOKEN_HEADER)
     info = None
     if token:
-        info = find_token(settings.auth, token) or await issued_token(request, token)
+        info = await identify(request, token)
     if info is None:
         LOG.info(
             "refusing %s %s: %s",

@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from services.api.http.links import Links
 from services.api.http.microversion import MIN_VERSION, APIVersion
 from services.api.http.policy import Policy
+from services.api.keystone.tokens import KeystoneTokens
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
@@ -51,6 +52,12 @@ def get_policy(request: Request) -> Policy:
     return policy
 
 
+def get_keystone(request: Request) -> KeystoneTokens | None:
+    """Keystone's token validation, when keel-api runs behind Keystone."""
+    keystone: KeystoneTokens | None = request.app.state.keystone
+    return keystone
+
+
 async def get_scheduler_cap(request: Request) -> str:
     """The scheduler RPC version every scheduler speaks now."""
     cap: str | CapSource = request.app.state.scheduler_cap
@@ -68,4 +75,5 @@ Compute = Annotated[ComputeAPI, Depends(get_compute)]
 Version = Annotated[APIVersion, Depends(get_version)]
 RequestLinks = Annotated[Links, Depends(get_links)]
 AppPolicy = Annotated[Policy, Depends(get_policy)]
+Keystone = Annotated[KeystoneTokens | None, Depends(get_keystone)]
 SchedulerCap = Annotated[str, Depends(get_scheduler_cap)]

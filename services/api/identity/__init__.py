@@ -1,22 +1,33 @@
-"""A minimal Identity API v3 under ``/identity``: password tokens with a service catalog.
+"""The embedded Identity API v3 under ``/identity``: tokens, and its admin API.
 
-Enough for the stock client and SDK to authenticate with a plain ``auth_type:
-password`` cloud and find the compute and image endpoints in the token's catalog, and
-to resolve project and user names. Users, projects and roles are managed with
-``keel-manage``; there are no write routes here other than issuing and revoking tokens.
+Password tokens with a service catalog, so the stock client and SDK authenticate with a
+plain ``auth_type: password`` cloud and find the compute, image and network endpoints;
+and the admin API Keystone's v3 reference describes for the objects keel keeps — the
+one domain, projects, users, roles and role assignments — so Tempest's dynamic
+credentials, Rally's ``users`` context and ``openstack project|user|role`` work
+unchanged. ``keel-manage project|user`` change the same objects through the same
+queries (:mod:`shared.db`).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.api.identity import directory, discovery, tokens
+from services.api.identity import (
+    discovery,
+    domains,
+    grants,
+    projects,
+    roles,
+    scopes,
+    tokens,
+    users,
+)
 
 
 def router() -> APIRouter:
     """Every identity route, under ``/identity``."""
     combined = APIRouter()
-    combined.include_router(discovery.router)
-    combined.include_router(tokens.router)
-    combined.include_router(directory.router)
+    for module in (discovery, tokens, scopes, domains, projects, users, roles, grants):
+        combined.include_router(module.router)
     return combined

@@ -27,7 +27,7 @@ from services.api.identity import views
 from shared.context import RequestContext
 from shared.db import projects, tokens, users
 from shared.db.pool import Connection
-from shared.exceptions import ProjectNotFound
+from shared.exceptions import NotFound, ProjectNotFound
 from shared.objects.identity import (
     DEFAULT_DOMAIN_ID,
     DEFAULT_DOMAIN_NAME,
@@ -106,16 +106,20 @@ async def check_password(conn: Connection, given: PasswordUser) -> User:
     found = None
     if in_default_domain(given.domain):
         found = await users.password_hash(conn, user_id=given.id, name=given.name)
-    stored = found[1] if found else decoy_hash()
+    stored = found[1] if found and found[1] else decoy_hash()
     matches = await asyncio.to_thread(verify_password, given.password, stored)
     if found is None or not matches:
         LOG.info("refusing a token: unknown user or wrong password for %s", given.name or given.id)
+        raise Unauthorized()
+    if not found[0].enabled:
+        LOG.info("refusing a token: user %s is disabled", found[0].name)
         raise Unauthorized()
     return found[0]
 
 
 async def scope_to(conn: Connection, user: User, scope: Scope | None) -> Membership:
-    """The user's role in the project asked for (default: their default project)."""
+    """The user's roles in the project asked for (default: their default project), which
+    must be enabled."""
     wanted = scope.project if scope is not None else None
     project_id = user.default_project_id
     if wanted is not None:
@@ -130,10 +134,13 @@ async def scope_to(conn: Connection, user: User, scope: Scope | None) -> Members
             project_id = None
     membership = None
     if project_id is not None:
-        membership = await users.membership(conn, user.id, project_id)
+        membership = await tokens.membership_of(conn, user.id, project_id)
     if membership is None:
         LOG.info("refusing a token: user %s has no role in the project asked for", user.name)
         raise Unauthorized("The user has no role in the requested project.")
+    if not membership.project.enabled:
+        LOG.info("refusing a token: project %s is disabled", membership.project.name)
+        raise Unauthorized("The requested project is disabled.")
     return membership
 
 
@@ -154,12 +161,15 @@ async def issue(
         token = secrets.token_urlsafe(TOKEN_BYTES)
         expires = datetime.now(UTC) + timedelta(seconds=settings.identity.token_expiration)
         audit_id = secrets.token_urlsafe(16)
-        issued = await tokens.issue(conn, token, membership, audit_id, expires)
+        try:
+            issued = await tokens.issue(conn, token, membership, audit_id, expires)
+        except NotFound:
+            raise Unauthorized() from None
     LOG.info(
         "issued a token to user %s for project %s (%s), expiring %s",
         user.name,
         membership.project.name,
-        membership.role.value,
+        ", ".join(membership.role_names),
         views.timestamp(issued.expires_at),
     )
     return _subject_response(token, views.token(issued, links, settings.identity.region), 201)

@@ -1,4 +1,8 @@
-"""Identity API bodies: versions, domains, projects, users, roles, tokens and the catalog."""
+"""Identity API bodies: versions, domains, projects, users, roles, tokens and the catalog.
+
+A project, user or role shows the extra attributes it was given (``email``,
+``description``...) beside those Keystone defines, as Keystone does.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from shared.objects.identity import (
     DEFAULT_DOMAIN_NAME,
     IssuedToken,
     Project,
+    Role,
     User,
 )
 
@@ -71,31 +76,51 @@ def domain_ref() -> dict[str, str]:
     return {"id": DEFAULT_DOMAIN_ID, "name": DEFAULT_DOMAIN_NAME}
 
 
+def _self_link(links: Links, collection: str, item_id: str) -> dict[str, str]:
+    return {"self": links.bookmark("identity", "v3", collection, item_id)}
+
+
 def project(item: Project, links: Links) -> dict[str, Any]:
     return {
+        "tags": [],
+        **item.extra,
         "id": item.id,
         "name": item.name,
         "description": item.description,
         "domain_id": DEFAULT_DOMAIN_ID,
         "parent_id": DEFAULT_DOMAIN_ID,
-        "enabled": True,
+        "enabled": item.enabled,
         "is_domain": False,
-        "tags": [],
         "options": {},
-        "links": {"self": links.bookmark("identity", "v3", "projects", item.id)},
+        "links": _self_link(links, "projects", item.id),
     }
 
 
 def user(item: User, links: Links) -> dict[str, Any]:
-    return {
+    shown: dict[str, Any] = {
+        **item.extra,
         "id": item.id,
         "name": item.name,
         "domain_id": DEFAULT_DOMAIN_ID,
-        "default_project_id": item.default_project_id,
-        "enabled": True,
+        "enabled": item.enabled,
         "password_expires_at": None,
         "options": {},
-        "links": {"self": links.bookmark("identity", "v3", "users", item.id)},
+        "links": _self_link(links, "users", item.id),
+    }
+    if item.default_project_id is not None:
+        shown["default_project_id"] = item.default_project_id
+    return shown
+
+
+def role(item: Role, links: Links) -> dict[str, Any]:
+    return {
+        **item.extra,
+        "id": item.id,
+        "name": item.name,
+        "domain_id": None,
+        "description": item.description,
+        "options": {},
+        "links": _self_link(links, "roles", item.id),
     }
 
 
@@ -155,9 +180,7 @@ def token(issued: IssuedToken, links: Links, region: str) -> dict[str, Any]:
                 "name": membership.project.name,
                 "domain": domain_ref(),
             },
-            "roles": [
-                {"id": stable_id("role", name), "name": name} for name in membership.role.granted
-            ],
+            "roles": [{"id": r.id, "name": r.name} for r in membership.roles],
             "catalog": catalog(links, region),
         }
     }

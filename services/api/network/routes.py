@@ -8,7 +8,8 @@ Members see their own servers' ports, admins every port. Each project has one se
 group, ``default``, with no rules (keel's guests have no firewall): the one servers
 show. Lists take Neutron's filters (``?name=private&router:external=true``, repeated
 for several values, ``fixed_ips=ip_address=...``) and ``fields``. Nothing can be
-created or changed here: keel's network is configured, not managed through an API.
+created or changed here: keel's network is configured, not managed through an API (an
+admin's delete of a default group, or of quotas, answers 204 and changes nothing).
 Errors have Neutron's shape, ``{"NeutronError": {"type", "message", "detail"}}``.
 """
 
@@ -21,7 +22,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from services.api.http.auth import Context
-from services.api.http.deps import AppSettings, DbPool, RequestLinks
+from services.api.http.deps import AppSettings, DbPool, Keystone, RequestLinks
 from services.api.network.views import (
     network_view,
     port_view,
@@ -30,6 +31,7 @@ from services.api.network.views import (
 )
 from shared.context import RequestContext
 from shared.db import fixed_ips, instances
+from shared.db import projects as identity_projects
 
 router = APIRouter(prefix="/network")
 
@@ -252,6 +254,32 @@ async def show_security_group(
     return NeutronError(
         404, "SecurityGroupNotFound", f"Security group {group_id} does not exist"
     ).response()
+
+
+@router.delete("/v2.0/security-groups/{group_id}", response_model=None)
+async def delete_security_group(
+    group_id: str, pool: DbPool, ctx: Context, keystone: Keystone
+) -> Response | JSONResponse:
+    """A project's default group cannot go: an admin's delete changes nothing and answers
+    204, as Neutron's does (its default group comes back when the project next looks;
+    Tempest's dynamic credentials clean up this way); anyone else gets Neutron's 409."""
+    projects = _group_projects(ctx, None)
+    if ctx.is_admin:
+        async with pool.acquire() as conn:
+            projects |= set(await instances.live_projects(conn))
+            if keystone is None:
+                projects |= {p.id for p in await identity_projects.list_projects(conn)}
+    if not any(security_group_view(p)["id"] == group_id for p in projects):
+        return NeutronError(
+            404, "SecurityGroupNotFound", f"Security group {group_id} does not exist"
+        ).response()
+    if not ctx.is_admin:
+        return NeutronError(
+            409,
+            "SecurityGroupCannotRemoveDefault",
+            "Insufficient rights for removing default security group.",
+        ).response()
+    return Response(status_code=204)
 
 
 #: Networking quotas as keel has them: no network, subnet, router, floating IP, subnet

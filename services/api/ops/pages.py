@@ -33,9 +33,9 @@ from services.api.ops.session import (
     same_origin,
     set_session_cookie,
 )
-from shared.db import tokens, users
+from shared.db import role_assignments, tokens
 from shared.db.pool import Connection
-from shared.objects.identity import Membership, Role, User
+from shared.objects.identity import ADMIN_ROLE, Membership, User
 
 LOG = logging.getLogger(__name__)
 
@@ -78,10 +78,15 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 async def _admin_membership(conn: Connection, user: User) -> Membership | None:
-    """The user's admin role, in their default project first; ``None`` if they have none."""
-    held = [m for m in await users.memberships(conn, user_id=user.id) if m.role is Role.ADMIN]
-    held.sort(key=lambda m: m.project.id != user.default_project_id)
-    return held[0] if held else None
+    """The user's roles in a project where they are an admin (their default project
+    first); ``None`` if they are an admin nowhere."""
+    held = await role_assignments.list_assignments(conn, user_id=user.id)
+    projects = sorted({a.project_id for a in held}, key=lambda p: p != user.default_project_id)
+    for project_id in projects:
+        membership = await tokens.membership_of(conn, user.id, project_id)
+        if membership is not None and ADMIN_ROLE in membership.role_names:
+            return membership
+    return None
 
 
 def _refused(username: str) -> Response:
@@ -95,7 +100,8 @@ async def login(request: Request, pool: DbPool, settings: AppSettings) -> Respon
     fields = await _form(request)
     username = fields.get("username", "")[:255]
     password = fields.get("password", "")
-    if not username or not password:
+    if not username or not password or request.app.state.keystone is not None:
+        # Behind Keystone keel has no users of its own: scripts send Keystone's tokens.
         return _refused(username)
     async with pool.acquire() as conn:
         try:

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import asyncpg
 from fastapi import Depends, Request, Response
 
-from services.api.http.auth import TOKEN_HEADER, context_for, find_token, issued_token
+from services.api.http.auth import TOKEN_HEADER, context_for, identify
 from services.api.http.faults import Forbidden, Unauthorized
 from shared.config import Settings, TokenInfo
 from shared.context import RequestContext, new_request_id
@@ -89,8 +89,7 @@ class Caller:
 
 
 async def _from_header(request: Request, token: str) -> Caller:
-    settings: Settings = request.app.state.settings
-    info = find_token(settings.auth, token) or await issued_token(request, token)
+    info = await identify(request, token)
     if info is None:
         return Caller(presented=True)
     return Caller(context_for(info, _request_id(request)), info.user_id, presented=True)
@@ -98,7 +97,8 @@ async def _from_header(request: Request, token: str) -> Caller:
 
 async def _from_cookie(request: Request, session: str) -> Caller:
     issued = None
-    if len(session) <= _MAX_TOKEN:
+    # Behind Keystone there are no sessions: keel keeps no identity of its own.
+    if len(session) <= _MAX_TOKEN and request.app.state.keystone is None:
         pool: asyncpg.Pool = request.app.state.pool
         async with pool.acquire() as conn:
             issued = await tokens.find_valid(conn, session)
@@ -108,7 +108,7 @@ async def _from_cookie(request: Request, session: str) -> Caller:
     info = TokenInfo(
         user_id=membership.user.id,
         project_id=membership.project.id,
-        roles=list(membership.role.granted),
+        roles=list(membership.role_names),
     )
     ctx = context_for(info, _request_id(request))
     return Caller(ctx, membership.user.name, session, presented=True)

@@ -22,9 +22,10 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from services.api.http.auth import AdminContext, Context
-from services.api.http.deps import AppSettings, DbPool, Version
+from services.api.http.deps import AppSettings, DbPool, Keystone, Version
 from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.microversion import APIVersion
+from services.api.keystone.tokens import KeystoneTokens
 from services.api.resources.quotas import defaults, project_limits, user_limits
 from shared.config import Settings
 from shared.context import RequestContext
@@ -86,10 +87,19 @@ async def usage_of(conn: Connection, project_id: str, user_id: str | None) -> di
     return {**(await quotas.user_usage(conn, project_id, user_id)).model_dump(), **groups}
 
 
-async def known_project(conn: Connection, settings: Settings, project_id: str) -> None:
-    """400 unless ``project_id`` is a project keel knows (identity or a static token's)."""
+async def known_project(
+    conn: Connection, settings: Settings, project_id: str, keystone: KeystoneTokens | None
+) -> None:
+    """400 unless ``project_id`` is a project keel knows: a static token's, or one of the
+    embedded identity's (behind Keystone: one Keystone knows, or will not say)."""
     static = {info.project_id for info in settings.auth.tokens.values()}
-    if project_id not in static and not await projects.exists(conn, project_id):
+    if project_id in static:
+        return
+    if keystone is not None:
+        known = await keystone.project_known(project_id)
+    else:
+        known = await projects.exists(conn, project_id)
+    if not known:
         raise BadRequest(f"Project ID {project_id} is not a valid project.")
 
 
@@ -187,10 +197,16 @@ def quota_set(limits: dict[str, int], version: APIVersion) -> dict[str, Any]:
 
 @router.get("/{project_id}/defaults")
 async def show_defaults(
-    project_id: str, ctx: Context, pool: DbPool, settings: AppSettings, version: Version
+    project_id: str,
+    *,
+    ctx: Context,
+    pool: DbPool,
+    settings: AppSettings,
+    version: Version,
+    keystone: Keystone,
 ) -> dict[str, Any]:
     async with pool.acquire() as conn:
-        await known_project(conn, settings, project_id)
+        await known_project(conn, settings, project_id, keystone)
     return {"quota_set": {"id": project_id, **quota_set(defaults(settings.quota), version)}}
 
 
@@ -203,11 +219,12 @@ async def show_detail(
     pool: DbPool,
     settings: AppSettings,
     version: Version,
+    keystone: Keystone,
 ) -> dict[str, Any]:
     user_id = user_of(request)
     may_read(ctx, project_id)
     async with pool.acquire() as conn:
-        await known_project(conn, settings, project_id)
+        await known_project(conn, settings, project_id, keystone)
         limits = await limits_for(conn, settings, project_id, user_id)
         usage = await usage_of(conn, project_id, user_id)
     detail = {
@@ -226,11 +243,12 @@ async def show(
     pool: DbPool,
     settings: AppSettings,
     version: Version,
+    keystone: Keystone,
 ) -> dict[str, Any]:
     user_id = user_of(request)
     may_read(ctx, project_id)
     async with pool.acquire() as conn:
-        await known_project(conn, settings, project_id)
+        await known_project(conn, settings, project_id, keystone)
         limits = await limits_for(conn, settings, project_id, user_id)
     return {"quota_set": {"id": project_id, **quota_set(limits, version)}}
 
@@ -244,12 +262,13 @@ async def update(
     pool: DbPool,
     settings: AppSettings,
     version: Version,
+    keystone: Keystone,
 ) -> dict[str, Any]:
     user_id = user_of(request)
     values, force = parse_update(await json_body(request), version)
     values = {name: limit for name, limit in values.items() if name not in _NETWORK}
     async with pool.acquire() as conn, conn.transaction():
-        await known_project(conn, settings, project_id)
+        await known_project(conn, settings, project_id, keystone)
         await quotas.lock_project(conn, project_id)
         if user_id is not None:
             check_within_project(values, await project_limits(conn, project_id, settings.quota))
@@ -267,11 +286,17 @@ async def update(
 
 @router.delete("/{project_id}", status_code=202, response_class=Response)
 async def revert(
-    project_id: str, request: Request, ctx: AdminContext, pool: DbPool, settings: AppSettings
+    project_id: str,
+    request: Request,
+    *,
+    ctx: AdminContext,
+    pool: DbPool,
+    settings: AppSettings,
+    keystone: Keystone,
 ) -> Response:
     user_id = user_of(request)
     async with pool.acquire() as conn:
-        await known_project(conn, settings, project_id)
+        await known_project(conn, settings, project_id, keystone)
         if user_id is None:
             await quotas.clear(conn, project_id)
             LOG.info("quotas of project %s returned to the defaults", project_id)

@@ -9,7 +9,7 @@ from services.manage.commands.service import table
 from services.manage.commands.user import name_argument
 from services.manage.database import connect
 from shared.config import Settings
-from shared.db import projects, users
+from shared.db import projects, role_assignments
 
 COLUMNS = ("ID", "Name", "Users", "Description")
 
@@ -25,18 +25,18 @@ async def create(args: argparse.Namespace, settings: Settings) -> int:
 async def list_(args: argparse.Namespace, settings: Settings) -> int:
     async with connect(settings.database_url) as conn:
         found = await projects.list_projects(conn)
-        members = await users.memberships(conn)
+        held = await role_assignments.list_assignments(conn)
     if not found:
         print("no projects yet: create one with 'keel-manage project create NAME'")
         return 0
-    counts = {p.id: sum(1 for m in members if m.project.id == p.id) for p in found}
+    counts = {p.id: len({a.user_id for a in held if a.project_id == p.id}) for p in found}
     rows = [(p.id, p.name, str(counts[p.id]), p.description) for p in found]
     print(table(COLUMNS, rows))
     return 0
 
 
 async def delete(args: argparse.Namespace, settings: Settings) -> int:
-    """Delete a project that has neither users nor servers left."""
+    """Delete a project that has no servers left; its role assignments go with it."""
     async with connect(settings.database_url) as conn:
         project = await projects.find(conn, args.project)
         await projects.delete(conn, project)
@@ -55,8 +55,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     gone = actions.add_parser(
         "delete",
         help="delete a project",
-        description="Delete a project. It must have no users and no servers left: delete "
-        "those first. Its quota settings go with it.",
+        description="Delete a project. It must have no servers left: delete them first. "
+        "Its role assignments, the tokens scoped to it and its quota settings go with it.",
     )
     gone.add_argument("project", metavar="PROJECT", help="the project's name or id")
     set_handler(gone, delete)

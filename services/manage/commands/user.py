@@ -1,5 +1,8 @@
 """``keel-manage user``: who may get a token from the identity API, and in which project.
 
+The same queries as the identity API's ``/v3/users`` (:mod:`shared.db.users`): a user
+made here is one the API shows, and the other way round.
+
 A password is given with ``--password`` or, without it, as one line on standard input
 (prompted for without echo when standard input is a terminal). It is stored only as a
 slow salted hash, and never printed or logged.
@@ -15,11 +18,11 @@ from services.manage.commands import UsageError, set_handler
 from services.manage.commands.service import table
 from services.manage.database import connect
 from shared.config import Settings
-from shared.db import projects, users
-from shared.objects.identity import Role
+from shared.db import projects, role_assignments, users
+from shared.objects.identity import MEMBER_ROLE
 from shared.passwords import check_acceptable, hash_password
 
-COLUMNS = ("ID", "Name", "Project", "Role")
+COLUMNS = ("ID", "Name", "Project", "Roles")
 MAX_NAME = 255
 
 
@@ -51,11 +54,13 @@ def read_password(given: str | None) -> str:
 
 
 async def create(args: argparse.Namespace, settings: Settings) -> int:
-    """Create a user with a role in a project, and print the user's id."""
+    """Create a user with a role in a project (their default project); print the user's id."""
     password = read_password(args.password)
     async with connect(settings.database_url) as conn:
         project = await projects.find(conn, args.project)
-        user = await users.create(conn, args.name, hash_password(password), project, args.role)
+        user = await users.create_in_project(
+            conn, args.name, hash_password(password), project, args.role
+        )
     print(user.id)
     return 0
 
@@ -73,11 +78,14 @@ async def set_password(args: argparse.Namespace, settings: Settings) -> int:
 async def list_(args: argparse.Namespace, settings: Settings) -> int:
     async with connect(settings.database_url) as conn:
         project_id = (await projects.find(conn, args.project)).id if args.project else None
-        found = await users.memberships(conn, project_id=project_id)
+        found = await role_assignments.list_assignments(conn, project_id=project_id)
     if not found:
         print("no users yet: create one with 'keel-manage user create NAME --project PROJECT'")
         return 0
-    rows = [(m.user.id, m.user.name, m.project.name, m.role.value) for m in found]
+    held: dict[tuple[str, str, str], list[str]] = {}
+    for a in found:
+        held.setdefault((a.user_id, a.user_name, a.project_name), []).append(a.role_name)
+    rows = [(*key, ", ".join(names)) for key, names in held.items()]
     print(table(COLUMNS, rows))
     return 0
 
@@ -107,10 +115,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     new.add_argument("--project", required=True, help="the project's name or id")
     new.add_argument(
         "--role",
-        type=Role,
-        choices=list(Role),
-        default=Role.MEMBER,
-        help="member (default) or admin; admin may use every admin route of the API",
+        default=MEMBER_ROLE,
+        help="the role's name or id: member (default), admin (every admin route of the API), "
+        "reader, manager or any role created through the identity API",
     )
     _password_option(new)
     set_handler(new, create)
@@ -118,7 +125,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     change.add_argument("user", metavar="USER", help="the user's name or id")
     _password_option(change)
     set_handler(change, set_password)
-    listing = actions.add_parser("list", help="list users with their project and role")
+    listing = actions.add_parser("list", help="list users with their projects and roles")
     listing.add_argument("--project", help="only users of this project (name or id)")
     set_handler(listing, list_)
     gone = actions.add_parser("delete", help="delete a user")

@@ -1,7 +1,8 @@
-"""The Tempest runner's lists, accounts and counts (tests/tempest)."""
+"""The Tempest runner's lists, configuration and counts (tests/tempest)."""
 
 from __future__ import annotations
 
+import configparser
 import re
 from pathlib import Path
 
@@ -53,34 +54,22 @@ def test_a_slice_keeps_the_include_list_and_adds_the_regex(tmp_path: Path) -> No
     assert run.include_list(None, tmp_path) == run.INCLUDE
 
 
-def test_alt_accounts_come_first_and_have_projects_of_their_own() -> None:
-    found = config.accounts("pw")
-    non_admin = [a for a in found if "admin" not in a.tempest_roles]
-    first = non_admin[: config.ACCOUNT_SETS]
-    assert all(not a.tempest_roles for a in first)
-    projects = [a.project for a in found if not a.tempest_roles]
-    assert len(set(projects)) == len(projects)
-    others = {a.project for a in found if a.tempest_roles}
-    assert not others & set(projects)
-
-
-def test_every_project_of_a_primary_has_a_reader_and_a_manager() -> None:
-    found = config.accounts("pw")
-    by_project: dict[str, set[str]] = {}
-    for account in found:
-        for role in account.tempest_roles:
-            by_project.setdefault(account.project, set()).add(role)
-    members = [p for p, roles in by_project.items() if "member" in roles]
-    assert len(members) == config.ACCOUNT_SETS
-    for project in members:
-        assert by_project[project] == {"member", "reader", "manager"}
-    admins = [a for a in found if a.keel_role == "admin"]
-    assert len(admins) == config.ACCOUNT_SETS
-    assert all(a.tempest_roles == ("admin",) for a in admins)
-
-
-def test_the_accounts_file_names_each_account_once() -> None:
-    text = config.accounts_yaml(config.accounts("secret"))
-    assert text.count("- username:") == len(config.accounts("secret"))
-    assert '"tempest-1-reader"' in text
-    assert 'roles: ["reader"]' in text
+def test_tempest_makes_its_own_accounts_with_the_admin_it_is_given(tmp_path: Path) -> None:
+    cloud = config.Cloud(
+        api_url="http://127.0.0.1:1",
+        image_ref="i",
+        image_ref_alt="j",
+        flavor_ref="1",
+        flavor_ref_alt="2",
+        compute_nodes=2,
+    )
+    admin = config.Admin("tempest-admin", "tempest-admin", "s3cret")
+    parsed = configparser.ConfigParser()
+    parsed.read_string(config.tempest_conf(cloud, tmp_path, admin))
+    auth = parsed["auth"]
+    assert auth.getboolean("use_dynamic_credentials") is True
+    assert "test_accounts_file" not in auth
+    assert (auth["admin_username"], auth["admin_project_name"]) == ("tempest-admin",) * 2
+    assert auth["admin_password"] == "s3cret"
+    assert auth["admin_domain_name"] == "Default"
+    assert parsed["identity"]["uri_v3"] == "http://127.0.0.1:1/identity/v3"

@@ -8,7 +8,7 @@ import asyncpg
 import httpx
 
 from shared.db import projects, users
-from shared.objects.identity import Role
+from shared.objects.identity import MEMBER_ROLE
 from shared.passwords import hash_password
 
 
@@ -22,14 +22,14 @@ class Person:
 
 
 async def add_person(
-    pool: asyncpg.Pool, name: str, project: str, role: Role = Role.MEMBER, password: str = ""
+    pool: asyncpg.Pool, name: str, project: str, role: str = MEMBER_ROLE, password: str = ""
 ) -> Person:
     """A user with ``role`` in ``project`` (created if missing)."""
     password = password or f"{name}-secret"
     async with pool.acquire() as conn:
         found = await projects.list_projects(conn, name=project)
         owner = found[0] if found else await projects.create(conn, project)
-        user = await users.create(conn, name, hash_password(password), owner, role)
+        user = await users.create_in_project(conn, name, hash_password(password), owner, role)
     return Person(user.id, name, password, owner.id, owner.name)
 
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from shared.db import users
-from shared.objects.identity import Role
+from shared.objects.identity import ADMIN_ROLE
 from tests.functional.services.api.conftest import ADMIN, MEMBER
 from tests.functional.services.api.identity_fixtures import (
     add_person,
@@ -61,7 +61,7 @@ async def test_issued_tokens_authenticate_compute_routes_with_their_roles(
     client: httpx.AsyncClient, db_pool: asyncpg.Pool
 ) -> None:
     alice = await add_person(db_pool, "alice", "web")
-    boss = await add_person(db_pool, "boss", "ops", Role.ADMIN)
+    boss = await add_person(db_pool, "boss", "ops", ADMIN_ROLE)
     member = {"X-Auth-Token": await token_for(client, alice)}
     admin = {"X-Auth-Token": await token_for(client, boss)}
     assert (await client.get("/v2.1/servers", headers=member)).status_code == 200

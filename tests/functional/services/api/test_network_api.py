@@ -16,6 +16,7 @@ from tests.functional.services.api.conftest import (
     Recorder,
     add_image,
 )
+from tests.functional.services.api.identity_fixtures import add_person
 from tests.functional.services.api.test_servers import create
 
 pytestmark = pytest.mark.functional
@@ -130,3 +131,24 @@ async def test_quotas_are_shown_and_cannot_be_changed(
     changed = await client.put(f"{BASE}/quotas/team", headers=ADMIN, json={"quota": {"network": 5}})
     assert changed.status_code == 400
     assert (await get(client, "quotas/team", ADMIN))["quota"] == quota
+
+
+async def test_an_admin_may_delete_a_default_group_and_it_stays(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool
+) -> None:
+    """As Tempest's dynamic credentials clean a project up before deleting it."""
+    person = await add_person(db_pool, "alice", "web")
+    listed = await get(client, "security-groups", ADMIN, project_id=person.project_id)
+    [group] = [g for g in listed["security_groups"] if g["project_id"] == person.project_id]
+    path = f"{BASE}/security-groups/{group['id']}"
+    refused = await client.delete(path, headers=MEMBER)
+    assert refused.status_code == 404  # another project's group: the member does not see it
+    own = (await get(client, "security-groups"))["security_groups"][0]["id"]
+    kept = await client.delete(f"{BASE}/security-groups/{own}", headers=MEMBER)
+    assert kept.status_code == 409
+    assert kept.json()["NeutronError"]["type"] == "SecurityGroupCannotRemoveDefault"
+    assert (await client.delete(path, headers=ADMIN)).status_code == 204
+    again = await get(client, "security-groups", ADMIN, project_id=person.project_id)
+    assert group in again["security_groups"]
+    unknown = await client.delete(f"{BASE}/security-groups/nope", headers=ADMIN)
+    assert unknown.status_code == 404

@@ -16,7 +16,7 @@ import pytest
 from services.api.ops.session import SESSION_COOKIE, csrf_token
 from shared.config import OpsSettings, Settings
 from shared.db import users
-from shared.objects.identity import Role
+from shared.objects.identity import ADMIN_ROLE, MEMBER_ROLE
 from shared.passwords import hash_password
 from tests.functional.services.api.conftest import ADMIN, MEMBER, add_compute
 from tests.functional.services.api.identity_fixtures import Person, add_person
@@ -34,12 +34,12 @@ def settings(settings: Settings) -> Settings:
 
 @pytest.fixture
 async def admin(db_pool: asyncpg.Pool) -> Person:
-    return await add_person(db_pool, "opsadmin", "ops-project", Role.ADMIN)
+    return await add_person(db_pool, "opsadmin", "ops-project", ADMIN_ROLE)
 
 
 @pytest.fixture
 async def member(db_pool: asyncpg.Pool) -> Person:
-    return await add_person(db_pool, "opsmember", "ops-project", Role.MEMBER)
+    return await add_person(db_pool, "opsmember", "ops-project", MEMBER_ROLE)
 
 
 async def sign_in(client: httpx.AsyncClient, name: str, password: str) -> httpx.Response:

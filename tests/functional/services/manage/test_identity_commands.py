@@ -88,7 +88,7 @@ async def test_user_password_from_stdin_or_option_is_stored_hashed(database_url:
         (("user", "create", "carol", "--project", "web"), "\n", 2, "password is empty"),
         (("user", "create", "carol", "--project", "nowhere", "--password", "x"), "", 1, "nowhere"),
         (("user", "create", "alice", "--project", "web", "--password", "x"), "", 1, "exists"),
-        (("user", "create", "dave", "--project", "web", "--role", "king"), "x\n", 2, "king"),
+        (("user", "create", "dave", "--project", "web", "--role", "king"), "x\n", 1, "king"),
         (("user", "delete", "nobody"), "", 1, "nobody"),
         (("project", "delete", "nowhere"), "", 1, "nowhere"),
     ],
@@ -104,15 +104,11 @@ async def test_failures_exit_with_one_line(
     assert result.stdout == ""
 
 
-async def test_project_delete_waits_for_its_users_and_servers(
+async def test_project_delete_waits_for_its_servers_and_takes_its_roles(
     database_url: str, db_pool: asyncpg.Pool
 ) -> None:
     project_id = ok(database_url, "project", "create", "web")
     ok(database_url, "user", "create", "alice", "--project", project_id, "--password", "pw")
-    refused = run(database_url, "project", "delete", "web")
-    assert refused.returncode == 1
-    assert "alice" in refused.stderr
-    assert "deleted user alice" in ok(database_url, "user", "delete", "alice")
     async with db_pool.acquire() as conn:
         await instances.create(
             conn,
@@ -131,3 +127,7 @@ async def test_project_delete_waits_for_its_users_and_servers(
         await conn.execute("UPDATE instances SET deleted_at = now()")
     assert "deleted project web" in ok(database_url, "project", "delete", "web")
     assert "no projects yet" in ok(database_url, "project", "list")
+    assert "no users yet" in ok(database_url, "user", "list")
+    async with db_pool.acquire() as conn:
+        kept = await conn.fetchrow("SELECT name, default_project_id FROM users")
+    assert dict(kept or {}) == {"name": "alice", "default_project_id": None}
