@@ -53,6 +53,9 @@ History:
   (``take_request``: an agent takes keel-api's request before it stops, starts, reboots,
   pauses, unpauses, suspends, resumes or deletes a guest; a request keel-api withdrew
   is not acted on).
+* 18 (``quoin``) — guests people can use: compute 1.10 (the instance a build or rebuild
+  carries gains what its config drive and the metadata service tell the guest: project,
+  zone, launch index, key pair, ``config_drive``, and its networks' ranges).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.8", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.10", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.11", scheduler="1.2"),
+    ReleaseApis(compute="1.10", conductor="1.11", scheduler="1.2"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -124,6 +128,7 @@ RELEASE_NAMES: dict[str, int] = {
     "norman": 15,
     "oakum": 16,
     "painter": 17,
+    "quoin": 18,
 }
 
 #: The first release whose agents never register without an identity file the

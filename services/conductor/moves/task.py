@@ -40,6 +40,7 @@ from services.compute.rpcapi import (
     topic_for,
 )
 from services.conductor.boot_images import BootImages
+from services.conductor.guest_data import guest_data
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
@@ -86,6 +87,7 @@ def instance_spec(
             "addresses": addresses,
             "metadata": instance.metadata,
             "user_data": instance.user_data,
+            **guest_data(instance),
         }
     )
 
