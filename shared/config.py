@@ -146,6 +146,24 @@ class LibvirtSettings(_Group):
     #: Seconds a clean shutdown (stop, soft reboot, migration) waits for the guest before
     #: it is powered off by force.
     shutdown_timeout: float = Field(default=60.0, gt=0)
+    #: How guests are connected: ``user`` (QEMU user-mode networking, one private network
+    #: per guest: no bridge or root needed; the guest's SSH is forwarded from a loopback
+    #: address) or ``bridge`` (a tap on the Linux bridge named by ``bridge``: a provider
+    #: network the operator runs).
+    network: Literal["user", "bridge"] = "user"
+    #: The Linux bridge guests are plugged into in ``bridge`` mode.
+    bridge: str | None = Field(default=None, min_length=1, max_length=15)
+    #: In ``user`` mode, the port of each guest's forward (on its own loopback address,
+    #: see ``KEEL_NETWORK__FORWARD_NAME``) to the guest's port 22.
+    ssh_forward_port: int = Field(default=22, ge=1, le=65535)
+    #: Give every guest a config drive, whether or not its user asked for one.
+    force_config_drive: bool = False
+
+    @model_validator(mode="after")
+    def _bridge_named(self) -> LibvirtSettings:
+        if self.network == "bridge" and self.bridge is None:
+            raise ValueError("network bridge needs the bridge's name (KEEL_LIBVIRT__BRIDGE)")
+        return self
 
 
 class ImageSettings(_Group):
@@ -225,6 +243,10 @@ class NetworkSettings(_Group):
     cidr: str = "10.0.0.0/16"
     #: The network's id as clients name it; unset means derived from ``name``.
     id: uuid.UUID | None = None
+    #: keel-api: when set, the servers' ``addresses`` also show, under this network name,
+    #: the loopback address each guest's SSH is forwarded from (libvirt agents in
+    #: ``KEEL_LIBVIRT__NETWORK=user`` mode); unset, none is shown.
+    forward_name: str | None = Field(default=None, min_length=1, max_length=255)
 
     @field_validator("cidr")
     @classmethod

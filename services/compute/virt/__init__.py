@@ -55,6 +55,7 @@ def _libvirt_driver(settings: Settings) -> Driver:
     from services.compute.image_cache import ImageCache  # noqa: PLC0415
     from services.compute.virt.libvirt.connection import LibvirtConnection  # noqa: PLC0415
     from services.compute.virt.libvirt.driver import LibvirtDriver  # noqa: PLC0415
+    from services.compute.virt.libvirt.interface import NetworkConfig  # noqa: PLC0415
 
     compute, libvirt = settings.compute, settings.libvirt
     cache = ImageCache(
@@ -71,4 +72,8 @@ def _libvirt_driver(settings: Settings) -> Driver:
         vcpus=compute.vcpus,
         memory_mb=compute.memory_mb,
         local_gb=compute.local_gb,
+        network=NetworkConfig(
+            mode=libvirt.network, bridge=libvirt.bridge, ssh_forward_port=libvirt.ssh_forward_port
+        ),
+        force_config_drive=libvirt.force_config_drive,
     )

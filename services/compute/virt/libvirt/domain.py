@@ -18,6 +18,7 @@ from uuid import UUID
 from xml.etree import ElementTree
 
 from services.compute.rpcapi import InstanceSpec
+from services.compute.virt.libvirt.interface import GuestNic, add_interface
 
 #: The namespace of keel's element in a domain's ``<metadata>``.
 NAMESPACE = "https://keel.invalid/xmlns/libvirt/instance/1"
@@ -47,6 +48,8 @@ class GuestFiles:
     console_log: Path
     kernel: Path | None = None
     ramdisk: Path | None = None
+    #: The config drive (an ISO 9660 image labelled ``config-2``), when the guest has one.
+    config_drive: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ def domain_xml(
     files: GuestFiles,
     made_by: str,
     kernel_args: str | None = None,
+    nic: GuestNic | None = None,
 ) -> str:
     """The persistent definition of ``spec``'s guest on this node."""
     flavor = spec.flavor
@@ -137,6 +141,14 @@ def domain_xml(
     _sub(disk, "driver", name="qemu", type="qcow2", cache="none")
     _sub(disk, "source", file=str(files.disk))
     _sub(disk, "target", dev="vda", bus="virtio")
+    if files.config_drive is not None:
+        drive = _sub(devices, "disk", type="file", device="disk")
+        _sub(drive, "driver", name="qemu", type="raw")
+        _sub(drive, "source", file=str(files.config_drive))
+        _sub(drive, "target", dev="vdb", bus="virtio")
+        _sub(drive, "readonly")
+    if nic is not None:
+        add_interface(domain, devices, nic)
     serial = _sub(devices, "serial", type="pty")
     _sub(serial, "log", file=str(files.console_log), append="on")
     _sub(serial, "target", port="0")

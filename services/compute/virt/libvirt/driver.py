@@ -40,7 +40,7 @@ from services.compute.image_cache import ImageCache
 from services.compute.rpcapi import BootSource, GuestDisk, InstanceSpec
 from services.compute.virt.console import read_tail
 from services.compute.virt.driver import HypervisorResources
-from services.compute.virt.libvirt import disks
+from services.compute.virt.libvirt import config_drive, disks
 from services.compute.virt.libvirt.connection import LibvirtConnection
 from services.compute.virt.libvirt.domain import (
     NAMESPACE,
@@ -51,6 +51,7 @@ from services.compute.virt.libvirt.domain import (
     name_prefix,
     parse_metadata,
 )
+from services.compute.virt.libvirt.interface import GuestNic, NetworkConfig, primary_address
 from services.compute.virt.local import _nearest_existing
 from shared.exceptions import BuildFailed, GuestNotFound
 from shared.objects.flavor import FlavorSnapshot
@@ -104,8 +105,12 @@ class LibvirtDriver:
         vcpus: int | None = None,
         memory_mb: int | None = None,
         local_gb: int | None = None,
+        network: NetworkConfig | None = None,
+        force_config_drive: bool = False,
     ) -> None:
         self._conn = connection
+        self.network = network or NetworkConfig()
+        self.force_config_drive = force_config_drive
         self.state_dir = state_dir
         self.instances_dir = state_dir / INSTANCES_DIR
         self.cache = cache
@@ -287,6 +292,7 @@ class LibvirtDriver:
             files=files,
             made_by=made_by,
             kernel_args=spec.boot.kernel_args,
+            nic=self._nic(spec),
         )
         libvirt = self._conn.libvirt
 
@@ -315,6 +321,13 @@ class LibvirtDriver:
             extra={"instance_uuid": str(spec.uuid)},
         )
 
+    def _nic(self, spec: InstanceSpec) -> GuestNic | None:
+        """The guest's interface; none for a server without an address."""
+        fixed = primary_address(spec)
+        if fixed is None:
+            return None
+        return GuestNic(self.network, fixed)
+
     async def _guest_files(
         self, spec: InstanceSpec, boot: BootSource, source_disk: GuestDisk | None
     ) -> GuestFiles:
@@ -329,11 +342,13 @@ class LibvirtDriver:
             if source_disk is not None:
                 copy = disks.DiskCopy(source_disk, local=source_disk.machine == self.machine)
             await asyncio.to_thread(self._assemble, spec, boot, fetched, final, copy)
+        drive = final / config_drive.CONFIG_DRIVE
         return GuestFiles(
             disk=final / disks.DISK,
             console_log=final / disks.CONSOLE_LOG,
             kernel=final / disks.KERNEL if boot.kernel else None,
             ramdisk=final / disks.RAMDISK if boot.kernel and boot.ramdisk else None,
+            config_drive=drive if await asyncio.to_thread(drive.is_file) else None,
         )
 
     def _assemble(
@@ -349,6 +364,8 @@ class LibvirtDriver:
         scratch.mkdir(mode=0o755)
         try:
             disks.assemble(scratch, spec, boot, fetched)
+            if spec.config_drive or self.force_config_drive:
+                config_drive.make(spec, scratch / config_drive.CONFIG_DRIVE)
             if copy is not None:
                 copy.into(scratch / disks.DISK)
                 LOG.info(
