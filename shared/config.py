@@ -104,6 +104,42 @@ class ApiSettings(_Group):
     policy_file: Path | None = None
 
 
+class MetadataSettings(_Group):
+    """The metadata service (keel-api) and the agents that pass guests' requests to it."""
+
+    #: keel-api: ``HOST:PORT`` to serve the metadata service on; unset, it is not served.
+    bind: str | None = None
+    #: Agents: the metadata service's URL (``http://HOST:PORT``) as they reach it; unset,
+    #: guests have no metadata service (a config drive still works).
+    url: str | None = Field(default=None, pattern=r"^http://[^/]+$")
+    #: The secret keel-api and the agents share: an agent signs the id of the guest a
+    #: request comes from (HMAC-SHA256), and keel-api answers only signed requests.
+    secret: str | None = Field(default=None, min_length=16, repr=False)
+
+    @field_validator("bind")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8775")
+        return value
+
+    @model_validator(mode="after")
+    def _secret_given(self) -> MetadataSettings:
+        if (self.bind is not None or self.url is not None) and self.secret is None:
+            raise ValueError("the metadata service needs KEEL_METADATA__SECRET")
+        return self
+
+    @property
+    def listen(self) -> tuple[str, int] | None:
+        if self.bind is None:
+            return None
+        host, _, port = self.bind.rpartition(":")
+        return host, int(port)
+
+
 class SchedulerSettings(_Group):
     #: The first host a request tries is picked at random among this many of the best
     #: (Nova's ``host_subset_size``), so concurrent requests do not all race for one host.
@@ -417,6 +453,7 @@ class Settings(BaseSettings):
     virt: VirtSettings = Field(default_factory=VirtSettings)
     libvirt: LibvirtSettings = Field(default_factory=LibvirtSettings)
     images: ImageSettings = Field(default_factory=ImageSettings)
+    metadata: MetadataSettings = Field(default_factory=MetadataSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)

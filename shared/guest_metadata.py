@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import re
 from typing import Any
@@ -55,6 +57,12 @@ class GuestInfo(KeelModel):
     #: The user data as the user gave it: base64.
     user_data: str | None = None
     addresses: list[FixedIp] = Field(default_factory=list)
+
+
+def signature(secret: str, instance_id: str) -> str:
+    """The proof that a metadata request comes from the guest ``instance_id``: the HMAC
+    (SHA-256, hex) of its id under the secret the agents and keel-api share."""
+    return hmac.new(secret.encode(), instance_id.encode(), hashlib.sha256).hexdigest()
 
 
 def hostname(name: str, instance_uuid: UUID) -> str:

@@ -7,10 +7,13 @@ import ipaddress
 import random
 import socket
 import subprocess
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from shared.guest_metadata import GuestInfo, openstack_files, signature
 from shared.objects.network import FixedIp, mac_address
 
 #: Seconds a guest may take to print a line after it started (software emulation).
@@ -85,3 +88,51 @@ async def ssh_run(host: str, port: int, key: Path, command: str) -> str:
             return done.stdout
         assert time.monotonic() < deadline, f"ssh {host}:{port} failed: {done.stderr}"
         await asyncio.sleep(2)
+
+
+class StandInMetadata:
+    """A metadata service on 127.0.0.1 that answers signed requests from ``guests`` (by
+    id) with what keel-api would answer, and counts the requests it refused."""
+
+    def __init__(self, secret: str, guests: dict[str, GuestInfo]) -> None:
+        self.secret = secret
+        self.guests = guests
+        self.refused = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                instance_id = self.headers.get("X-Instance-ID", "")
+                signed = self.headers.get("X-Instance-ID-Signature", "")
+                guest = service.guests.get(instance_id)
+                if guest is None or signed != signature(service.secret, instance_id):
+                    service.refused += 1
+                    self.send_error(403)
+                    return
+                parts = [part for part in self.path.split("/") if part]
+                files = openstack_files(guest, "latest")
+                if parts[:2] != ["openstack", "latest"] or len(parts) != 3 or parts[2] not in files:
+                    self.send_error(404)
+                    return
+                data = files[parts[2]]
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        return Handler
+
+    def __enter__(self) -> StandInMetadata:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from services.compute.virt.driver import Driver, HypervisorResources
 from services.compute.virt.fake import FakeDriver
 from services.compute.virt.local import LocalDriver
 from services.compute.virt.rehearsal import RehearsalDriver
 from shared.config import Settings
+
+if TYPE_CHECKING:
+    from services.compute.virt.libvirt.metadata_relay import MetadataRelay
 
 __all__ = [
     "Driver",
@@ -50,6 +55,16 @@ def _base_driver(settings: Settings) -> Driver:
     )
 
 
+def metadata_relay(settings: Settings) -> MetadataRelay | None:
+    """The libvirt driver's metadata relay, when agents are told the metadata service."""
+    from services.compute.virt.libvirt.metadata_relay import MetadataRelay  # noqa: PLC0415
+
+    metadata = settings.metadata
+    if metadata.url is None or metadata.secret is None:
+        return None
+    return MetadataRelay(settings.state_dir, metadata.url, metadata.secret)
+
+
 def _libvirt_driver(settings: Settings) -> Driver:
     """The libvirt driver; imported only when chosen (its binding is an optional extra)."""
     from services.compute.image_cache import ImageCache  # noqa: PLC0415
@@ -76,4 +91,5 @@ def _libvirt_driver(settings: Settings) -> Driver:
             mode=libvirt.network, bridge=libvirt.bridge, ssh_forward_port=libvirt.ssh_forward_port
         ),
         force_config_drive=libvirt.force_config_drive,
+        metadata=metadata_relay(settings),
     )

@@ -52,6 +52,7 @@ from services.compute.virt.libvirt.domain import (
     parse_metadata,
 )
 from services.compute.virt.libvirt.interface import GuestNic, NetworkConfig, primary_address
+from services.compute.virt.libvirt.metadata_relay import MetadataRelay
 from services.compute.virt.local import _nearest_existing
 from shared.exceptions import BuildFailed, GuestNotFound
 from shared.objects.flavor import FlavorSnapshot
@@ -107,10 +108,13 @@ class LibvirtDriver:
         local_gb: int | None = None,
         network: NetworkConfig | None = None,
         force_config_drive: bool = False,
+        metadata: MetadataRelay | None = None,
     ) -> None:
         self._conn = connection
         self.network = network or NetworkConfig()
         self.force_config_drive = force_config_drive
+        #: Passes guests' metadata requests on (user mode); ``None``: guests have none.
+        self.metadata = metadata
         self.state_dir = state_dir
         self.instances_dir = state_dir / INSTANCES_DIR
         self.cache = cache
@@ -140,6 +144,9 @@ class LibvirtDriver:
         await asyncio.to_thread(self._sweep_scratch)
         await asyncio.to_thread(self.cache.sweep)
         guests = await self.list_instances()
+        if self.metadata is not None:
+            for guest in guests:
+                await self.metadata.serve(guest)
         LOG.info(
             "libvirt driver on %s (node %s): %d guest(s) found, guests in %s",
             self._conn.uri,
@@ -295,6 +302,11 @@ class LibvirtDriver:
             nic=self._nic(spec),
         )
         libvirt = self._conn.libvirt
+        if self.metadata is not None:
+            try:
+                await self.metadata.serve(spec.uuid)
+            except OSError as exc:
+                raise BuildFailed(f"cannot serve guest {spec.uuid}'s metadata: {exc}") from None
 
         def define_and_start(conn: Any) -> bool:
             dom = self._lookup(conn, spec.uuid) or conn.defineXML(xml)
@@ -326,7 +338,10 @@ class LibvirtDriver:
         fixed = primary_address(spec)
         if fixed is None:
             return None
-        return GuestNic(self.network, fixed)
+        socket = None
+        if self.metadata is not None and self.network.mode == "user":
+            socket = self.metadata.socket_path(spec.uuid)
+        return GuestNic(self.network, fixed, metadata_socket=socket)
 
     async def _guest_files(
         self, spec: InstanceSpec, boot: BootSource, source_disk: GuestDisk | None
@@ -403,6 +418,8 @@ class LibvirtDriver:
             return True
 
         removed = await self._conn.run(undefine)
+        if self.metadata is not None:
+            await self.metadata.stop(instance_uuid)
         await asyncio.to_thread(self._remove_files, instance_uuid)
         if removed:
             LOG.info(
