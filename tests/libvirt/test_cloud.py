@@ -18,25 +18,20 @@ import pytest
 
 from deploy import guestimage
 from services.compute.virt.libvirt.domain import domain_uuid
-from tests.e2e.cloud import Cloud, CloudConfig, running_cloud
+from tests.e2e.cloud import Cloud
 from tests.e2e.moves import service_set, until_record, until_server
-from tests.libvirt.guests import free_port, make_key, random_network, ssh_run
+from tests.libvirt.cloud import FLAVOR, HOSTS, libvirt_cloud
+from tests.libvirt.cloud import agent_settings as cloud_settings
+from tests.libvirt.guests import free_port, make_key, ssh_run
 
-HOSTS = ("lv-a", "lv-b")
-FLAVOR = "keel.guest"
 BOOT_TIMEOUT = 60.0
 #: Each agent's SSH forward port: the two share this machine, and an evacuated server's
 #: new guest runs beside its old one (same address, so another port).
 FORWARD_PORTS = {host: free_port() for host in HOSTS}
-METADATA_SECRET = "libvirt-tier-metadata-0123456789"
 
 
 def agent_settings(host: str) -> dict[str, str]:
-    return {
-        "KEEL_COMPUTE__HYPERVISOR_HOSTNAME": host,
-        "KEEL_COMPUTE__RECONCILE_INTERVAL": "1",
-        "KEEL_LIBVIRT__SSH_FORWARD_PORT": str(FORWARD_PORTS[host]),
-    }
+    return cloud_settings(host, FORWARD_PORTS)
 
 
 @pytest.fixture(scope="module")
@@ -44,49 +39,8 @@ async def cloud(
     guest_images: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Cloud]:
     workdir = tmp_path_factory.mktemp("libvirt-cloud")
-    metadata = f"127.0.0.1:{free_port()}"
-    env = (
-        ("KEEL_COMPUTE__DRIVER", "libvirt"),
-        ("KEEL_IMAGES__URL_SECRET", "libvirt-tier-secret-0123456789"),
-        ("KEEL_IMAGES__STORE_DIR", str(workdir / "image-store")),
-        ("KEEL_LIBVIRT__SHUTDOWN_TIMEOUT", "15"),
-        # Guests' addresses and so their forwards (127.x.y.z): another run's are others.
-        ("KEEL_NETWORK__CIDR", str(random_network())),
-        ("KEEL_NETWORK__FORWARD_NAME", "forwarded"),
-        ("KEEL_METADATA__BIND", metadata),
-        ("KEEL_METADATA__URL", f"http://{metadata}"),
-        ("KEEL_METADATA__SECRET", METADATA_SECRET),
-    )
-    async with running_cloud(workdir, CloudConfig(computes=(), env=env)) as running:
-        for host in HOSTS:
-            running.start(host, "keel-compute", host, **agent_settings(host))
-        for host in HOSTS:
-            await running.wait_for_service(host, up=True)
-        upload_guest(running, guest_images)
-        running.openstack("flavor", "create", "--ram", "128", "--disk", "1", "--vcpus", "1", FLAVOR)
+    async with libvirt_cloud(workdir, guest_images, FORWARD_PORTS) as running:
         yield running
-        for server in running.openstack("server", "list"):
-            running.openstack("server", "delete", "--wait", server["ID"], as_json=False)
-
-
-def upload_guest(cloud: Cloud, images: Path) -> None:
-    ids = {}
-    for name, file, fmt in (
-        ("keel-test-kernel", guestimage.KERNEL, "aki"),
-        ("keel-test-ramdisk", guestimage.RAMDISK, "ari"),
-    ):
-        made = cloud.openstack(
-            "image", "create", "--file", str(images / file), "--disk-format", fmt,
-            "--container-format", fmt, "--public", name,
-        )  # fmt: skip
-        ids[name] = made["id"]
-    cloud.openstack(
-        "image", "create", "--file", str(images / guestimage.DISK), "--disk-format", "qcow2",
-        "--container-format", "bare", "--public",
-        "--property", f"kernel_id={ids['keel-test-kernel']}",
-        "--property", f"ramdisk_id={ids['keel-test-ramdisk']}",
-        "keel-test",
-    )  # fmt: skip
 
 
 def libvirt_domain(host_node: str, server_id: str, libvirt_uri: str) -> Any:
