@@ -33,8 +33,9 @@ def agent_settings(host: str, forward_ports: Mapping[str, int]) -> dict[str, str
 async def libvirt_cloud(
     workdir: Path, images: Path, forward_ports: Mapping[str, int]
 ) -> AsyncIterator[Cloud]:
-    """The cloud, its agents up, the test guest uploaded and the flavor ``keel.guest``
-    (128 MiB) made; every server is deleted at the end."""
+    """The cloud (in ``workdir``, which must exist), its agents up, the test guest
+    uploaded and the flavor ``keel.guest`` (128 MiB) made; every server is deleted at the
+    end."""
     metadata = f"127.0.0.1:{free_port()}"
     env = (
         ("KEEL_COMPUTE__DRIVER", "libvirt"),

@@ -73,13 +73,17 @@ def make_key(directory: Path, comment: str) -> tuple[Path, str]:
     return private, private.with_suffix(".pem.pub").read_text().strip()
 
 
-async def ssh_run(host: str, port: int, key: Path, command: str) -> str:
-    """``command``'s output, run as root over SSH with ``key`` (retried while the guest's
-    SSH server comes up or its key is not installed yet)."""
+async def ssh_run(
+    host: str, port: int, key: Path, command: str, *, user: str = "root", timeout: float = 0
+) -> str:
+    """``command``'s output, run as ``user`` over SSH with ``key`` (retried while the
+    guest's SSH server comes up or its key is not installed yet, for ``timeout`` seconds
+    or :data:`LINE_TIMEOUT`)."""
     argv = ["ssh", "-i", str(key), "-p", str(port), "-o", "BatchMode=yes",
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR", f"root@{host}", command]  # fmt: skip
-    deadline = time.monotonic() + LINE_TIMEOUT
+            "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
+            f"{user}@{host}", command]  # fmt: skip
+    deadline = time.monotonic() + (timeout or LINE_TIMEOUT)
     while True:
         done = await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, timeout=60, check=False

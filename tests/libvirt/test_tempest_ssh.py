@@ -50,6 +50,7 @@ def tempest() -> Path:
     return TEMPEST
 
 
+@pytest.mark.timeout(900)
 async def test_tempests_ssh_validating_compute_tests_pass(
     tempest: Path, guest_images: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -6,7 +6,8 @@ So a domain is named and identified by the node *and* the server: its libvirt UU
 derived from both, its name is ``keel-<node prefix>-<server uuid>``, and keel's metadata
 element records the server, the node and the build or move that made it. The server's
 UUID is the guest's SMBIOS serial number, as Nova sets it: what the guest can read of
-its identity.
+its identity; its SMBIOS product is ``OpenStack Compute``, by which cloud-init knows it
+runs on an OpenStack cloud.
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def domain_xml(
     sysinfo = _sub(domain, "sysinfo", type="smbios")
     system = _sub(sysinfo, "system")
     _sub(system, "entry", "keel", name="manufacturer")
-    _sub(system, "entry", "keel guest", name="product")
+    # cloud-init recognises an OpenStack guest by this product name (Nova's generic one),
+    # and only then asks the metadata service.
+    _sub(system, "entry", "OpenStack Compute", name="product")
     _sub(system, "entry", str(spec.uuid), name="serial")
     os_ = _sub(domain, "os")
     _sub(os_, "type", "hvm", arch="x86_64")
