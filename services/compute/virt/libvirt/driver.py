@@ -144,7 +144,8 @@ class LibvirtDriver:
         await asyncio.to_thread(self._sweep_scratch)
         await asyncio.to_thread(self.cache.sweep)
         guests = await self.list_instances()
-        if self.metadata is not None:
+        if self._relays_metadata:
+            assert self.metadata is not None
             for guest in guests:
                 await self.metadata.serve(guest)
         LOG.info(
@@ -302,7 +303,8 @@ class LibvirtDriver:
             nic=self._nic(spec),
         )
         libvirt = self._conn.libvirt
-        if self.metadata is not None:
+        if self._relays_metadata:
+            assert self.metadata is not None
             try:
                 await self.metadata.serve(spec.uuid)
             except OSError as exc:
@@ -333,13 +335,20 @@ class LibvirtDriver:
             extra={"instance_uuid": str(spec.uuid)},
         )
 
+    @property
+    def _relays_metadata(self) -> bool:
+        """Whether guests reach the metadata service through this agent's sockets (in
+        user-mode networking, when the agent is told the service)."""
+        return self.metadata is not None and self.network.mode == "user"
+
     def _nic(self, spec: InstanceSpec) -> GuestNic | None:
         """The guest's interface; none for a server without an address."""
         fixed = primary_address(spec)
         if fixed is None:
             return None
         socket = None
-        if self.metadata is not None and self.network.mode == "user":
+        if self._relays_metadata:
+            assert self.metadata is not None
             socket = self.metadata.socket_path(spec.uuid)
         return GuestNic(self.network, fixed, metadata_socket=socket)
 
