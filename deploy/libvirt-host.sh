@@ -2,7 +2,9 @@
 # Set this machine up to run keel's libvirt driver and its tests (as root, Debian).
 #
 # Installs QEMU, libvirt (daemon, QEMU driver, headers for the Python binding),
-# pkg-config, busybox and cpio when missing; makes sure the libvirt-qemu user and
+# pkg-config, busybox and cpio, binutils (the test guest's build reads its binaries'
+# libraries), genisoimage (config drives) and openssh-client (the tests SSH into guests)
+# when missing; makes sure the libvirt-qemu user and
 # /var/log/libvirt/qemu exist; and starts virtlogd and libvirtd when they are not
 # running (there may be no systemd). With --root-guests (what CI and test machines want)
 # QEMU runs guests as root, so guests can use files under any test directory; a
@@ -14,7 +16,7 @@ root_guests=false
 [[ ${1:-} == --root-guests ]] && root_guests=true
 
 packages=(qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev
-          pkg-config busybox cpio)
+          pkg-config busybox cpio binutils genisoimage openssh-client)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \

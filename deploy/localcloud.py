@@ -242,6 +242,10 @@ class Cloud:
         )
 
 
+#: The SSH forward port of the first agent's guests (the second's is the next one).
+FORWARD_PORT = 2222
+
+
 def start_all(cloud: Cloud, workdir: Path, env: Mapping[str, str]) -> None:
     """Start the cloud's processes in order: agents need the conductor first."""
 
@@ -251,7 +255,7 @@ def start_all(cloud: Cloud, workdir: Path, env: Mapping[str, str]) -> None:
 
     start("conductor", "keel-conductor")
     start("scheduler", "keel-scheduler")
-    for host in COMPUTE_HOSTS:
+    for index, host in enumerate(COMPUTE_HOSTS):
         state_dir = workdir / host
         state_dir.mkdir(parents=True, exist_ok=True)
         # Both agents share this machine's libvirtd: each names its hypervisor after its
@@ -262,6 +266,11 @@ def start_all(cloud: Cloud, workdir: Path, env: Mapping[str, str]) -> None:
             KEEL_HOST=host,
             KEEL_STATE_DIR=str(state_dir.resolve()),
             KEEL_COMPUTE__HYPERVISOR_HOSTNAME=env.get("KEEL_COMPUTE__HYPERVISOR_HOSTNAME", host),
+            # Guests' SSH forwards: one port per agent (a guest moved between the two may
+            # run beside its old copy, with the same address).
+            KEEL_LIBVIRT__SSH_FORWARD_PORT=env.get(
+                "KEEL_LIBVIRT__SSH_FORWARD_PORT", str(FORWARD_PORT + index)
+            ),
         )
     start("api", "keel-api")
 
@@ -355,8 +364,17 @@ def run(settings: Settings, workdir: Path) -> int:
 
 def libvirt_env(settings: Settings, workdir: Path) -> dict[str, str]:
     """What the libvirt driver needs that ``make run`` provides unless it is set: an
-    image store, a URL secret shared by keel-api and keel-conductor (new every run)."""
-    env = {"KEEL_IMAGES__URL_SECRET": secrets.token_urlsafe(32)}
+    image store, a URL secret shared by keel-api and keel-conductor (new every run), the
+    metadata service on 127.0.0.1:8775 with a secret shared by keel-api and the agents
+    (new every run), and the guests' SSH forwards shown as the network ``forwarded``."""
+    metadata = "127.0.0.1:8775"
+    env = {
+        "KEEL_IMAGES__URL_SECRET": secrets.token_urlsafe(32),
+        "KEEL_METADATA__BIND": metadata,
+        "KEEL_METADATA__URL": f"http://{metadata}",
+        "KEEL_METADATA__SECRET": secrets.token_urlsafe(32),
+        "KEEL_NETWORK__FORWARD_NAME": "forwarded",
+    }
     if "KEEL_IMAGES__STORE_DIR" not in os.environ:
         env["KEEL_IMAGES__STORE_DIR"] = str((workdir / "image-store").resolve())
     return {key: value for key, value in env.items() if key not in os.environ}

@@ -124,6 +124,42 @@ class ApiSettings(_Group):
     policy_file: Path | None = None
 
 
+class MetadataSettings(_Group):
+    """The metadata service (keel-api) and the agents that pass guests' requests to it."""
+
+    #: keel-api: ``HOST:PORT`` to serve the metadata service on; unset, it is not served.
+    bind: str | None = None
+    #: Agents: the metadata service's URL (``http://HOST:PORT``) as they reach it; unset,
+    #: guests have no metadata service (a config drive still works).
+    url: str | None = Field(default=None, pattern=r"^http://[^/]+$")
+    #: The secret keel-api and the agents share: an agent signs the id of the guest a
+    #: request comes from (HMAC-SHA256), and keel-api answers only signed requests.
+    secret: str | None = Field(default=None, min_length=16, repr=False)
+
+    @field_validator("bind")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8775")
+        return value
+
+    @model_validator(mode="after")
+    def _secret_given(self) -> MetadataSettings:
+        if (self.bind is not None or self.url is not None) and self.secret is None:
+            raise ValueError("the metadata service needs KEEL_METADATA__SECRET")
+        return self
+
+    @property
+    def listen(self) -> tuple[str, int] | None:
+        if self.bind is None:
+            return None
+        host, _, port = self.bind.rpartition(":")
+        return host, int(port)
+
+
 class SchedulerSettings(_Group):
     #: The first host a request tries is picked at random among this many of the best
     #: (Nova's ``host_subset_size``), so concurrent requests do not all race for one host.
@@ -166,6 +202,24 @@ class LibvirtSettings(_Group):
     #: Seconds a clean shutdown (stop, soft reboot, migration) waits for the guest before
     #: it is powered off by force.
     shutdown_timeout: float = Field(default=60.0, gt=0)
+    #: How guests are connected: ``user`` (QEMU user-mode networking, one private network
+    #: per guest: no bridge or root needed; the guest's SSH is forwarded from a loopback
+    #: address) or ``bridge`` (a tap on the Linux bridge named by ``bridge``: a provider
+    #: network the operator runs).
+    network: Literal["user", "bridge"] = "user"
+    #: The Linux bridge guests are plugged into in ``bridge`` mode.
+    bridge: str | None = Field(default=None, min_length=1, max_length=15)
+    #: In ``user`` mode, the port of each guest's forward (on its own loopback address,
+    #: see ``KEEL_NETWORK__FORWARD_NAME``) to the guest's port 22.
+    ssh_forward_port: int = Field(default=22, ge=1, le=65535)
+    #: Give every guest a config drive, whether or not its user asked for one.
+    force_config_drive: bool = False
+
+    @model_validator(mode="after")
+    def _bridge_named(self) -> LibvirtSettings:
+        if self.network == "bridge" and self.bridge is None:
+            raise ValueError("network bridge needs the bridge's name (KEEL_LIBVIRT__BRIDGE)")
+        return self
 
 
 class ImageSettings(_Group):
@@ -245,6 +299,10 @@ class NetworkSettings(_Group):
     cidr: str = "10.0.0.0/16"
     #: The network's id as clients name it; unset means derived from ``name``.
     id: uuid.UUID | None = None
+    #: keel-api: when set, the servers' ``addresses`` also show, under this network name,
+    #: the loopback address each guest's SSH is forwarded from (libvirt agents in
+    #: ``KEEL_LIBVIRT__NETWORK=user`` mode); unset, none is shown.
+    forward_name: str | None = Field(default=None, min_length=1, max_length=255)
 
     @field_validator("cidr")
     @classmethod
@@ -460,6 +518,7 @@ class Settings(BaseSettings):
     virt: VirtSettings = Field(default_factory=VirtSettings)
     libvirt: LibvirtSettings = Field(default_factory=LibvirtSettings)
     images: ImageSettings = Field(default_factory=ImageSettings)
+    metadata: MetadataSettings = Field(default_factory=MetadataSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)

@@ -63,6 +63,9 @@ History:
   it).
 * 20 (``sheave``) — server diagnostics: compute 1.10 (``get_instance_diagnostics``: what
   the driver knows of a guest).
+* 21 (``thimble``) — guests people can use: compute 1.11 (the instance a build or rebuild
+  carries gains what its config drive and the metadata service tell the guest: project,
+  zone, launch index, key pair, ``config_drive``, and its networks' ranges).
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.9", conductor="1.12", scheduler="1.2"),
     ReleaseApis(compute="1.9", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.10", conductor="1.12", scheduler="1.3"),
+    ReleaseApis(compute="1.11", conductor="1.12", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -140,6 +144,7 @@ RELEASE_NAMES: dict[str, int] = {
     "quoin": 18,
     "rivet": 19,
     "sheave": 20,
+    "thimble": 21,
 }
 
 #: The first release whose agents never register without an identity file the

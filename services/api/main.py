@@ -22,6 +22,7 @@ from services.api.fleet_metrics import FleetGauges
 from services.api.http.policy import Policy
 from services.api.keystone.client import KeystoneClient, KeystoneRefused, KeystoneUnreachable
 from services.api.keystone.tokens import KeystoneTokens
+from services.api.metadata.app import create_metadata_app
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import NetworkSettings, Settings
@@ -48,7 +49,7 @@ class ApiServer(uvicorn.Server):
         yield
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, *, setting: str = "KEEL_API_BIND") -> socket.socket:
     """Bind the API socket; a clear error if the address is taken or not ours."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # Naming the protocol lets asyncio set TCP_NODELAY on every accepted connection;
@@ -62,7 +63,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise KeelError(
             f"cannot listen on {host}:{port}: {exc.strerror}; "
-            "stop whatever uses it or change KEEL_API_BIND"
+            f"stop whatever uses it or change {setting}"
         ) from None
     sock.set_inheritable(True)
     return sock
@@ -174,12 +175,34 @@ async def serve_api(
                 repeat("fleet metrics", gauges.refresh, settings.report_interval, lifecycle)
             )
         )
+    metadata = asyncio.create_task(serve_metadata(settings, lifecycle, pool))
     LOG.info("keel-api listening on http://%s:%d/", settings.api_host, settings.api_port)
     try:
         await serve_until_stopped(ApiServer(config), sock, lifecycle)
     finally:
         lifecycle.stopping.set()
         await asyncio.gather(*periodic)
+        await metadata
+
+
+async def serve_metadata(settings: Settings, lifecycle: Lifecycle, pool: asyncpg.Pool) -> None:
+    """The metadata service on its own listener (``KEEL_METADATA__BIND``), if one is set."""
+    listen_on = settings.metadata.listen
+    if listen_on is None:
+        return
+    host, port = listen_on
+    sock = listen(host, port, setting="KEEL_METADATA__BIND")
+    config = uvicorn.Config(
+        create_metadata_app(settings.metadata, pool),
+        log_config=None,
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+    )
+    LOG.info("keel-api serving the metadata service on http://%s:%d/", host, port)
+    try:
+        await serve_until_stopped(ApiServer(config), sock, lifecycle)
+    finally:
+        sock.close()
 
 
 async def serve(settings: Settings, lifecycle: Lifecycle) -> None:

@@ -37,11 +37,18 @@ Compute RPC API history:
   on the same host only to an agent of 1.9 or later.
 * 1.10 — get_instance_diagnostics (call): what the driver knows of a guest, in the
   standard shape of the compute API's diagnostics (2.48).
+* 1.11 — what a guest is told at first boot, for its config drive and the metadata
+  service: the instance build_and_run_instance and rebuild_instance carry gains
+  ``project_id``, ``availability_zone``, ``launch_index``, ``key_name``, ``key_data``
+  (the key pair's public key) and ``config_drive`` (the user asked for one), and each
+  of its ``addresses`` its network's ``cidr``. Left out for an older agent, which builds
+  guests without them.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 from uuid import UUID
 
 from pydantic import Field
@@ -83,12 +90,41 @@ ORIGINS = "1.7"
 #: The version whose agents resize a guest in place (a resize on its own host).
 IN_PLACE = "1.9"
 
+#: The version whose agents are told what a guest reads at first boot (config drives).
+GUEST_DATA = "1.11"
+
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
 BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data", "boot"}}
 #: What an agent before 1.5 does not know of a build or rebuild: the image downloads.
 BOOT_EXCLUDE: Exclude = {"instance": {"boot"}, "source_disk": True}
 #: What a 1.5 agent does not know of a rebuild: the migrated disk to copy.
 SOURCE_DISK_EXCLUDE: Exclude = {"source_disk"}
+#: What an agent before 1.11 does not know of a build or rebuild: the guest's data for
+#: its config drive, and its networks' ranges.
+_GUEST_DATA_FIELDS = ("project_id", "availability_zone", "launch_index", "key_name",
+                      "key_data", "config_drive")  # fmt: skip
+_GUEST_DATA_INSTANCE: dict[str, Any] = {
+    **dict.fromkeys(_GUEST_DATA_FIELDS, True),
+    "addresses": {"__all__": {"cidr"}},
+}
+GUEST_DATA_EXCLUDE: Exclude = {"instance": _GUEST_DATA_INSTANCE}
+
+
+def _with_guest_data_excluded(exclude: Exclude | None) -> Exclude:
+    """``exclude`` and :data:`GUEST_DATA_EXCLUDE` together (for senders below 1.11)."""
+    instance: dict[str, Any] = dict(_GUEST_DATA_INSTANCE)
+    merged: dict[str, Any] = {"instance": instance}
+    if isinstance(exclude, set):
+        merged.update(dict.fromkeys(exclude, True))
+        return merged
+    for key, value in (exclude or {}).items():
+        if key != "instance":
+            merged[key] = value
+        elif isinstance(value, set):
+            instance.update(dict.fromkeys(value, True))
+        else:
+            instance.update(value)
+    return merged
 
 
 def topic_for(service_uuid: UUID) -> str:
@@ -156,6 +192,16 @@ class InstanceSpec(KeelModel):
     boot: BootSource | None = None
     #: The move this copy is built for (1.6); ``None`` for a server's first build.
     origin: UUID | None = None
+    #: What the guest reads of itself at first boot (1.11): its config drive and the
+    #: metadata service say the same.
+    project_id: str = ""
+    availability_zone: str | None = None
+    launch_index: int = 0
+    key_name: str | None = None
+    #: The key pair's public key (OpenSSH format, or an X.509 certificate).
+    key_data: str | None = None
+    #: The user asked for a config drive (``--config-drive true``).
+    config_drive: bool = False
 
 
 class BuildAndRunInstance(KeelModel):
@@ -328,16 +374,33 @@ class ComputeAPI:
     ) -> None:
         req = BuildAndRunInstance(instance=instance)
         client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version(GUEST_DATA):
+            await client.cast(ctx, "build_and_run_instance", req, version=GUEST_DATA)
+            return
         if await client.can_send_version("1.5"):
-            await client.cast(ctx, "build_and_run_instance", req, version="1.5")
+            await client.cast(
+                ctx,
+                "build_and_run_instance",
+                req,
+                version="1.5",
+                exclude=_with_guest_data_excluded(None),
+            )
             return
         if await client.can_send_version("1.1"):
             await client.cast(
-                ctx, "build_and_run_instance", req, version="1.1", exclude=BOOT_EXCLUDE
+                ctx,
+                "build_and_run_instance",
+                req,
+                version="1.1",
+                exclude=_with_guest_data_excluded(BOOT_EXCLUDE),
             )
             return
         await client.cast(
-            ctx, "build_and_run_instance", req, version="1.0", exclude=BUILD_1_0_EXCLUDE
+            ctx,
+            "build_and_run_instance",
+            req,
+            version="1.0",
+            exclude=_with_guest_data_excluded(BUILD_1_0_EXCLUDE),
         )
 
     async def terminate_instance(
@@ -409,24 +472,34 @@ class ComputeAPI:
             in_place=in_place,
         )
         client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version(GUEST_DATA):
+            await client.cast(ctx, "rebuild_instance", req, version=GUEST_DATA)
+            return
+        older = _with_guest_data_excluded(None)
         if in_place:
             if not await client.can_send_version(IN_PLACE):
                 raise ServiceTooOld(
                     f"a resize on the guest's own host needs compute RPC {IN_PLACE}; the cap "
                     f"is {await client.cap()}"
                 )
-            await client.cast(ctx, "rebuild_instance", req, version=IN_PLACE)
+            await client.cast(ctx, "rebuild_instance", req, version=IN_PLACE, exclude=older)
             return
         for version in (ORIGINS, "1.6"):
             if await client.can_send_version(version):
-                await client.cast(ctx, "rebuild_instance", req, version=version)
+                await client.cast(ctx, "rebuild_instance", req, version=version, exclude=older)
                 return
         if await client.can_send_version("1.5"):
             await client.cast(
-                ctx, "rebuild_instance", req, version="1.5", exclude=SOURCE_DISK_EXCLUDE
+                ctx,
+                "rebuild_instance",
+                req,
+                version="1.5",
+                exclude=_with_guest_data_excluded(SOURCE_DISK_EXCLUDE),
             )
             return
-        await self._cast_since(ctx, service_uuid, "rebuild_instance", req, BOOT_EXCLUDE)
+        await self._cast_since(
+            ctx, service_uuid, "rebuild_instance", req, _with_guest_data_excluded(BOOT_EXCLUDE)
+        )
 
     async def _call_since(
         self,

@@ -243,7 +243,7 @@ async def for_instances(
     """The addresses each of ``instance_uuids`` holds (instances holding none are absent)."""
     rows = await conn.fetch(
         """SELECT f.instance_uuid, f.network_id, n.name AS network_name,
-                  host(f.address) AS address, f.tag
+                  host(f.address) AS address, f.tag, n.cidr::text AS cidr
              FROM fixed_ips f JOIN networks n ON n.id = f.network_id
             WHERE f.instance_uuid = ANY($1::uuid[])
             ORDER BY n.name, f.address""",
@@ -258,6 +258,7 @@ async def for_instances(
                 address=row["address"],
                 mac=mac_address(row["network_id"], row["address"]),
                 tag=row["tag"],
+                cidr=row["cidr"],
             )
         )
     return held

@@ -35,12 +35,13 @@ async def create(
     availability_zone: str | None,
     reservation_id: str | None = None,
     launch_index: int = 0,
+    config_drive: bool = False,
 ) -> Instance:
     row = await conn.fetchrow(
         """INSERT INTO instances (uuid, project_id, user_id, display_name, vm_state,
                                   task_state, flavor, image_ref, availability_zone,
-                                  reservation_id, launch_index)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *""",
+                                  reservation_id, launch_index, config_drive)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING *""",
         instance_uuid,
         project_id,
         user_id,
@@ -52,6 +53,7 @@ async def create(
         availability_zone,
         reservation_id,
         launch_index,
+        config_drive,
     )
     assert row is not None
     return Instance.from_row(row)

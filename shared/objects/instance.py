@@ -52,6 +52,10 @@ class Instance(KeelModel):
     user_data: str | None = None
     #: The key pair named at create time (its public key is kept as ``key_data``).
     key_name: str | None = None
+    #: The key pair's public key as it was at create time.
+    key_data: str | None = None
+    #: The user asked for a config drive.
+    config_drive: bool = False
     #: The addresses its owner says it is reached at (``accessIPv4`` / ``accessIPv6``).
     access_ip_v4: str | None = None
     access_ip_v6: str | None = None

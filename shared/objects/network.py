@@ -21,6 +21,17 @@ def mac_address(network_id: UUID, address: str) -> str:
     return ":".join(f"{octet:02x}" for octet in octets)
 
 
+def forward_address(address: str) -> str:
+    """The loopback address a guest's SSH is forwarded from in user-mode networking.
+
+    The guest's own address with its first octet made 127: stable across reboots and
+    moves, different for every address of a network up to a /8, and on the loopback
+    interface, which every Linux host answers for whole (``127.0.0.0/8``).
+    """
+    octets = ipaddress.IPv4Address(address).packed
+    return str(ipaddress.IPv4Address(bytes((127, *octets[1:]))))
+
+
 class Network(KeelModel):
     """A network keel hands addresses out of (a row of ``networks``)."""
 
@@ -39,6 +50,22 @@ class FixedIp(KeelModel):
     version: int = 4
     #: The device tag the client gave the server's interface on this network, if any.
     tag: str | None = None
+    #: The network's range (its prefix length and gateway, the first host, are what a
+    #: guest configures); unset in specs from releases before it was sent.
+    cidr: str | None = None
+
+    def interface(self) -> ipaddress.IPv4Interface | None:
+        """The address with its network's prefix; ``None`` when the range is not known."""
+        if self.cidr is None:
+            return None
+        return ipaddress.IPv4Interface(
+            f"{self.address}/{ipaddress.IPv4Network(self.cidr).prefixlen}"
+        )
+
+    def gateway(self) -> str | None:
+        if self.cidr is None:
+            return None
+        return str(ipaddress.IPv4Network(self.cidr).network_address + 1)
 
 
 class PoolUsage(KeelModel):

@@ -21,7 +21,7 @@ from tests.libvirt.images import BUILT
 URI = os.environ.get("KEEL_TEST_LIBVIRT_URI", "qemu:///system")
 
 
-def _unavailable(why: str) -> None:
+def unavailable(why: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"the libvirt tier cannot run under CI: {why}")
     pytest.skip(why)
@@ -35,11 +35,11 @@ def libvirt_uri() -> str:
     try:
         import libvirt  # noqa: PLC0415
     except ImportError:
-        _unavailable("libvirt-python is not installed (make install-libvirt)")
+        unavailable("libvirt-python is not installed (make install-libvirt)")
     try:
         libvirt.open(URI).close()
     except libvirt.libvirtError as exc:
-        _unavailable(f"libvirtd does not answer at {URI}: {exc.get_error_message()}")
+        unavailable(f"libvirtd does not answer at {URI}: {exc.get_error_message()}")
     return URI
 
 
@@ -47,5 +47,5 @@ def libvirt_uri() -> str:
 def guest_images(libvirt_uri: str) -> Path:
     """The test guest, built into .keel/images/ if it is not there (as make image does)."""
     if guestimage.main(["--output", str(BUILT)]) != 0:
-        _unavailable("the test guest could not be built (see above; make image)")
+        unavailable("the test guest could not be built (see above; make image)")
     return BUILT

@@ -18,16 +18,20 @@ import pytest
 
 from deploy import guestimage
 from services.compute.virt.libvirt.domain import domain_uuid
-from tests.e2e.cloud import Cloud, CloudConfig, running_cloud
+from tests.e2e.cloud import Cloud
 from tests.e2e.moves import service_set, until_record, until_server
+from tests.libvirt.cloud import FLAVOR, HOSTS, libvirt_cloud
+from tests.libvirt.cloud import agent_settings as cloud_settings
+from tests.libvirt.guests import free_port, make_key, ssh_run
 
-HOSTS = ("lv-a", "lv-b")
-FLAVOR = "keel.guest"
 BOOT_TIMEOUT = 60.0
+#: Each agent's SSH forward port: the two share this machine, and an evacuated server's
+#: new guest runs beside its old one (same address, so another port).
+FORWARD_PORTS = {host: free_port() for host in HOSTS}
 
 
 def agent_settings(host: str) -> dict[str, str]:
-    return {"KEEL_COMPUTE__HYPERVISOR_HOSTNAME": host, "KEEL_COMPUTE__RECONCILE_INTERVAL": "1"}
+    return cloud_settings(host, FORWARD_PORTS)
 
 
 @pytest.fixture(scope="module")
@@ -35,44 +39,8 @@ async def cloud(
     guest_images: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Cloud]:
     workdir = tmp_path_factory.mktemp("libvirt-cloud")
-    env = (
-        ("KEEL_COMPUTE__DRIVER", "libvirt"),
-        ("KEEL_IMAGES__URL_SECRET", "libvirt-tier-secret-0123456789"),
-        ("KEEL_IMAGES__STORE_DIR", str(workdir / "image-store")),
-        ("KEEL_LIBVIRT__SHUTDOWN_TIMEOUT", "15"),
-    )
-    # A short fence lease: a forced-down host's evacuation waits for it (test_fence.py).
-    config = CloudConfig(computes=(), env=env, self_fence_after=20, fence_margin=2)
-    async with running_cloud(workdir, config) as running:
-        for host in HOSTS:
-            running.start(host, "keel-compute", host, **agent_settings(host))
-        for host in HOSTS:
-            await running.wait_for_service(host, up=True)
-        upload_guest(running, guest_images)
-        running.openstack("flavor", "create", "--ram", "128", "--disk", "1", "--vcpus", "1", FLAVOR)
+    async with libvirt_cloud(workdir, guest_images, FORWARD_PORTS) as running:
         yield running
-        for server in running.openstack("server", "list"):
-            running.openstack("server", "delete", "--wait", server["ID"], as_json=False)
-
-
-def upload_guest(cloud: Cloud, images: Path) -> None:
-    ids = {}
-    for name, file, fmt in (
-        ("keel-test-kernel", guestimage.KERNEL, "aki"),
-        ("keel-test-ramdisk", guestimage.RAMDISK, "ari"),
-    ):
-        made = cloud.openstack(
-            "image", "create", "--file", str(images / file), "--disk-format", fmt,
-            "--container-format", fmt, "--public", name,
-        )  # fmt: skip
-        ids[name] = made["id"]
-    cloud.openstack(
-        "image", "create", "--file", str(images / guestimage.DISK), "--disk-format", "qcow2",
-        "--container-format", "bare", "--public",
-        "--property", f"kernel_id={ids['keel-test-kernel']}",
-        "--property", f"ramdisk_id={ids['keel-test-ramdisk']}",
-        "keel-test",
-    )  # fmt: skip
 
 
 def libvirt_domain(host_node: str, server_id: str, libvirt_uri: str) -> Any:
@@ -114,13 +82,70 @@ async def console_shows(cloud: Cloud, server_id: str, count: int) -> str:
         await asyncio.sleep(1)
 
 
-def create(cloud: Cloud, name: str, host: str) -> dict[str, Any]:
+def create(cloud: Cloud, name: str, host: str, *options: str, wait: bool = True) -> dict[str, Any]:
     server: dict[str, Any] = cloud.openstack(
         "--os-compute-api-version", "2.74", "server", "create", "--flavor", FLAVOR,
-        "--image", "keel-test", "--host", host, "--wait", name,
+        "--image", "keel-test", "--host", host, *(["--wait"] if wait else []), *options, name,
     )  # fmt: skip
-    assert server["status"] == "ACTIVE", server
+    if wait:
+        assert server["status"] == "ACTIVE", server
     return server
+
+
+@pytest.fixture(scope="module")
+def keypair(cloud: Cloud, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The key pair ``k`` (imported, as ``openstack keypair create --public-key``): its
+    private key's file."""
+    private, _ = make_key(tmp_path_factory.mktemp("keys"), "tier-key")
+    cloud.openstack("keypair", "create", "--public-key", f"{private}.pub", "k")
+    return private
+
+
+def forward_of(cloud: Cloud, server_id: str) -> str:
+    """The loopback address the server's SSH is forwarded from, as the server shows it."""
+    addresses = cloud.openstack("server", "show", server_id)["addresses"]
+    [address] = addresses["forwarded"]
+    return str(address)
+
+
+async def console_line(cloud: Cloud, server_id: str, text: str) -> str:
+    """The console log once it shows ``text``."""
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    while True:
+        log: str = cloud.openstack("console", "log", "show", server_id, as_json=False)
+        if text in log:
+            return log
+        assert time.monotonic() < deadline, f"{text!r} not seen on {server_id}:\n{log}"
+        await asyncio.sleep(1)
+
+
+async def test_ssh_with_the_key_pair_reaches_servers_that_read_a_config_drive_or_the_service(
+    cloud: Cloud, keypair: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho user-data-says-$(hostname)\n")
+    host = HOSTS[0]
+    common = ("--key-name", "k", "--user-data", str(script))
+    drive = create(cloud, "drive-vm", host, *common, "--config-drive", "true", wait=False)
+    service = create(cloud, "service-vm", host, *common, wait=False)
+    found = {}
+    for server, source in ((drive, "config-drive"), (service, "metadata-service")):
+        active = await until_server(cloud, server["id"], "ACTIVE")
+        log = await console_line(cloud, server["id"], f"user-data-says-{active['name']}")
+        forward = forward_of(cloud, server["id"])
+        name = await ssh_run(forward, FORWARD_PORTS[host], keypair, "hostname")
+        found[source] = (active, log, name.strip())
+    for server in (drive, service):
+        cloud.openstack("server", "delete", "--wait", server["id"], as_json=False)
+
+    for source, (active, log, name) in found.items():
+        assert name == active["name"]
+        assert f"keel-guest-source {source}" in log
+        assert "keel-guest-key tier-key" in log
+        [fixed] = active["addresses"]["private"]
+        assert f"keel-guest-ip {fixed['addr']}" in log
+    assert found["config-drive"][0]["config_drive"] == "True"
+    assert found["metadata-service"][0]["config_drive"] == ""
 
 
 async def test_the_stock_client_saves_an_image_byte_for_byte(
@@ -159,25 +184,37 @@ async def test_a_server_boots_shows_its_uuid_and_obeys_stop_start_reboot_delete(
     assert not guest_dir.exists()
 
 
-async def test_an_agent_killed_and_back_within_its_lease_leaves_its_guest_running(
-    cloud: Cloud, libvirt_uri: str
+async def test_agents_stopped_and_killed_leave_their_guest_running_and_networked(
+    cloud: Cloud, libvirt_uri: str, keypair: Path
 ) -> None:
     host = HOSTS[1]
-    sid = create(cloud, "survivor", host)["id"]
+    sid = create(cloud, "survivor", host, "--key-name", "k")["id"]
     dom = libvirt_domain(node_uuid(cloud, host), sid, libvirt_uri)
     guest_id = dom.ID()
+    forward, port = forward_of(cloud, sid), FORWARD_PORTS[host]
+    ask_metadata = "timeout 5 wget -q -O - http://169.254.169.254/openstack/latest/meta_data.json"
+    before = await ssh_run(forward, port, keypair, "hostname")
 
-    agent = cloud.processes[host]
-    agent.popen.kill()
-    agent.popen.wait()
-    cloud.start(host, "keel-compute", host, **agent_settings(host))
-    await cloud.wait_for_service(host, up=True)
+    answers = []
+    for stop in ("terminate", "kill"):  # SIGTERM, then SIGKILL
+        agent = cloud.processes[host]
+        getattr(agent.popen, stop)()
+        agent.popen.wait()
+        answers.append(await ssh_run(forward, port, keypair, "hostname"))
+        cloud.start(host, "keel-compute", host, **agent_settings(host))
+        await cloud.wait_for_service(host, up=True)
+        answers.append(await ssh_run(forward, port, keypair, ask_metadata))
 
     dom = libvirt_domain(node_uuid(cloud, host), sid, libvirt_uri)
     assert dom.isActive()
     assert dom.ID() == guest_id
     assert (await until_server(cloud, sid, "ACTIVE"))["status"] == "ACTIVE"
     cloud.openstack("server", "delete", "--wait", sid, as_json=False)
+    assert before.strip() == "survivor"
+    while_stopped, after_restart, while_killed, after_kill = answers
+    assert while_stopped.strip() == while_killed.strip() == "survivor"
+    assert f'"uuid": "{sid}"' in after_restart
+    assert f'"uuid": "{sid}"' in after_kill
 
 
 async def test_evacuation_boots_a_new_domain_and_the_old_one_goes_once_done(

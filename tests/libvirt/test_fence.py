@@ -21,25 +21,25 @@ import pytest
 
 from services.compute.virt.libvirt.domain import domain_uuid
 from services.fence.api import FENCED_FILE
-from tests.e2e.cloud import Cloud, CloudConfig, running_cloud
+from tests.e2e.cloud import Cloud
 from tests.e2e.moves import service_set, until_record, until_server
-from tests.libvirt.test_cloud import (
-    FLAVOR,
-    agent_settings,
-    console_shows,
-    create,
-    domain_state,
-    node_uuid,
-    upload_guest,
-    uuid_of,
-)
+from tests.libvirt.cloud import HOSTS, libvirt_cloud
+from tests.libvirt.cloud import agent_settings as cloud_settings
+from tests.libvirt.guests import free_port
+from tests.libvirt.test_cloud import console_shows, create, domain_state, node_uuid, uuid_of
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
-HOSTS = ("lf-a", "lf-b")
 LEASE, MARGIN = 15.0, 2.0
 SETTLE = 120.0
+
+
+FORWARD_PORTS = {host: free_port() for host in HOSTS}
+
+
+def agent_settings(host: str) -> dict[str, str]:
+    return cloud_settings(host, FORWARD_PORTS)
 
 
 @pytest.fixture(scope="module")
@@ -47,23 +47,10 @@ async def cloud(
     guest_images: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Cloud]:
     workdir = tmp_path_factory.mktemp("libvirt-fence")
-    env = (
-        ("KEEL_COMPUTE__DRIVER", "libvirt"),
-        ("KEEL_IMAGES__URL_SECRET", "libvirt-fence-secret-0123456789"),
-        ("KEEL_IMAGES__STORE_DIR", str(workdir / "image-store")),
-        ("KEEL_LIBVIRT__SHUTDOWN_TIMEOUT", "15"),
-    )
-    config = CloudConfig(computes=(), env=env, self_fence_after=LEASE, fence_margin=MARGIN)
-    async with running_cloud(workdir, config) as running:
-        for host in HOSTS:
-            running.start(host, "keel-compute", host, **agent_settings(host))
-        for host in HOSTS:
-            await running.wait_for_service(host, up=True)
-        upload_guest(running, guest_images)
-        running.openstack("flavor", "create", "--ram", "128", "--disk", "1", "--vcpus", "1", FLAVOR)
+    async with libvirt_cloud(
+        workdir, guest_images, FORWARD_PORTS, lease=LEASE, margin=MARGIN
+    ) as running:
         yield running
-        for server in running.openstack("server", "list"):
-            running.openstack("server", "delete", "--wait", server["ID"], as_json=False)
 
 
 def active_domains(uri: str) -> set[str]:

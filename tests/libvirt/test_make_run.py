@@ -25,6 +25,7 @@ from tests.e2e.test_localcloud import (
     run_exchange,
     run_to_end,
 )
+from tests.libvirt.guests import random_network
 from tests.libvirt.test_cloud import domain_state
 
 __all__ = ["fresh_database_url", "run_exchange"]
@@ -58,14 +59,20 @@ def test_make_run_boots_keel_test_and_make_clean_removes_its_guest(
 ) -> None:
     workdir = tmp_path / "keel"
     (workdir / "images").mkdir(parents=True)
-    for name in guestimage.OUTPUTS:  # built once for the tier: no second download
+    for name in (*guestimage.OUTPUTS, guestimage.STAMP):  # built once for the tier
         shutil.copyfile(guest_images / name, workdir / "images" / name)
     from devkit.readiness import free_port  # noqa: PLC0415
 
+    metadata_port = free_port()
     env = {
         **launcher_env(fresh_database_url, run_exchange, free_port()),
         "KEEL_COMPUTE__DRIVER": "libvirt",
         "KEEL_LIBVIRT__SHUTDOWN_TIMEOUT": "10",
+        # Another run on this machine has other guest addresses, forwards and metadata port.
+        "KEEL_NETWORK__CIDR": str(random_network()),
+        "KEEL_METADATA__BIND": f"127.0.0.1:{metadata_port}",
+        "KEEL_METADATA__URL": f"http://127.0.0.1:{metadata_port}",
+        "KEEL_METADATA__SECRET": "make-run-test-metadata-secret",
     }
     env.pop("KEEL_COMPUTE__MEMORY_MB", None)
     launcher = launch(workdir, env)

@@ -77,11 +77,36 @@ class Cloud:
     flavor_ref_alt: str
     compute_nodes: int
     network_name: str = "private"
+    #: Guests Tempest can SSH into (the libvirt tier): the network of ``addresses`` whose
+    #: address reaches a guest's port 22 (keel's SSH forwards); ``None``: no validation.
+    network_for_ssh: str | None = None
+    #: Features this cloud has beyond :data:`FEATURES` (its guests read config drives and
+    #: the metadata service, say).
+    features: tuple[tuple[str, bool], ...] = ()
+
+
+def validation(cloud: Cloud) -> str:
+    """``[validation]``: Tempest SSHes into its servers as root with a generated key pair,
+    at their address on ``network_for_ssh``; no security groups or floating IPs."""
+    if cloud.network_for_ssh is None:
+        return "run_validation = false"
+    return f"""\
+run_validation = true
+connect_method = fixed
+network_for_ssh = {cloud.network_for_ssh}
+auth_method = keypair
+image_ssh_user = root
+ip_version_for_ssh = 4
+security_group = false
+security_group_rules = false
+connect_timeout = 30
+ssh_timeout = 180"""
 
 
 def tempest_conf(cloud: Cloud, workdir: Path, admin: Admin) -> str:
     """The whole ``tempest.conf`` for ``cloud``; Tempest's state goes under ``workdir``."""
-    features = "\n".join(f"{name} = {str(on).lower()}" for name, on in FEATURES.items())
+    flags = {**FEATURES, **dict(cloud.features)}
+    features = "\n".join(f"{name} = {str(on).lower()}" for name, on in flags.items())
     return f"""\
 [DEFAULT]
 log_dir = {workdir}
@@ -152,7 +177,7 @@ port_admin_state_change = false
 port_security = false
 
 [validation]
-run_validation = false
+{validation(cloud)}
 
 [service_available]
 nova = true

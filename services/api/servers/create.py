@@ -113,6 +113,8 @@ class NewServer(ServerFields):
     return_reservation_id: bool = False
     availability_zone: str | None = Field(default=None, min_length=1, max_length=255)
     key_name: str | None = Field(default=None, max_length=255)
+    #: A config drive for the guest (a boolean, or one of its spellings: "true", "1"...).
+    config_drive: bool = False
     #: A requested destination (microversion 2.74, admin): see
     #: :mod:`services.api.servers.requested_destination`.
     host: str | None = Field(default=None, min_length=1, max_length=255, pattern=HOSTNAME_PATTERN)
@@ -299,6 +301,7 @@ async def _record(
             availability_zone=request.zone,
             reservation_id=batch.reservation_id,
             launch_index=index,
+            config_drive=server.config_drive,
         )
         await fields.record(conn, instance.uuid)
         spec = RequestSpec(

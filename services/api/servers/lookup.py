@@ -15,6 +15,7 @@ import asyncpg
 from services.api.http.faults import ItemNotFound
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
+from services.api.servers.forwards import with_forwards
 from services.api.servers.views import ServerView
 from shared.context import RequestContext
 from shared.db import compute_nodes, fixed_ips, instances, placement, server_groups
@@ -64,6 +65,7 @@ async def server_view(
     down_time: float,
     *,
     shown: Sequence[Instance],
+    forward_name: str | None = None,
 ) -> ServerView:
     """The view of ``shown`` for this caller: their addresses and zones; for admins
     from 2.16, each host's status. Reads only the hosts of the servers shown."""
@@ -80,7 +82,10 @@ async def server_view(
         node_zones={
             (s.node.host, s.node.hypervisor_hostname): s.node.availability_zone for s in states
         },
-        addresses=await fixed_ips.for_instances(conn, [instance.uuid for instance in shown]),
+        addresses=with_forwards(
+            await fixed_ips.for_instances(conn, [instance.uuid for instance in shown]),
+            forward_name,
+        ),
         groups=(
             await server_groups.of_instances(conn, [instance.uuid for instance in shown])
             if version.at_least("2.71") and len(shown) == 1

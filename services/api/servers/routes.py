@@ -98,13 +98,16 @@ async def _list(
     version: APIVersion,
     links: Links,
     down_time: float,
+    forward_name: str | None,
     max_limit: int,
     detail: bool,
 ) -> dict[str, Any]:
     search, paging = server_search(request.query_params, ctx, version, max_limit=max_limit)
     async with pool.acquire() as conn:
         found = await _find_page(conn, search)
-        view = await server_view(conn, ctx, version, links, down_time, shown=found)
+        view = await server_view(
+            conn, ctx, version, links, down_time, shown=found, forward_name=forward_name
+        )
     body: dict[str, Any] = {
         "servers": [view.detail(i) if detail else view.summary(i) for i in found]
     }
@@ -132,6 +135,7 @@ async def list_servers(
         version=version,
         links=links,
         down_time=settings.service_down_time,
+        forward_name=settings.network.forward_name,
         max_limit=settings.api.max_limit,
         detail=False,
     )
@@ -154,6 +158,7 @@ async def list_servers_detail(
         version=version,
         links=links,
         down_time=settings.service_down_time,
+        forward_name=settings.network.forward_name,
         max_limit=settings.api.max_limit,
         detail=True,
     )
@@ -172,7 +177,13 @@ async def show_server(
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
         view = await server_view(
-            conn, ctx, version, links, settings.service_down_time, shown=[instance]
+            conn,
+            ctx,
+            version,
+            links,
+            settings.service_down_time,
+            shown=[instance],
+            forward_name=settings.network.forward_name,
         )
     return {"server": view.detail(instance, show=True)}
 

@@ -75,7 +75,13 @@ async def update_server(
             access_ip_v6=change.access_ip_v6,
         )
         view = await server_view(
-            conn, ctx, version, links, settings.service_down_time, shown=[updated]
+            conn,
+            ctx,
+            version,
+            links,
+            settings.service_down_time,
+            shown=[updated],
+            forward_name=settings.network.forward_name,
         )
     LOG.info(
         "server %s updated: name %r, description %s",

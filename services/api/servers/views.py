@@ -251,7 +251,7 @@ class ServerView:
             "accessIPv4": instance.access_ip_v4 or "",
             "accessIPv6": instance.access_ip_v6 or "",
             "key_name": instance.key_name,
-            "config_drive": "",
+            "config_drive": "True" if instance.config_drive else "",
             "OS-DCF:diskConfig": "MANUAL",
             "OS-EXT-AZ:availability_zone": self.availability_zone(instance),
             "OS-EXT-STS:vm_state": instance.vm_state,

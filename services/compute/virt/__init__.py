@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from services.compute.virt.driver import Driver, HypervisorResources
 from services.compute.virt.fake import FakeDriver
 from services.compute.virt.local import LocalDriver
 from services.compute.virt.rehearsal import RehearsalDriver
 from shared.config import Settings
+
+if TYPE_CHECKING:
+    from services.compute.virt.libvirt.metadata_relay import MetadataRelay
 
 __all__ = [
     "Driver",
@@ -51,11 +56,22 @@ def base_driver(settings: Settings) -> Driver:
     )
 
 
+def metadata_relay(settings: Settings) -> MetadataRelay | None:
+    """The libvirt driver's metadata relay, when agents are told the metadata service."""
+    from services.compute.virt.libvirt.metadata_relay import MetadataRelay  # noqa: PLC0415
+
+    metadata = settings.metadata
+    if metadata.url is None or metadata.secret is None:
+        return None
+    return MetadataRelay(settings.state_dir, metadata.url, metadata.secret)
+
+
 def _libvirt_driver(settings: Settings) -> Driver:
     """The libvirt driver; imported only when chosen (its binding is an optional extra)."""
     from services.compute.image_cache import ImageCache  # noqa: PLC0415
     from services.compute.virt.libvirt.connection import LibvirtConnection  # noqa: PLC0415
     from services.compute.virt.libvirt.driver import LibvirtDriver  # noqa: PLC0415
+    from services.compute.virt.libvirt.interface import NetworkConfig  # noqa: PLC0415
 
     compute, libvirt = settings.compute, settings.libvirt
     cache = ImageCache(
@@ -72,4 +88,9 @@ def _libvirt_driver(settings: Settings) -> Driver:
         vcpus=compute.vcpus,
         memory_mb=compute.memory_mb,
         local_gb=compute.local_gb,
+        network=NetworkConfig(
+            mode=libvirt.network, bridge=libvirt.bridge, ssh_forward_port=libvirt.ssh_forward_port
+        ),
+        force_config_drive=libvirt.force_config_drive,
+        metadata=metadata_relay(settings),
     )

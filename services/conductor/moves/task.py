@@ -45,6 +45,7 @@ from services.compute.rpcapi import (
     topic_for,
 )
 from services.conductor.boot_images import BootImages
+from services.conductor.guest_data import guest_data
 from services.conductor.moves import held
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
@@ -93,6 +94,7 @@ def instance_spec(
             "addresses": addresses,
             "metadata": instance.metadata,
             "user_data": instance.user_data,
+            **guest_data(instance),
         }
     )
 

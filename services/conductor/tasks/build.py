@@ -30,6 +30,7 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.boot_images import BootImages
+from services.conductor.guest_data import guest_data
 from services.conductor.tasks import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
@@ -204,6 +205,7 @@ class BuildInstanceTask(TaskBase):
             boot=boot,
             # The guest carries its copy's token: what every later verdict compares.
             origin=instance.copy_token,
+            **guest_data(instance),
         )
         try:
             await self.compute.build_and_run_instance(self.ctx, selection.service_uuid, spec)

@@ -6,7 +6,8 @@ So a domain is named and identified by the node *and* the server: its libvirt UU
 derived from both, its name is ``keel-<node prefix>-<server uuid>``, and keel's metadata
 element records the server, the node and the build or move that made it. The server's
 UUID is the guest's SMBIOS serial number, as Nova sets it: what the guest can read of
-its identity.
+its identity; its SMBIOS product is ``OpenStack Compute``, by which cloud-init knows it
+runs on an OpenStack cloud.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from uuid import UUID
 from xml.etree import ElementTree
 
 from services.compute.rpcapi import InstanceSpec
+from services.compute.virt.libvirt.interface import GuestNic, add_interface
 
 #: The namespace of keel's element in a domain's ``<metadata>``.
 NAMESPACE = "https://keel.invalid/xmlns/libvirt/instance/1"
@@ -47,6 +49,8 @@ class GuestFiles:
     console_log: Path
     kernel: Path | None = None
     ramdisk: Path | None = None
+    #: The config drive (an ISO 9660 image labelled ``config-2``), when the guest has one.
+    config_drive: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ def domain_xml(
     files: GuestFiles,
     made_by: str,
     kernel_args: str | None = None,
+    nic: GuestNic | None = None,
 ) -> str:
     """The persistent definition of ``spec``'s guest on this node."""
     flavor = spec.flavor
@@ -114,7 +119,9 @@ def domain_xml(
     sysinfo = _sub(domain, "sysinfo", type="smbios")
     system = _sub(sysinfo, "system")
     _sub(system, "entry", "keel", name="manufacturer")
-    _sub(system, "entry", "keel guest", name="product")
+    # cloud-init recognises an OpenStack guest by this product name (Nova's generic one),
+    # and only then asks the metadata service.
+    _sub(system, "entry", "OpenStack Compute", name="product")
     _sub(system, "entry", str(spec.uuid), name="serial")
     os_ = _sub(domain, "os")
     _sub(os_, "type", "hvm", arch="x86_64")
@@ -137,6 +144,14 @@ def domain_xml(
     _sub(disk, "driver", name="qemu", type="qcow2", cache="none")
     _sub(disk, "source", file=str(files.disk))
     _sub(disk, "target", dev="vda", bus="virtio")
+    if files.config_drive is not None:
+        drive = _sub(devices, "disk", type="file", device="disk")
+        _sub(drive, "driver", name="qemu", type="raw")
+        _sub(drive, "source", file=str(files.config_drive))
+        _sub(drive, "target", dev="vdb", bus="virtio")
+        _sub(drive, "readonly")
+    if nic is not None:
+        add_interface(domain, devices, nic)
     serial = _sub(devices, "serial", type="pty")
     _sub(serial, "log", file=str(files.console_log), append="on")
     _sub(serial, "target", port="0")

@@ -40,7 +40,7 @@ from services.compute.image_cache import ImageCache
 from services.compute.rpcapi import BootSource, GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.console import read_tail
 from services.compute.virt.driver import HypervisorResources
-from services.compute.virt.libvirt import disks
+from services.compute.virt.libvirt import config_drive, disks
 from services.compute.virt.libvirt.connection import LibvirtConnection
 from services.compute.virt.libvirt.diagnostics import domain_diagnostics
 from services.compute.virt.libvirt.domain import (
@@ -52,6 +52,8 @@ from services.compute.virt.libvirt.domain import (
     name_prefix,
     parse_metadata,
 )
+from services.compute.virt.libvirt.interface import GuestNic, NetworkConfig, primary_address
+from services.compute.virt.libvirt.metadata_relay import MetadataRelay
 from services.compute.virt.local import _nearest_existing
 from shared.exceptions import BuildFailed, GuestNotFound
 from shared.objects.flavor import FlavorSnapshot
@@ -105,8 +107,15 @@ class LibvirtDriver:
         vcpus: int | None = None,
         memory_mb: int | None = None,
         local_gb: int | None = None,
+        network: NetworkConfig | None = None,
+        force_config_drive: bool = False,
+        metadata: MetadataRelay | None = None,
     ) -> None:
         self._conn = connection
+        self.network = network or NetworkConfig()
+        self.force_config_drive = force_config_drive
+        #: Passes guests' metadata requests on (user mode); ``None``: guests have none.
+        self.metadata = metadata
         self.state_dir = state_dir
         self.instances_dir = state_dir / INSTANCES_DIR
         self.cache = cache
@@ -136,6 +145,10 @@ class LibvirtDriver:
         await asyncio.to_thread(self._sweep_scratch)
         await asyncio.to_thread(self.cache.sweep)
         guests = await self.list_instances()
+        if self._relays_metadata:
+            assert self.metadata is not None
+            for guest in guests:
+                await self.metadata.serve(guest)
         LOG.info(
             "libvirt driver on %s (node %s): %d guest(s) found, guests in %s",
             self._conn.uri,
@@ -291,8 +304,15 @@ class LibvirtDriver:
             files=files,
             made_by=made_by,
             kernel_args=spec.boot.kernel_args,
+            nic=self._nic(spec),
         )
         libvirt = self._conn.libvirt
+        if self._relays_metadata:
+            assert self.metadata is not None
+            try:
+                await self.metadata.serve(spec.uuid)
+            except OSError as exc:
+                raise BuildFailed(f"cannot serve guest {spec.uuid}'s metadata: {exc}") from None
 
         def define_and_start(conn: Any) -> bool:
             dom = self._lookup(conn, spec.uuid) or conn.defineXML(xml)
@@ -319,6 +339,23 @@ class LibvirtDriver:
             extra={"instance_uuid": str(spec.uuid)},
         )
 
+    @property
+    def _relays_metadata(self) -> bool:
+        """Whether guests reach the metadata service through this agent's sockets (in
+        user-mode networking, when the agent is told the service)."""
+        return self.metadata is not None and self.network.mode == "user"
+
+    def _nic(self, spec: InstanceSpec) -> GuestNic | None:
+        """The guest's interface; none for a server without an address."""
+        fixed = primary_address(spec)
+        if fixed is None:
+            return None
+        socket = None
+        if self._relays_metadata:
+            assert self.metadata is not None
+            socket = self.metadata.socket_path(spec.uuid)
+        return GuestNic(self.network, fixed, metadata_socket=socket)
+
     async def _guest_files(
         self, spec: InstanceSpec, boot: BootSource, source_disk: GuestDisk | None
     ) -> GuestFiles:
@@ -333,11 +370,13 @@ class LibvirtDriver:
             if source_disk is not None:
                 copy = disks.DiskCopy(source_disk, local=source_disk.machine == self.machine)
             await asyncio.to_thread(self._assemble, spec, boot, fetched, final, copy)
+        drive = final / config_drive.CONFIG_DRIVE
         return GuestFiles(
             disk=final / disks.DISK,
             console_log=final / disks.CONSOLE_LOG,
             kernel=final / disks.KERNEL if boot.kernel else None,
             ramdisk=final / disks.RAMDISK if boot.kernel and boot.ramdisk else None,
+            config_drive=drive if await asyncio.to_thread(drive.is_file) else None,
         )
 
     def _assemble(
@@ -353,6 +392,8 @@ class LibvirtDriver:
         scratch.mkdir(mode=0o755)
         try:
             disks.assemble(scratch, spec, boot, fetched)
+            if spec.config_drive or self.force_config_drive:
+                config_drive.make(spec, scratch / config_drive.CONFIG_DRIVE)
             if copy is not None:
                 copy.into(scratch / disks.DISK)
                 LOG.info(
@@ -390,6 +431,8 @@ class LibvirtDriver:
             return True
 
         removed = await self._conn.run(undefine)
+        if self.metadata is not None:
+            await self.metadata.stop(instance_uuid)
         await asyncio.to_thread(self._remove_files, instance_uuid)
         if removed:
             LOG.info(

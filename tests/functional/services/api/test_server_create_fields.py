@@ -223,3 +223,21 @@ async def test_access_addresses_are_stored_shown_changed_and_validated(
         assert refused.status_code == 400, (bad, refused.text)
         assert "access" in refused.json()["badRequest"]["message"]
     assert await count_instances(db_pool) == before
+
+
+async def test_a_config_drive_asked_for_is_kept_shown_and_a_bad_value_is_400(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    await add_image(db_pool)
+
+    with_drive = await post(client, config_drive=True)
+    spelled = await post(client, name="web-2", config_drive="true")
+    without = await post(client, name="web-3")
+    bad = await post(client, name="web-4", config_drive="maybe")
+
+    assert with_drive.status_code == spelled.status_code == without.status_code == 202
+    assert (await show(client, with_drive.json()["server"]["id"]))["config_drive"] == "True"
+    assert (await show(client, spelled.json()["server"]["id"]))["config_drive"] == "True"
+    assert (await show(client, without.json()["server"]["id"]))["config_drive"] == ""
+    assert bad.status_code == 400
+    assert "config_drive" in bad.text

@@ -9,6 +9,7 @@ import asyncpg
 import httpx
 import pytest
 
+from shared.config import Settings
 from shared.db import instances
 from tests.functional.services.api.conftest import (
     ADMIN,
@@ -266,3 +267,21 @@ async def test_ips_list_the_addresses_by_network(
     assert other.json()["itemNotFound"]["message"] == "There's no network with this label."
     foreign = await client.get(f"/v2.1/servers/{server_id}/ips", headers=OTHER_MEMBER)
     assert foreign.status_code == 404
+
+
+async def test_with_a_forward_name_the_ssh_forward_is_a_second_network(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder, settings: Settings
+) -> None:
+    settings.network = settings.network.model_copy(update={"forward_name": "forwarded"})
+    server_id = await active_server(client, db_pool)
+
+    shown = (await client.get(f"/v2.1/servers/{server_id}", headers=MEMBER)).json()["server"]
+    ips = (await client.get(f"/v2.1/servers/{server_id}/ips", headers=MEMBER)).json()
+    one = await client.get(f"/v2.1/servers/{server_id}/ips/forwarded", headers=MEMBER)
+
+    [fixed] = shown["addresses"][settings.network.name]
+    [forward] = shown["addresses"]["forwarded"]
+    assert forward["addr"] == "127." + fixed["addr"].split(".", 1)[1]
+    assert forward["OS-EXT-IPS-MAC:mac_addr"] == fixed["OS-EXT-IPS-MAC:mac_addr"]
+    assert ips["addresses"]["forwarded"] == [{"version": 4, "addr": forward["addr"]}]
+    assert one.json() == {"forwarded": [{"version": 4, "addr": forward["addr"]}]}

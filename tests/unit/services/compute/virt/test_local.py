@@ -68,6 +68,7 @@ async def test_the_guest_metadata_carries_addresses_metadata_and_user_data(
             "mac": address.mac,
             "version": 4,
             "tag": None,
+            "cidr": None,
         }
     ]
     assert written["metadata"] == {"role": "web"}
