@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.compute import agent as agent_module
+from services.compute import joining
 from services.compute.agent import Agent, start_agent
 from services.compute.rpcapi import ComputeAPI, topic_for
 from services.compute.virt.fake import FakeDriver
@@ -333,7 +334,7 @@ async def test_the_first_guest_report_is_retried_until_a_conductor_answers(
 ) -> None:
     """Up only after reconcile: the agent waits (saying why) instead of serving unsettled."""
 
-    monkeypatch.setattr(agent_module, "RECONCILE_MAX_PAUSE", 0.01)
+    monkeypatch.setattr(joining, "RECONCILE_MAX_PAUSE", 0.01)
     attempts: list[int] = []
 
     async def flaky() -> None:
@@ -342,7 +343,7 @@ async def test_the_first_guest_report_is_retried_until_a_conductor_answers(
             raise MessagingTimeout("no conductor yet")
 
     with caplog.at_level("WARNING"):
-        await agent_module.first_reconcile(flaky)
+        await joining.first_reconcile(flaky)
 
     assert len(attempts) == 3
     waiting = [r for r in caplog.records if getattr(r, "decision", "") == "reconcile_waiting"]
@@ -359,7 +360,7 @@ async def test_a_refused_first_guest_report_is_not_retried() -> None:
         raise Conflict("refused")
 
     with pytest.raises(Conflict):
-        await agent_module.first_reconcile(refusing)
+        await joining.first_reconcile(refusing)
     assert attempts == [1]
 
 
