@@ -17,10 +17,10 @@ Start-up (:func:`start_agent`):
    ``settings.rpc.connect_timeout`` seconds; a refusal is never retried;
 5. let the driver tidy the host and report its guests to the conductor until it answers
    (:func:`~services.compute.joining.first_reconcile`: evacuated copies go, guests of
-   moves under way are kept shut down), then start consuming ``compute.<service uuid>``, then start heartbeats:
-   registration does not mark the service up, its first heartbeat does, so the
-   scheduler never picks a host whose queue does not exist yet or whose guests are not
-   settled.
+   moves under way are kept shut down), then start consuming
+   ``compute.<service uuid>``, then start heartbeats: registration does not mark the
+   service up, its first heartbeat does, so the scheduler never picks a host whose queue
+   does not exist yet or whose guests are not settled.
 
 From the first step to the last the agent holds its host (``agent.lock`` in the state
 directory: a second agent on the same state directory is refused) and watches its

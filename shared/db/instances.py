@@ -225,9 +225,9 @@ async def begin_task(
 
     ``None`` if the swap was lost (gone, or in another state): the caller refuses with 409.
     """
-    for vm in vm_states:
-        for begun in from_tasks:
-            transitions.require((vm.value, _value(begun)), (vm.value, task.value))
+    transitions.require_begin(
+        tuple(vm.value for vm in vm_states), tuple(_value(t) for t in from_tasks), task.value
+    )
     allowed_tasks = [t.value for t in from_tasks if t is not None]
     row = await conn.fetchrow(
         """UPDATE instances SET task_state = $2, updated_at = now()

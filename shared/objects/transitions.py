@@ -26,7 +26,8 @@ _POWER = {
     "powering-off": (("active", "error"), "stopped"),
     "powering-on": (("stopped",), "active"),
     "rebooting": (("active",), "active"),
-    "rebooting_hard": (("active", "stopped", "error"), "active"),
+    # A hard reboot starts a paused or suspended server afresh too (power.py).
+    "rebooting_hard": (("active", "stopped", "error", "paused", "suspended"), "active"),
 }
 
 
@@ -199,6 +200,21 @@ def require(old: State, new: State) -> None:
     """Raise :class:`InvalidTransition` unless ``old`` → ``new`` is in the table."""
     if not instance_allowed(old, new):
         raise InvalidTransition(f"an instance may not go from {old} to {new}")
+
+
+def require_begin(
+    vm_states: tuple[str, ...], from_tasks: tuple[str | None, ...], task: str
+) -> None:
+    """For a writer that begins ``task`` on a server in one of ``vm_states`` whose task is
+    one of ``from_tasks``: each vm state with no task may begin it; a task it may replace
+    (a hard reboot replacing a soft one) must be replaceable in one of them at least — the
+    other combinations never exist, and the swap cannot meet them."""
+    for begun in from_tasks:
+        if begun is None:
+            for vm in vm_states:
+                require((vm, None), (vm, task))
+        else:
+            require_task_change(begun, task, vm_states=vm_states)
 
 
 def require_task_change(
