@@ -23,11 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import asyncpg
-
 from shared import host_fencing
 from shared.context import RequestContext
 from shared.db import host_tasks, services
+from shared.db.pool import Connection
 from shared.exceptions import Conflict, HostTaskRefused, ServiceNotFound
 from shared.objects.host_task import HostTask, TaskKind
 from shared.objects.service import Service
@@ -69,7 +68,7 @@ class TaskRequest:
 
 
 async def start(
-    pool: asyncpg.Pool,
+    conn: Connection,
     ctx: RequestContext,
     request: TaskRequest,
     *,
@@ -83,25 +82,23 @@ async def start(
     cannot be carried out as asked.
     """
     request.check()
-    async with pool.acquire() as conn:
-        service = await services.find_compute(conn, request.host, down_time)
-        if service is None:
-            raise ServiceNotFound(f"Compute host {request.host} could not be found.")
-        running = await host_tasks.running_on(conn, service.id)
-        if running is None:
-            silent = await host_fencing.silent_for(conn, service.id)
-            _refuse_new(request, service, silent, down_time=down_time, margin=margin)
-            running, new = await host_tasks.start(
-                conn,
-                ctx,
-                kind=request.kind.value,
-                service=service,
-                parallel=request.parallel,
-                cold_fallback=request.cold_fallback,
-                deadline=request.deadline,
-            )
-        else:
-            new = False
+    service = await services.find_compute(conn, request.host, down_time)
+    if service is None:
+        raise ServiceNotFound(f"Compute host {request.host} could not be found.")
+    running = await host_tasks.running_on(conn, service.id)
+    new = False
+    if running is None:
+        silent = await host_fencing.silent_for(conn, service.id)
+        _refuse_new(request, service, silent, down_time=down_time, margin=margin)
+        running, new = await host_tasks.start(
+            conn,
+            ctx,
+            kind=request.kind.value,
+            service=service,
+            parallel=request.parallel,
+            cold_fallback=request.cold_fallback,
+            deadline=request.deadline,
+        )
     if running.kind != request.kind.value:
         raise Conflict(
             f"Cannot {request.kind.value} {request.host}: host task {running.id} "
