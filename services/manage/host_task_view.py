@@ -14,6 +14,8 @@ from rich.text import Text
 
 from shared.objects.host_task import HostTask, HostTaskItem, ItemStatus, TaskCounts
 
+#: The width of the output when it is not a terminal (a pipe, a log file).
+PLAIN_WIDTH = 160
 #: Each item status's colour in the table.
 STYLES = {
     ItemStatus.PENDING.value: "dim",
@@ -23,6 +25,12 @@ STYLES = {
     ItemStatus.SKIPPED.value: "cyan",
 }
 TASK_STYLES = {"running": "yellow", "done": "bold green", "failed": "bold red"}
+
+
+def plain_or_terminal() -> Console:
+    """The console keel-manage prints a task to: the terminal's width, or a wide page."""
+    found = Console(highlight=False)
+    return found if found.is_terminal else Console(highlight=False, width=PLAIN_WIDTH)
 
 
 def counts_of(items: list[HostTaskItem]) -> TaskCounts:
@@ -55,7 +63,7 @@ def items_table(task: HostTask, items: list[HostTaskItem]) -> Table:
     table.add_column("Status", no_wrap=True)
     table.add_column("To")
     table.add_column("Detail", overflow="fold")
-    for item in items:
+    for item in sorted(items, key=lambda i: (i.name, str(i.instance_uuid))):
         table.add_row(
             item.name or "-",
             str(item.instance_uuid),
@@ -67,7 +75,7 @@ def items_table(task: HostTask, items: list[HostTaskItem]) -> Table:
 
 
 def outcome(task: HostTask) -> Text:
-    text = Text(f"{title(task)} ", style="bold")
+    text = Text(f"{title(task)}: ", style="bold")
     text.append(task.status, style=TASK_STYLES.get(task.status, ""))
     if task.message:
         text.append(f": {task.message}")
@@ -133,4 +141,4 @@ class TaskView:
         line = summary(task, counts_of(items)).rsplit("; deadline in", 1)[0]
         if line != self._last:
             self._last = line
-            self.console.print(line, highlight=False, soft_wrap=True)
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)

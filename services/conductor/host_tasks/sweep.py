@@ -52,7 +52,7 @@ HOST_TASK_USER = "keel-host-task"
 #: Seconds between two sweeps.
 INTERVAL = 1.0
 #: Seconds a sweeper holds a task: long enough for any pass.
-LEASE = 30.0
+LEASE = 10.0
 #: The most servers an end message names.
 NAMED = 10
 

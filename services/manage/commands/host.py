@@ -17,7 +17,13 @@ from rich.live import Live
 
 from services.manage.commands import UsageError, set_handler
 from services.manage.database import connect
-from services.manage.host_task_view import TaskView, items_table, outcome, tasks_table
+from services.manage.host_task_view import (
+    TaskView,
+    items_table,
+    outcome,
+    plain_or_terminal,
+    tasks_table,
+)
 from shared import host_task_requests
 from shared.config import Settings
 from shared.context import RequestContext
@@ -112,7 +118,7 @@ def _request(args: argparse.Namespace, kind: TaskKind) -> TaskRequest:
 
 async def _start(args: argparse.Namespace, settings: Settings, kind: TaskKind) -> int:
     request = _request(args, kind)
-    console = Console(highlight=False)
+    out = plain_or_terminal()
     ctx = RequestContext(user_id=MANAGE_USER, roles=("admin",))
     async with connect(settings.database_url) as conn:
         task, new = await host_task_requests.start(
@@ -123,20 +129,20 @@ async def _start(args: argparse.Namespace, settings: Settings, kind: TaskKind) -
             margin=settings.fencing.margin,
         )
     if new:
-        console.print(
+        out.print(
             f"started host task {task.id} ({task.uuid}): {task.kind} of {task.host}, at most "
             f"{task.parallel} moving at once, deadline in {task.deadline_in:.0f}s"
         )
     else:
-        console.print(
+        out.print(
             f"resuming host task {task.id} ({task.uuid}): {task.kind} of {task.host} started "
             f"{task.created_at.isoformat(timespec='seconds')}, at most {task.parallel} moving "
             "at once (its own settings stay)"
         )
     if args.detach:
-        console.print(f"detached: follow it with 'keel-manage host task {task.id} --watch'")
+        out.print(f"detached: follow it with 'keel-manage host task {task.id} --watch'")
         return 0
-    ended = await watch(settings, task, console)
+    ended = await watch(settings, task, out)
     return 0 if ended.status == TaskStatus.DONE else 1
 
 
@@ -152,13 +158,11 @@ async def list_tasks(args: argparse.Namespace, settings: Settings) -> int:
     async with connect(settings.database_url) as conn:
         found = await host_tasks.list_tasks(conn, include_ended=args.all, limit=LIST_LIMIT)
         counts = await host_tasks.counts(conn, [task.id for task in found])
-    console = Console(highlight=False)
+    out = plain_or_terminal()
     if not found:
-        console.print(
-            "no host tasks" if args.all else "no running host tasks (--all: ended ones too)"
-        )
+        out.print("no host tasks" if args.all else "no running host tasks (--all: ended ones too)")
         return 0
-    console.print(tasks_table(found, counts))
+    out.print(tasks_table(found, counts))
     return 0
 
 
@@ -168,12 +172,12 @@ async def show_task(args: argparse.Namespace, settings: Settings) -> int:
         if task is None:
             raise KeelError(f"no host task {args.task!r}: see 'keel-manage host tasks --all'")
         items = await host_tasks.items(conn, task.id)
-    console = Console(highlight=False)
+    out = plain_or_terminal()
     if args.watch and task.running:
-        task = await watch(settings, task, console)
+        task = await watch(settings, task, out)
     else:
-        console.print(items_table(task, items))
-        console.print(outcome(task))
+        out.print(items_table(task, items))
+        out.print(outcome(task))
     return 1 if task.status == TaskStatus.FAILED else 0
 
 
