@@ -42,8 +42,8 @@ from shared import host_task_requests
 from shared.db import services
 from shared.host_task_requests import TaskRequest
 from shared.objects.host_task import TaskKind
-from shared.objects.service import Binary
 from shared.objects.migration import EVACUATION
+from shared.objects.service import Binary
 
 LOG = logging.getLogger(__name__)
 
@@ -197,6 +197,8 @@ async def drain(
         service = await services.get(
             conn, parse_id(service_uuid, "host"), settings.service_down_time
         )
+        if service.binary != Binary.COMPUTE:
+            raise BadRequest(f"Only a compute host is drained; {service.binary} is not one.")
         request = TaskRequest(
             kind=TaskKind.DRAIN,
             host=service.host,
