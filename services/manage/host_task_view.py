@@ -142,3 +142,4 @@ class TaskView:
         if line != self._last:
             self._last = line
             self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+            self.console.file.flush()  # a pipe or a file sees each line at once

@@ -2,9 +2,10 @@
 
 The local driver, three hosts, two conductors. The drain runs with ``--parallel 4``:
 while it runs, the number of the host's servers with a move under way is sampled and
-never exceeds 4. The command is SIGKILLed halfway and started again: it resumes the same
-task. A conductor is SIGKILLed mid-drain: the other goes on. In the end every server is
-ACTIVE on another host, and the drained host stays disabled, its reason naming the task.
+never exceeds 4. The command is stopped with Ctrl-C, then SIGKILLed halfway, and started
+again: the task goes on and each start resumes it. A conductor is SIGKILLed mid-drain:
+the other goes on. In the end every server is ACTIVE on another host, and the drained
+host stays disabled, its reason naming the task.
 """
 
 from __future__ import annotations
@@ -119,41 +120,15 @@ async def until_moved(cloud: Cloud, ids: list[str], count: int) -> None:
     await wait_until(enough, what=f"{count} servers moved off dr-a", timeout=DRAIN_TIME)
 
 
-async def test_drain_moves_twenty_servers_resumes_and_survives_a_conductor(cloud: Cloud) -> None:
-    ids = await twenty_servers(cloud)
-    cloud.start("conductor2", "keel-conductor", "controller-2")
-    began = time.monotonic()
+async def until_said(process: Process, text: str) -> None:
+    async def said() -> bool:
+        return text in process.read_log()
 
-    with Sampler(cloud, ids) as sampler:
-        first = drain(cloud, "drain-1")
-        await until_moved(cloud, ids, 5)
-        first.popen.send_signal(signal.SIGKILL)
-        first.popen.wait(10)
-        started = re.search(r"started host task (\d+)", first.read_log())
-        assert started, first.read_log()
-        task_id = int(started.group(1))
-        async with cloud.pool.acquire() as conn:
-            assert await conn.fetchval("SELECT status FROM host_tasks WHERE id = $1", task_id) == (
-                "running"
-            ), "the task outlives the command"
+    await wait_until(said, what=f"{process.name} saying {text!r}", timeout=60)
 
-        second = drain(cloud, "drain-2")
-        await until_moved(cloud, ids, 10)
-        assert f"resuming host task {task_id} " in second.read_log()
-        cloud.processes["conductor"].popen.send_signal(signal.SIGKILL)
 
-        async def ended() -> bool:
-            return second.popen.poll() is not None
-
-        await wait_until(ended, what="keel-manage host drain ending", timeout=DRAIN_TIME)
-    took = time.monotonic() - began
-
-    log = second.read_log()
-    assert second.popen.returncode == 0, log
-    assert f"host task {task_id}: drain of dr-a done" in log
-    assert sampler.most <= PARALLEL, f"{sampler.most} moving at once"
-    assert sampler.most >= 2, "moves ran in parallel"
-    assert sampler.samples > 20
+async def check_drained(cloud: Cloud, ids: list[str], task_id: int) -> None:
+    """Every server ACTIVE on another host, the host disabled by the task, the task done."""
     async with cloud.pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT host, vm_state, task_state FROM instances WHERE uuid = ANY($1::uuid[])",
@@ -177,7 +152,53 @@ async def test_drain_moves_twenty_servers_resumes_and_survives_a_conductor(cloud
     assert task["status"] == "done", task["message"]
     assert len(items) == SERVERS
     assert {(i["status"], i["dest"] in ("dr-b", "dr-c")) for i in items} == {("moved", True)}
-    assert tasks == 1, "started twice, one task"
+    assert tasks == 1, "started three times, one task"
+
+
+async def test_drain_moves_twenty_servers_resumes_and_survives_a_conductor(cloud: Cloud) -> None:
+    ids = await twenty_servers(cloud)
+    cloud.start("conductor2", "keel-conductor", "controller-2")
+    began = time.monotonic()
+
+    with Sampler(cloud, ids) as sampler:
+        first = drain(cloud, "drain-1")
+        await until_said(first, "started host task ")
+        await until_moved(cloud, ids, 4)
+        first.popen.send_signal(signal.SIGINT)  # Ctrl-C: the task goes on
+        assert first.popen.wait(10) == 130, first.read_log()
+        assert "stopped watching: host task" in first.read_log()
+        started = re.search(r"started host task (\d+)", first.read_log())
+        assert started, first.read_log()
+        task_id = int(started.group(1))
+
+        second = drain(cloud, "drain-2")
+        await until_said(second, f"resuming host task {task_id} ")
+        await until_moved(cloud, ids, 8)
+        second.popen.send_signal(signal.SIGKILL)
+        second.popen.wait(10)
+        async with cloud.pool.acquire() as conn:
+            assert await conn.fetchval("SELECT status FROM host_tasks WHERE id = $1", task_id) == (
+                "running"
+            ), "the task outlives the command"
+
+        third = drain(cloud, "drain-3")
+        await until_said(third, f"resuming host task {task_id} ")
+        await until_moved(cloud, ids, 12)
+        cloud.processes["conductor"].popen.send_signal(signal.SIGKILL)
+
+        async def ended() -> bool:
+            return third.popen.poll() is not None
+
+        await wait_until(ended, what="keel-manage host drain ending", timeout=DRAIN_TIME)
+    took = time.monotonic() - began
+
+    log = third.read_log()
+    assert third.popen.returncode == 0, log
+    assert f"host task {task_id}: drain of dr-a: done: 20 server(s) moved off dr-a" in log
+    assert sampler.most <= PARALLEL, f"{sampler.most} moving at once"
+    assert sampler.most >= 2, "moves ran in parallel"
+    assert sampler.samples > 20
+    await check_drained(cloud, ids, task_id)
     # Every server is ACTIVE for the stock client too, on its new host.
     listed = cloud.openstack("server", "list", "--long")
     assert {s["Status"] for s in listed if s["ID"] in ids} == {"ACTIVE"}

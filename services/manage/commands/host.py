@@ -139,6 +139,7 @@ async def _start(args: argparse.Namespace, settings: Settings, kind: TaskKind) -
             f"{task.created_at.isoformat(timespec='seconds')}, at most {task.parallel} moving "
             "at once (its own settings stay)"
         )
+    out.file.flush()
     if args.detach:
         out.print(f"detached: follow it with 'keel-manage host task {task.id} --watch'")
         return 0
