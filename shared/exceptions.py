@@ -20,6 +20,7 @@
     │   ├── NoMoreFixedIps          every address of the network is taken
     │   └── AlreadyExists           a name is already taken (project, user, key pair)
     ├── InvalidFixedIp              a requested fixed address cannot be given
+    ├── HostTaskRefused             a drain or evacuation of a host cannot be started as asked
     ├── OverQuota                   a request would take a project past one of its quotas
     ├── NoValidHost                 the scheduler found no host for a request
     ├── IdentityRefused             an agent's node identity does not match the database
@@ -156,6 +157,10 @@ class NoMoreFixedIps(Conflict):
 
 class InvalidFixedIp(KeelError):
     pass
+
+
+class HostTaskRefused(KeelError):
+    """A host task (drain, evacuate) cannot be started as asked: the message says why."""
 
 
 class NoValidHost(KeelError):

@@ -27,6 +27,7 @@ from services.api.resources import (
     flavor_access,
     flavor_extra_specs,
     flavors,
+    host_tasks,
     hypervisors,
     image_data,
     image_proxy,
@@ -114,6 +115,7 @@ def create_app(
     app.include_router(flavor_access.router)
     app.include_router(os_services.router)
     app.include_router(hypervisors.router)
+    app.include_router(host_tasks.router)
     app.include_router(aggregates.router)
     app.include_router(availability_zones.router)
     app.include_router(keypairs.router)

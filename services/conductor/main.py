@@ -7,7 +7,9 @@ topic as one of possibly many competing consumers, with scheduler and compute cl
 on the same transport. It also runs the deadline sweep (:mod:`services.conductor.deadlines`):
 builds, moves and tasks that overran their deadlines, cold migrations left unconfirmed
 or stalled while confirming or reverting; and the automatic evacuation of fenced hosts
-(:mod:`services.conductor.recovery`, when ``KEEL_RECOVERY__AUTO_EVACUATE`` asks for it).
+(:mod:`services.conductor.recovery`, when ``KEEL_RECOVERY__AUTO_EVACUATE`` asks for it),
+and the running host tasks, drains and evacuations of whole hosts
+(:mod:`services.conductor.host_tasks`).
 On SIGTERM it stops consuming, lets work in flight finish (bounded), then closes the
 transport and the pool.
 """
@@ -22,6 +24,7 @@ from services.compute.rpcapi import ComputeAPI
 from services.conductor.agent_guard import AgentGuard
 from services.conductor.boot_images import BootImages
 from services.conductor.deadlines import Deadlines
+from services.conductor.host_tasks.sweep import HostTasks
 from services.conductor.manager import ConductorManager
 from services.conductor.moves.held import HELD_INTERVAL, HeldMoves
 from services.conductor.recovery import Recovery
@@ -74,10 +77,12 @@ async def run_conductor(
     deadlines = Deadlines(pool, compute, settings)
     held = HeldMoves(pool, ConductorAPI(transport, timeout=timeout))
     recovery = Recovery(pool, ConductorAPI(transport, timeout=timeout), settings, lifecycle.metrics)
+    host_tasks = HostTasks(pool, ConductorAPI(transport, timeout=timeout), settings)
     periodic = [
         Periodic("deadlines", deadlines.sweep, deadlines.interval),
         Periodic("held evacuations", held.sweep, HELD_INTERVAL),
         Periodic("recovery", recovery.sweep, recovery.interval),
+        Periodic("host tasks", host_tasks.sweep, host_tasks.interval),
     ]
     # A build waits at most one scheduler call; give it that long, and a little more.
     await serve_until_stopped(

@@ -19,6 +19,7 @@ from services.manage.commands import (
     compute,
     db,
     dlq,
+    host,
     image,
     network,
     placement,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         dlq,
         status,
         compute,
+        host,
         agent,
         placement,
     ):

@@ -34,7 +34,14 @@ from shared.db.transaction import in_transaction
 from shared.exceptions import MessagingError
 from shared.objects.compute_node import ComputeNode
 from shared.objects.flavor import FlavorSnapshot
-from shared.objects.migration import Migration, MigrationStatus, MoveKind
+from shared.objects.migration import (
+    CONFIRM_ACTION,
+    REVERT_ACTION,
+    Migration,
+    MigrationStatus,
+    MoveKind,
+)
+from shared.objects.states import TaskState, VmState
 
 LOG = logging.getLogger(__name__)
 
@@ -61,12 +68,15 @@ async def record(
     target: str | None = None,
     flavors: tuple[FlavorSnapshot, FlavorSnapshot] | None = None,
     check: Callable[[Connection], Awaitable[None]] | None = None,
+    then: Callable[[Connection, Migration], Awaitable[None]] | None = None,
 ) -> Migration | None:
     """Record a move of ``kind`` of the instance from ``source``; ``None`` if the instance
     has a task or left the kind's movable states meanwhile (nothing written).
 
     ``flavors``: a resize's old and new flavor. ``check`` runs first in the same
     transaction (a quota check); what it raises refuses the move, nothing written.
+    ``then`` runs last in it, with the new record (a host task links its item to the
+    move); what it raises refuses the move too.
     """
 
     async def write(conn: Connection) -> Migration | None:
@@ -79,7 +89,7 @@ async def record(
             return None
         await instance_actions.start(conn, ctx, instance_uuid, kind.action)
         old, new = flavors if flavors is not None else (None, None)
-        return await moves.create(
+        migration = await moves.create(
             conn,
             ctx,
             instance_uuid=instance_uuid,
@@ -90,10 +100,56 @@ async def record(
             old_flavor=old,
             new_flavor=new,
         )
+        if then is not None:
+            await then(conn, migration)
+        return migration
 
     return await in_transaction(
         pool, write, what=f"recording {kind.migration_type} of {instance_uuid}"
     )
+
+
+async def record_end(
+    pool: asyncpg.Pool, ctx: RequestContext, migration: Migration, *, confirming: bool
+) -> bool:
+    """Record the confirm (or revert) of a ``finished`` cold migration: the task, the
+    record ``confirming`` (``reverting``) and the instance action, in one transaction.
+    False if the server or the record moved on meanwhile (nothing written).
+
+    keel-api's ``confirmResize``/``revertResize`` and a drain's confirm record it so; the
+    caller then casts ``confirm_migration`` (``revert_migration``), and the conductors'
+    sweep runs the step if that cast is lost.
+    """
+    task = TaskState.RESIZE_CONFIRMING if confirming else TaskState.RESIZE_REVERTING
+    status = MigrationStatus.CONFIRMING if confirming else MigrationStatus.REVERTING
+    action = CONFIRM_ACTION if confirming else REVERT_ACTION
+
+    async def write(conn: Connection) -> bool:
+        started = await instances.begin_task(
+            conn, migration.instance_uuid, task, vm_states=(VmState.RESIZED,)
+        )
+        if started is None:
+            return False
+        swapped = await moves.swap_status(
+            conn, migration.uuid, expected=[MigrationStatus.FINISHED], new=status
+        )
+        if swapped is None:
+            raise _Changed()
+        if not confirming:
+            # From now on the copy the migration started from is the server's again: the
+            # revert removes the destination's.
+            await instances.set_copy_token(conn, migration.instance_uuid, swapped.source_token)
+        await instance_actions.start(conn, ctx, migration.instance_uuid, action)
+        return True
+
+    try:
+        return await in_transaction(pool, write, what=f"{action} of {migration.instance_uuid}")
+    except _Changed:
+        return False
+
+
+class _Changed(Exception):
+    """The migration moved on between the check and the transaction (rolls it back)."""
 
 
 async def withdraw(pool: asyncpg.Pool, kind: MoveKind, migration: Migration, why: str) -> bool:

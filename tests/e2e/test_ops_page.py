@@ -4,7 +4,8 @@ One walk through it, with a screenshot of every state: a member's sign-in refuse
 admin's let in, the hosts listed up; an agent killed and its host forced down (through
 the compute API, as another operator would) shown as such within seconds; a host
 disabled and enabled again from the page; the dead host's server evacuated from the
-page and shown running on the other host.
+page and shown running on the other host; that host drained from the page, the host
+task's progress shown until it is done.
 """
 
 from __future__ import annotations
@@ -145,3 +146,27 @@ async def test_an_operator_works_the_fleet_from_the_page(browser: Browser, cloud
     assert "0 servers" in browser.text(f"{host_row('compute2')} td:nth-of-type(6)")
     browser.until(lambda d: d.find_elements("css selector", '#evacuations tr[data-status="done"]'))
     browser.screenshot("07-server-evacuated")
+    await drain_from_the_page(browser, cloud, server["id"])
+
+
+async def drain_from_the_page(browser: Browser, cloud: Cloud, server_id: str) -> None:
+    """A third host joins; the host holding the server is drained from the page."""
+    cloud.start("compute3", "keel-compute", "compute3")
+    await cloud.wait_for_service("compute3", up=True)
+    browser.until(lambda d: d.find_elements("css selector", host_row("compute3", state="up")))
+    browser.click('button[data-action="drain"][data-host="compute1"]')
+    assert confirm(browser, shot="08-draining") == "Drain compute1?"
+    browser.until(lambda d: "drain started (host task" in d.find_element(
+        "css selector", "#activity").text)  # fmt: skip
+    browser.until(
+        lambda d: d.find_elements("css selector", '#host-tasks tr[data-status="done"]'),
+        timeout=60,
+    )
+    assert "1/1 moved" in browser.text('#host-tasks tr[data-status="done"]')
+    shown = await cloud.get(f"servers/{server_id}")
+    assert (shown["server"]["status"], shown["server"]["OS-EXT-SRV-ATTR:host"]) == (
+        "ACTIVE",
+        "compute3",
+    )
+    assert "draining: host task" in browser.text(f"{host_row('compute1')} td:nth-of-type(2)")
+    browser.screenshot("09-host-drained")

@@ -7,7 +7,7 @@ token is answered as Keystone's middleware does: ``{"error": {"code": 401, ...}}
 Handlers registered by :func:`install` turn into faults: :class:`Fault` raised by a
 route, request validation errors (always 400, never FastAPI's 422), unknown routes and
 methods, and keel's own expected errors (``NotFound`` → 404, ``Conflict`` → 409,
-``OverQuota`` → 403, a messaging failure → 503).
+``OverQuota`` → 403, ``HostTaskRefused`` → 400, a messaging failure → 503).
 
 Under ``/identity`` every error has the identity API's shape, ``{"error": {"code",
 "title", "message"}}``.
@@ -25,7 +25,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from shared.exceptions import Conflict, KeelError, MessagingError, NotFound, OverQuota
+from shared.exceptions import (
+    Conflict,
+    HostTaskRefused,
+    KeelError,
+    MessagingError,
+    NotFound,
+    OverQuota,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -190,6 +197,8 @@ def keel_error_code(exc: KeelError) -> int:
         return 409
     if isinstance(exc, OverQuota):
         return 403
+    if isinstance(exc, HostTaskRefused):
+        return 400
     if isinstance(exc, MessagingError):
         return 503
     return 500

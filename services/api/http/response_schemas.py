@@ -98,6 +98,21 @@ def _list(key: str, item: Schema, links: str | None = None) -> Schema:
 
 
 #: (path, method) → {status: (description, schema or None for no body)}.
+#: A host task (a keel extension: ``os-keel-host-tasks``).
+HOST_TASK = obj(
+    {
+        "id": STR,
+        "number": INT,
+        "kind": STR,
+        "host": STR,
+        "status": STR,
+        "parallel": INT,
+        "counts": {"type": "object", "additionalProperties": INT},
+        "total": INT,
+    }
+)
+DRAIN_STARTED = obj({"task": STR, "number": INT, "host": STR, "new": BOOL})
+
 RESPONSES: dict[tuple[str, str], dict[str, tuple[str, Schema | None]]] = {
     ("/", "get"): {"200": ("The API versions", _list("versions", VERSION))},
     ("/v2.1", "get"): {"200": ("The compute API version", obj({"version": VERSION}))},
@@ -205,10 +220,33 @@ RESPONSES: dict[tuple[str, str], dict[str, tuple[str, Schema | None]]] = {
     ("/network/v2.0/floatingips", "get"): {
         "200": ("No floating IPs", obj({"floatingips": array({})}))
     },
+    ("/v2.1/os-keel-host-tasks", "post"): {
+        "200": ("The host task already running there, resumed", obj({"host_task": HOST_TASK})),
+        "202": ("The new host task", obj({"host_task": HOST_TASK})),
+    },
+    ("/ops/api/hosts/{service_uuid}/drain", "post"): {
+        "200": ("The drain already running on the host", DRAIN_STARTED),
+        "202": ("The new drain", DRAIN_STARTED),
+    },
 }
 
 #: Request bodies the handlers read themselves, so FastAPI cannot describe them.
 REQUEST_BODIES: dict[tuple[str, str], Schema] = {
+    ("/v2.1/os-keel-host-tasks", "post"): obj(
+        {
+            "host_task": obj(
+                {"kind": {"type": "string", "enum": ["drain", "evacuate"]}, "host": STR},
+                {
+                    "parallel": INT,
+                    "cold_fallback": BOOL,
+                    "deadline": {"type": "number"},
+                },
+            )
+        }
+    ),
+    ("/ops/api/hosts/{service_uuid}/drain", "post"): obj(
+        {}, {"parallel": INT, "cold_fallback": BOOL, "deadline": {"type": "number"}}
+    ),
     ("/v2.1/os-quota-sets/{project_id}", "put"): obj(
         {
             "quota_set": {

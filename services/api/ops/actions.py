@@ -6,7 +6,11 @@
 * ``hosts/{uuid}/force-down``: the operator asserts the host is off, so its servers may
   be evacuated;
 * ``hosts/{uuid}/force-up``: refused while evacuations away from it are unconfirmed;
-* ``servers/{uuid}/evacuate``: one server rebuilt elsewhere, the scheduler choosing where.
+* ``servers/{uuid}/evacuate``: one server rebuilt elsewhere, the scheduler choosing where;
+* ``hosts/{uuid}/drain`` with ``{"parallel": N, "cold_fallback": true}``: a host task that
+  moves every server off the host (:mod:`shared.host_task_requests`, as ``keel-manage
+  host drain`` and ``os-keel-host-tasks`` start it): 202 with the task, or 200 with the
+  one already running.
 
 Host changes are those of ``PUT /os-services/{uuid}``
 (:func:`~services.api.resources.os_services.change_service`), an evacuation that of
@@ -24,6 +28,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Body
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.api.http.deps import AppSettings, Compute, Conductor, DbPool
@@ -33,7 +38,12 @@ from services.api.ops.session import OperatorChange
 from services.api.resources.os_services import change_service
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import start_move
+from shared import host_task_requests
+from shared.db import services
+from shared.host_task_requests import TaskRequest
+from shared.objects.host_task import TaskKind
 from shared.objects.migration import EVACUATION
+from shared.objects.service import Binary
 
 LOG = logging.getLogger(__name__)
 
@@ -44,6 +54,22 @@ class DisableBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field(min_length=1, max_length=255)
+
+
+class DrainBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    parallel: int = Field(default=host_task_requests.DEFAULT_PARALLEL, ge=1)
+    cold_fallback: bool = False
+    deadline: float = Field(default=host_task_requests.DEFAULT_DEADLINE, gt=0)
+
+
+class DrainStarted(BaseModel):
+    task: UUID
+    number: int
+    host: str
+    #: False: the drain already running on the host (it goes on as it was started).
+    new: bool
 
 
 class HostChanged(BaseModel):
@@ -150,3 +176,42 @@ async def evacuate(
     return EvacuationAccepted(
         server_id=instance.uuid, name=instance.display_name, source=instance.host
     )
+
+
+@router.post("/hosts/{service_uuid}/drain")
+async def drain(
+    service_uuid: str,
+    operator: OperatorChange,
+    pool: DbPool,
+    settings: AppSettings,
+    body: Annotated[Any, Body()] = None,
+) -> JSONResponse:
+    try:
+        asked = DrainBody.model_validate(body or {})
+    except ValidationError:
+        raise BadRequest(
+            'A drain takes {"parallel": N (1 or more), "cold_fallback": true|false, '
+            '"deadline": seconds}.'
+        ) from None
+    async with pool.acquire() as conn:
+        service = await services.get(
+            conn, parse_id(service_uuid, "host"), settings.service_down_time
+        )
+        if service.binary != Binary.COMPUTE:
+            raise BadRequest(f"Only a compute host is drained; {service.binary} is not one.")
+        request = TaskRequest(
+            kind=TaskKind.DRAIN,
+            host=service.host,
+            parallel=asked.parallel,
+            cold_fallback=asked.cold_fallback,
+            deadline=asked.deadline,
+        )
+        task, new = await host_task_requests.start(
+            conn,
+            operator.ctx,
+            request,
+            down_time=settings.service_down_time,
+            margin=settings.fencing.margin,
+        )
+    started = DrainStarted(task=task.uuid, number=task.id, host=task.host, new=new)
+    return JSONResponse(started.model_dump(mode="json"), status_code=202 if new else 200)

@@ -7,6 +7,7 @@
 | ``/ops/api/versions`` | releases per binary, RPC pins, what an upgrade waits for |
 | ``/ops/api/moves`` | moves not yet ended, with their deadlines |
 | ``/ops/api/events`` | hosts fenced now, automatic recoveries, the latest evacuations |
+| ``/ops/api/host-tasks`` | host tasks (drains, evacuations): running ones with their servers |
 
 Scripts may read them with an admin's ``X-Auth-Token``. Without a credential the answer
 is 401, with anyone else's 403, and neither carries any data.
@@ -25,7 +26,7 @@ from services.api.ops.session import OperatorCaller
 from services.api.ops.versions import VersionsView, versions_view
 from services.api.servers.views import server_status
 from shared.config import Settings
-from shared.db import compute_nodes, fleet, recoveries, services
+from shared.db import compute_nodes, fleet, host_tasks, recoveries, services
 from shared.db.pool import Connection
 from shared.metrics import Metrics
 from shared.version_pins import Pins
@@ -36,6 +37,9 @@ router = APIRouter(prefix="/ops/api")
 SERVER_LIMIT = 500
 MOVE_LIMIT = 200
 EVENT_LIMIT = 20
+#: The most host tasks one answer holds (running ones first), and servers per task.
+TASK_LIMIT = 50
+TASK_ITEM_LIMIT = 500
 
 
 def parse_id(value: str, what: str) -> UUID:
@@ -58,6 +62,10 @@ def pins_of(request: Request) -> Pins:
 async def _hosts(conn: Connection, settings: Settings) -> views.HostsView:
     hosts = await recoveries.compute_hosts(conn, settings.service_down_time)
     counts = await fleet.server_counts(conn)
+    running = {
+        task.service_id: task.id
+        for task in await host_tasks.list_tasks(conn, include_ended=False, limit=TASK_LIMIT)
+    }
     shown = []
     for host in hosts:
         by_status: dict[str, int] = {}
@@ -65,7 +73,7 @@ async def _hosts(conn: Connection, settings: Settings) -> views.HostsView:
             for state, n in counts.get(node.id, {}).items():
                 status = server_status(state)
                 by_status[status] = by_status.get(status, 0) + n
-        shown.append(views.host_view(host, by_status, settings))
+        shown.append(views.host_view(host, by_status, settings, running.get(host.service.id)))
     shown.sort(key=lambda view: view.host)
     return views.HostsView(
         hosts=shown,
@@ -112,6 +120,22 @@ async def moves(operator: OperatorCaller, pool: DbPool, settings: AppSettings) -
         moves=[views.move_view(move, settings) for move in found[:MOVE_LIMIT]],
         truncated=len(found) > MOVE_LIMIT,
     )
+
+
+@router.get("/host-tasks")
+async def host_task_progress(operator: OperatorCaller, pool: DbPool) -> views.HostTasksView:
+    """Running host tasks with their servers, then the latest ended ones."""
+    async with pool.acquire() as conn:
+        found = await host_tasks.list_tasks(conn, include_ended=True, limit=TASK_LIMIT)
+        found.sort(key=lambda task: (not task.running, -task.id))
+        counts = await host_tasks.counts(conn, [task.id for task in found])
+        now = await conn.fetchval("SELECT now()")
+        shown = []
+        for task in found:
+            items = await host_tasks.items(conn, task.id) if task.running else []
+            age = (now - task.created_at).total_seconds()
+            shown.append(views.host_task_view(task, counts[task.id], items[:TASK_ITEM_LIMIT], age))
+    return views.HostTasksView(tasks=shown)
 
 
 @router.get("/events")

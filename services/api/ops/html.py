@@ -50,7 +50,8 @@ _PAGE = """<body>
 <p id="updated" class="muted">Loading…</p>
 <p id="status" class="error" role="status" aria-live="polite"></p>
 <noscript><p class="error">This page needs JavaScript to show and update its tables.
-Its data is at /ops/api/hosts, /ops/api/moves, /ops/api/versions and /ops/api/events.</p>
+Its data is at /ops/api/hosts, /ops/api/moves, /ops/api/host-tasks, /ops/api/versions
+and /ops/api/events.</p>
 </noscript>
 <main>
 <section aria-labelledby="hosts-heading">
@@ -73,6 +74,19 @@ Its data is at /ops/api/hosts, /ops/api/moves, /ops/api/versions and /ops/api/ev
 <th scope="col">Type</th><th scope="col">Server</th><th scope="col">From</th>
 <th scope="col">To</th><th scope="col">Status</th><th scope="col">Started</th>
 <th scope="col">Deadline</th>
+</tr></thead>
+<tbody></tbody>
+</table></div>
+</section>
+<section aria-labelledby="tasks-heading">
+<h2 id="tasks-heading">Host tasks</h2>
+<div class="scroll"><table id="host-tasks">
+<caption>Drains and evacuations of whole hosts, carried out by the conductors: running
+ones first, with their servers.</caption>
+<thead><tr>
+<th scope="col">Task</th><th scope="col">Host</th><th scope="col">Status</th>
+<th scope="col">Progress</th><th scope="col">Moving</th><th scope="col">Failed</th>
+<th scope="col">Deadline</th><th scope="col">Message</th>
 </tr></thead>
 <tbody></tbody>
 </table></div>

@@ -18,6 +18,7 @@ from shared.config import Settings
 from shared.db.fleet import OpenMove, Recovery, ServerOnHost
 from shared.db.recoveries import ComputeHost
 from shared.host_fencing import armed_lease, fence_state
+from shared.objects.host_task import HostTask, HostTaskItem, TaskCounts
 from shared.objects.states import PowerState
 from shared.versions import release_name
 
@@ -33,6 +34,8 @@ class HostActions(BaseModel):
     force_down: bool
     force_up: bool
     evacuate: bool
+    #: Start a drain (a host task): the host is up and runs no host task.
+    drain: bool
 
 
 class HostView(BaseModel):
@@ -60,6 +63,8 @@ class HostView(BaseModel):
     silent_for: float | None
     servers: int
     servers_by_status: dict[str, int]
+    #: The number of the host task running on it, if any.
+    host_task: int | None = None
     actions: HostActions
 
 
@@ -142,7 +147,12 @@ def _state(host: ComputeHost, fenced: bool) -> str:
     return "fenced" if fenced else "down"
 
 
-def host_view(host: ComputeHost, counts: dict[str, int], settings: Settings) -> HostView:
+def host_view(
+    host: ComputeHost,
+    counts: dict[str, int],
+    settings: Settings,
+    running_task: int | None = None,
+) -> HostView:
     service = host.service
     fencing = fence_state(
         service,
@@ -169,12 +179,14 @@ def host_view(host: ComputeHost, counts: dict[str, int], settings: Settings) -> 
         silent_for=host.silent_for,
         servers=servers,
         servers_by_status=counts,
+        host_task=running_task,
         actions=HostActions(
             disable=not service.disabled,
             enable=service.disabled,
             force_down=not service.forced_down,
             force_up=service.forced_down,
             evacuate=fencing.fenced and servers > 0,
+            drain=service.is_up and running_task is None,
         ),
     )
 
@@ -229,6 +241,67 @@ def move_view(move: OpenMove, settings: Settings) -> MoveView:
         deadline_in=left,
         deadline=what,
         waiting_for=_waiting_for(move),
+    )
+
+
+class HostTaskItemView(BaseModel):
+    server_id: UUID
+    name: str
+    status: str
+    dest: str | None
+    message: str | None
+
+
+class HostTaskView(BaseModel):
+    id: UUID
+    number: int
+    kind: str
+    host: str
+    #: ``running``, ``done`` or ``failed``.
+    status: str
+    parallel: int
+    #: Seconds left before its deadline (negative once past).
+    deadline_in: float
+    #: While it runs, what it waits for; once ended, its outcome.
+    message: str | None
+    asked_by: str | None
+    age: float
+    counts: dict[str, int]
+    total: int
+    #: Its servers, for a running task (at most the page's limit).
+    items: list[HostTaskItemView]
+
+
+class HostTasksView(BaseModel):
+    tasks: list[HostTaskView]
+
+
+def host_task_view(
+    task: HostTask, counts: TaskCounts, items: list[HostTaskItem], age: float
+) -> HostTaskView:
+    return HostTaskView(
+        id=task.uuid,
+        number=task.id,
+        kind=task.kind,
+        host=task.host,
+        status=task.status,
+        parallel=task.parallel,
+        deadline_in=task.deadline_in,
+        message=task.message,
+        asked_by=task.user_id,
+        age=age,
+        counts=counts.model_dump(),
+        total=counts.total,
+        items=[
+            HostTaskItemView(
+                server_id=i.instance_uuid,
+                name=i.name,
+                status=i.status,
+                dest=i.dest,
+                message=i.message,
+            )
+            for i in items
+        ],
     )
 
 

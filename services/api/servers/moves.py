@@ -62,15 +62,12 @@ from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import (
     compute_nodes,
-    instance_actions,
-    instances,
     move_requests,
     moves,
     placement,
     services,
 )
 from shared.db.pool import Connection
-from shared.db.transaction import in_transaction
 from shared.exceptions import ComputeNodeNotFound, MessagingError
 from shared.objects.compute_node import HostState
 from shared.objects.flavor import FlavorSnapshot
@@ -85,7 +82,7 @@ from shared.objects.migration import (
     MoveKind,
 )
 from shared.objects.service import Binary, Service
-from shared.objects.states import TaskState, VmState
+from shared.objects.states import VmState
 from shared.versions import first_release_speaking, release_name
 
 LOG = logging.getLogger(__name__)
@@ -417,10 +414,6 @@ async def _finished_migration(pool: asyncpg.Pool, instance: Instance, action: st
     return migration
 
 
-class _Changed(Exception):
-    """The migration moved on between the check and the transaction."""
-
-
 async def finish_resize(
     pool: asyncpg.Pool,
     conductor: ConductorAPI,
@@ -457,31 +450,7 @@ async def finish_resize(
                 f"Cannot '{action}' instance {instance.uuid}: the compute service of "
                 f"{name} is down; start its agent and try again."
             )
-    task = TaskState.RESIZE_CONFIRMING if confirming else TaskState.RESIZE_REVERTING
-    status = MigrationStatus.CONFIRMING if confirming else MigrationStatus.REVERTING
-
-    async def record(conn: Connection) -> bool:
-        started = await instances.begin_task(
-            conn, instance.uuid, task, vm_states=(VmState.RESIZED,)
-        )
-        if started is None:
-            return False
-        swapped = await moves.swap_status(
-            conn, migration.uuid, expected=[MigrationStatus.FINISHED], new=status
-        )
-        if swapped is None:
-            raise _Changed()
-        if not confirming:
-            # From now on the copy the migration started from is the server's again: the
-            # revert removes the destination's.
-            await instances.set_copy_token(conn, instance.uuid, swapped.source_token)
-        await instance_actions.start(conn, ctx, instance.uuid, action)
-        return True
-
-    try:
-        recorded = await in_transaction(pool, record, what=f"{action} of {instance.uuid}")
-    except _Changed:
-        recorded = False
+    recorded = await move_requests.record_end(pool, ctx, migration, confirming=confirming)
     if not recorded:
         raise ConflictingRequest(
             f"Cannot '{action}' instance {instance.uuid}: its state changed; try again"
@@ -505,7 +474,10 @@ async def finish_resize(
         action,
         instance.uuid,
         migration.uuid,
-        extra={"instance_uuid": str(instance.uuid), "decision": f"migration_{status}"},
+        extra={
+            "instance_uuid": str(instance.uuid),
+            "decision": f"migration_{'confirming' if confirming else 'reverting'}",
+        },
     )
 
 

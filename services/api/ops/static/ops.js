@@ -220,6 +220,34 @@
     refresh();
   }
 
+  async function drain(host) {
+    const answer = await ask({
+      title: `Drain ${host.host}?`,
+      text:
+        `The host is disabled first, then each of its ${host.servers} server(s) is moved to ` +
+        "another host, at most 2 at once, by cold migration: keel has no live migration " +
+        "yet, so each server is shut down, moved and started again. The conductors carry " +
+        "the drain out; its progress shows under Host tasks, and the host stays disabled " +
+        "once it is empty.",
+      ok: "Drain",
+    });
+    if (!answer.confirmed) return;
+    try {
+      const started = await post(`/ops/api/hosts/${host.uuid}/drain`, {
+        parallel: 2,
+        cold_fallback: true,
+      });
+      record(
+        `${host.host}: ${started.new ? "drain started" : "already draining"} (host task ${started.number})`,
+        true
+      );
+    } catch (error) {
+      if (error instanceof SessionEnded) return endSession();
+      record(`${host.host}: drain refused: ${error.message}`, false);
+    }
+    refresh();
+  }
+
   // --- rendering -----------------------------------------------------------------------
 
   const STATE_CLASS = {
@@ -304,7 +332,8 @@
         a.force_up
           ? actionButton(host, "force-up", "Force up", true, forceUp)
           : actionButton(host, "force-down", "Force down", a.force_down, forceDown),
-        actionButton(host, "evacuate", "Evacuate", a.evacuate, evacuate)
+        actionButton(host, "evacuate", "Evacuate", a.evacuate, evacuate),
+        actionButton(host, "drain", "Drain", a.drain, drain)
       )
     );
   }
@@ -358,6 +387,63 @@
 
   function renderMoves(data) {
     fill("moves", data.moves.map(moveRow), "No move in flight.", 7);
+  }
+
+  function taskRows(task) {
+    const c = task.counts;
+    const finished = c.moved + c.failed + c.skipped;
+    const bar = el("progress", {
+      max: String(Math.max(task.total, 1)),
+      value: String(finished),
+      "aria-label": `host task ${task.number}: ${finished} of ${task.total} servers done`,
+    });
+    const deadline =
+      task.status !== "running"
+        ? "ended"
+        : task.deadline_in < 0
+          ? "passed"
+          : `in ${duration(task.deadline_in)}`;
+    const rows = [
+      el(
+        "tr",
+        { "data-task": task.number, "data-status": task.status },
+        el("th", { scope: "row", text: `${task.number}: ${task.kind}` }),
+        el("td", { text: task.host }),
+        el("td", {}, el("span", { class: `badge task-${task.status}`, text: task.status })),
+        el("td", {}, bar, ` ${c.moved}/${task.total} moved`),
+        el("td", { text: String(c.moving) }),
+        el("td", { text: String(c.failed) }),
+        el("td", { text: deadline }),
+        el("td", { text: task.message || "" })
+      ),
+    ];
+    if (task.items.length) {
+      const servers = task.items.map((item) =>
+        el(
+          "li",
+          { "data-server": item.server_id, "data-status": item.status },
+          `${item.name || shortId(item.server_id)}: ${item.status}` +
+            (item.dest ? ` → ${item.dest}` : "") +
+            (item.message && item.status !== "moved" ? ` (${item.message})` : "")
+        )
+      );
+      rows.push(
+        el(
+          "tr",
+          { class: "servers" },
+          el(
+            "td",
+            { colspan: 8 },
+            el("ul", { "aria-label": `Servers of host task ${task.number}` }, ...servers)
+          )
+        )
+      );
+    }
+    return rows;
+  }
+
+  function renderHostTasks(data) {
+    fill("host-tasks", data.tasks.flatMap(taskRows), "No host task yet.", 8);
   }
 
   function renderVersions(data) {
@@ -426,9 +512,10 @@
   }
 
   async function poll() {
-    const [hosts, moves, versions, events] = await Promise.all([
+    const [hosts, moves, tasks, versions, events] = await Promise.all([
       getJSON("/ops/api/hosts"),
       getJSON("/ops/api/moves"),
+      getJSON("/ops/api/host-tasks"),
       getJSON("/ops/api/versions"),
       getJSON("/ops/api/events"),
     ]);
@@ -441,6 +528,7 @@
     keepingFocus(() => {
       renderHosts(hosts, servers);
       renderMoves(moves);
+      renderHostTasks(tasks);
       renderVersions(versions);
       renderEvents(events);
     });

@@ -134,7 +134,9 @@ async def test_hosts_show_every_state_with_why_and_what_may_be_done(
         "force_down": True,
         "force_up": False,
         "evacuate": False,
+        "drain": True,
     }
+    assert shown["cut"]["actions"]["drain"] is False, "a host that is down is not drained"
     assert shown["gone"]["actions"]["evacuate"] is True
     assert shown["forced"]["actions"]["force_up"] is True
 
@@ -257,6 +259,48 @@ async def test_an_evacuation_whose_cast_fails_is_withdrawn_and_can_be_asked_agai
     again = await evacuate(client, server)
     assert again.status_code == 202, again.text
     assert await records_of(db_pool, server) == ["error", "accepted"]
+
+
+async def test_drain_starts_one_host_task_whose_progress_the_page_shows(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, fleet: dict[str, str]
+) -> None:
+    host = (await hosts(client))["alive"]
+    live_only = await client.post(f"/ops/api/hosts/{host['uuid']}/drain", headers=ADMIN, json={})
+    assert live_only.status_code == 400
+    assert "Live migration is not available" in live_only.json()["badRequest"]["message"]
+    bad = await client.post(
+        f"/ops/api/hosts/{host['uuid']}/drain", headers=ADMIN, json={"parallel": "many"}
+    )
+    assert bad.status_code == 400
+
+    body = {"parallel": 2, "cold_fallback": True}
+    twice = await asyncio.gather(
+        *(
+            client.post(f"/ops/api/hosts/{host['uuid']}/drain", headers=ADMIN, json=body)
+            for _ in range(2)
+        )
+    )
+
+    assert sorted(answer.status_code for answer in twice) == [200, 202]
+    assert len({answer.json()["task"] for answer in twice}) == 1
+    shown = (await hosts(client))["alive"]
+    assert shown["host_task"] == twice[0].json()["number"]
+    assert shown["actions"]["drain"] is False
+    progress = await client.get("/ops/api/host-tasks", headers=ADMIN)
+    assert progress.status_code == 200
+    (task,) = progress.json()["tasks"]
+    assert (task["kind"], task["host"], task["status"], task["parallel"]) == (
+        "drain",
+        "alive",
+        "running",
+        2,
+    )
+    assert task["deadline_in"] > 3500
+    down = (await hosts(client))["cut"]
+    await agent_left(db_pool, "cut", silent=DOWN + 1)
+    refused = await client.post(f"/ops/api/hosts/{down['uuid']}/drain", headers=ADMIN, json=body)
+    assert refused.status_code == 409
+    assert "is down" in refused.json()["conflictingRequest"]["message"]
 
 
 async def test_versions_say_what_an_upgrade_waits_for(
