@@ -127,8 +127,8 @@ class Metrics:
         from every keel-api of a deployment: aggregate them with ``max``)."""
         self.compute_hosts = Gauge(
             "keel_compute_hosts",
-            "Compute hosts by state: up, down, fenced (down past its agent's self-fence "
-            "window), forced_down",
+            "Compute hosts by state: up, down, fenced (silent past its fence's lease and the "
+            "margin), forced_down",
             ["state"],
             registry=self.registry,
         )

@@ -2,7 +2,7 @@
 
 With ``KEEL_METRICS_BIND`` set, keel-api counts, every ``KEEL_REPORT_INTERVAL`` seconds,
 what the operator's page shows: compute hosts by state (by the same rule as the page and
-``evacuate``: :mod:`shared.fencing`) and disabled, live servers by status, moves not yet
+``evacuate``: :mod:`shared.host_fencing`) and disabled, live servers by status, moves not yet
 ended, and moves that ended in the last hour. Every keel-api of a deployment reports the
 same figures: aggregate them with ``max``, not ``sum``. Label sets that no longer apply
 are dropped at each refresh, so a state nothing is in reads as absent, not stale.

@@ -5,7 +5,7 @@ With ``KEEL_RECOVERY__AUTO_EVACUATE`` at ``tagged`` (servers whose metadata has
 periodically. A pass:
 
 1. lists the compute hosts and decides which are **fenced** — forced down, or silent
-   past their agent's self-fence window (:mod:`shared.host_fencing`, the rule ``evacuate``
+   past their fence's lease and the margin (:mod:`shared.host_fencing`, the rule ``evacuate``
    follows too) — and sets the ``keel_hosts_fenced`` gauge;
 2. refuses every host of an availability zone in which more than
    ``KEEL_RECOVERY__MAX_DOWN_FRACTION`` of the compute hosts are down: that many hosts

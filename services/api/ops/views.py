@@ -42,7 +42,8 @@ class HostView(BaseModel):
     uuid: UUID
     host: str
     zone: str | None
-    #: ``up``, ``down``, ``forced down`` or ``fenced`` (down past its self-fence window).
+    #: ``up``, ``down``, ``forced down`` or ``fenced`` (silent past its fence's lease and
+    #: the margin).
     state: str
     up: bool
     disabled: bool

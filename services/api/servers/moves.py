@@ -7,7 +7,7 @@ One workflow with two kinds (:data:`~shared.objects.migration.EVACUATION` and
    or for an evacuation also ERROR: 409 otherwise), the RPC caps (a deployment with a
    conductor or compute service too old for the move: 409 naming them, nothing
    written) and the source: an **evacuation** needs the server's host *fenced*
-   (:mod:`shared.fencing`: forced down, or silent past its agent's self-fence window;
+   (:mod:`shared.host_fencing`: forced down, or silent past its fence's lease and the margin;
    400 ``Compute service of <host> is still in use.`` while it is up, and 400 naming
    the seconds left, or what to do, while it is down but not fenced), a **cold
    migration** needs it *up* (409). A named

@@ -123,8 +123,10 @@ async def add_host(pool: asyncpg.Pool, host: str, *, silent: float, forced: bool
             conn, host=host, binary="keel-compute", topic="compute", version=1, down_time=10
         )
         await conn.execute(
-            """UPDATE services SET version = $2, self_fence_after = 20, forced_down = $3,
-                      disabled = $3, last_seen_up = now() - make_interval(secs => $4)
+            """UPDATE services
+                  SET version = $2, self_fence_after = 20, fence_lease = 20,
+                      forced_down = $3, disabled = $3,
+                      last_seen_up = now() - make_interval(secs => $4)
                 WHERE id = $1""",
             service.id,
             SERVICE_VERSION,
@@ -150,7 +152,7 @@ async def test_fleet_gauges_count_hosts_servers_and_moves(
 ) -> None:
     await add_host(db_pool, "up", silent=0)
     await add_host(db_pool, "down", silent=15)
-    await add_host(db_pool, "fenced", silent=10 + 20 + 30 + 1)
+    await add_host(db_pool, "fenced", silent=20 + 30 + 1)  # its lease + the margin
     await add_host(db_pool, "forced", silent=0, forced=True)
     building = await create_instance(db_pool)
     metrics = Metrics()
