@@ -20,7 +20,7 @@ answer:
   here, or unknown, or a failed move left it): it is never destroyed; it is shut down,
   logged and recorded as orphaned (``keel-manage compute orphans``).
 
-What decides each fate is :mod:`services.conductor.moves.guests` (its table).
+What decides each fate is :mod:`services.conductor.guests.verdicts` (its table).
 
 Every guest removed is logged with the record that authorised it. A guest is never
 removed because a host field looks different.

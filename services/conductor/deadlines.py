@@ -4,7 +4,7 @@ Every conductor runs this sweep periodically; several sweep safely at once, beca
 each thing a sweep ends is ended by a compare-and-swap (or rows locked and skipped by
 the others), so one of them wins and the rest find it done. A pass:
 
-* **builds** past ``KEEL_BUILD_TIMEOUT`` (:mod:`services.conductor.build_deadline`):
+* **builds** past ``KEEL_BUILD_TIMEOUT`` (:mod:`services.conductor.builds.deadline`):
   ERROR, claims released;
 * **moves** ``accepted`` or ``pre-migrating`` past ``KEEL_MOVE_TIMEOUT``
   (:mod:`services.conductor.moves.deadline`): record ``error``, the move's claim
@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor.build_deadline import BuildDeadline
+from services.conductor.builds.deadline import BuildDeadline
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.held import HeldMoves
 from services.conductor.moves.sweep import MigrationSweep

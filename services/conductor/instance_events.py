@@ -14,6 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
+from services.conductor.builds.task import CREATE_ACTION
 from services.conductor.rpcapi import (
     BuildCheck,
     BuildVerdict,
@@ -24,7 +25,6 @@ from services.conductor.rpcapi import (
     RequestTaken,
     TakeRequest,
 )
-from services.conductor.tasks.build import CREATE_ACTION
 from shared import copy_tokens
 from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, placement
 from shared.db.pool import Connection

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor.agent_guard import AgentGuard
+from services.conductor.agent_authorisation import AgentGuard
 from services.conductor.boot_images import BootImages
 from services.conductor.deadlines import Deadlines
 from services.conductor.host_tasks.sweep import HostTasks

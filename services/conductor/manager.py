@@ -14,7 +14,9 @@ import asyncpg
 from services.compute.rpcapi import ComputeAPI
 from services.conductor import instance_events
 from services.conductor.boot_images import BootImages
-from services.conductor.moves import arrival, endings, guests
+from services.conductor.builds.task import BuildInstanceTask
+from services.conductor.guests import verdicts as guests
+from services.conductor.moves import arrival, endings
 from services.conductor.moves.task import MoveTask
 from services.conductor.registration import ComputeRegistry
 from services.conductor.rpcapi import (
@@ -42,7 +44,6 @@ from services.conductor.rpcapi import (
     ServiceHeartbeat,
     TakeRequest,
 )
-from services.conductor.tasks.build import BuildInstanceTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.faults import FaultPoints

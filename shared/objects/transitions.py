@@ -64,7 +64,7 @@ def _instance_transitions() -> set[tuple[State, State]]:
     # A server's recorded power state follows what its host reports when no task is under
     # way (README, "Every state has a deadline": a guest that stopped by itself — its
     # host crashed, or fenced itself while cut off — or a stop or start whose task was
-    # cleared; services/conductor/moves/guests.py _follow_power).
+    # cleared; services/conductor/guests/verdicts.py _follow_power).
     add(("active", None), ("stopped", None))
     add(("stopped", None), ("active", None))
     # A hard reboot may replace a soft one in progress (Nova's rule).

@@ -7,7 +7,7 @@ credentials do too; and since RabbitMQ checks every message's AMQP ``user_id`` a
 connection's user, a receiver knows for certain which agent sent a message
 (:func:`service_of`). What it may then ask is checked by the receiver: the conductor
 answers an agent only about its own service, nodes, instances and migrations
-(:mod:`services.conductor.agent_guard`); the scheduler and other agents take nothing from
+(:mod:`services.conductor.agent_authorisation`); the scheduler and other agents take nothing from
 an agent at all.
 
 The broker itself limits an agent user to (:func:`permissions`):

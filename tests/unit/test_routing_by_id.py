@@ -55,7 +55,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("services/conductor/registration.py", "_record_node"): (
         "noticing that a node's hypervisor host name changed, to log old → new"
     ),
-    ("services/conductor/agent_guard.py", "AgentGuard.host"): (
+    ("services/conductor/agent_authorisation.py", "AgentGuard.host"): (
         "the host an agent's credentials were issued for, compared with the host it says it "
         "is before it registers (identity, not routing)"
     ),

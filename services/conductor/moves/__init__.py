@@ -13,9 +13,9 @@ instance action. From there:
 * :mod:`~services.conductor.moves.endings` ends it: a cold migration confirmed (the
   source's copy removed) or reverted (the destination's copy removed), an evacuation
   confirmed by its returning source (``completed``);
-* :mod:`~services.conductor.moves.guests` decides, from the server's whole move history,
-  what each guest an agent reports is to become: the only place a copy is ever
-  condemned;
+* :mod:`services.conductor.guests` (a room of its own, beside this one) decides, from
+  the server's whole move history, what each guest an agent reports is to become: the
+  only place a copy is ever condemned;
 * :mod:`~services.conductor.moves.sweep` gives every state a deadline: auto-confirm,
   stalled confirms and reverts, moves past ``KEEL_MOVE_TIMEOUT``.
 

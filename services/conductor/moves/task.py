@@ -47,7 +47,7 @@ from services.compute.rpcapi import (
 from services.conductor.boot_images import BootImages
 from services.conductor.guest_data import guest_data
 from services.conductor.moves import held
-from services.conductor.tasks import TaskBase
+from services.conductor.workflow import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared import host_fencing
 from shared.context import RequestContext

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from services.compute.rpcapi import ComputeAPI, RebuildInstance, StopInstance
-from services.conductor.build_deadline import BuildDeadline
+from services.conductor.builds.deadline import BuildDeadline
 from services.conductor.deadlines import TaskDeadline
 from services.conductor.moves import arrival
 from services.conductor.moves.deadline import MoveDeadline

@@ -37,7 +37,7 @@ them (release 18 and later): a guest carrying the server's current copy token is
 removed, whatever a row above says (it is kept, and an evacuation's source copy is kept
 shut down); and on the server's own node (R3) a guest carrying any other token is not
 the server's copy: it is kept, shut down, as an orphan.
-The unit tests (``tests/unit/services/conductor/moves/test_guests.py``) have a case per
+The unit tests (``tests/unit/services/conductor/guests/test_verdicts.py``) have a case per
 row.
 
 The report's ``to_confirm`` lists the evacuations away from N that are ``done`` and

@@ -18,7 +18,7 @@ import logging
 
 import asyncpg
 
-from services.conductor.tasks.build import CREATE_ACTION
+from services.conductor.builds.task import CREATE_ACTION
 from shared.db import allocations, instance_actions, instances
 
 LOG = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor.tasks import TaskBase
+from services.conductor.workflow import TaskBase
 from shared.exceptions import KeelError, MessagingTimeout, NoValidHost
 
 

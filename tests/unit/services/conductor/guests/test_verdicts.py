@@ -1,6 +1,6 @@
 """What a guest an agent reports is to become, from its instance and its moves.
 
-One case (at least) per row of the table in :mod:`services.conductor.moves.guests`.
+One case (at least) per row of the table in :mod:`services.conductor.guests.verdicts`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.conductor.moves.guests import guest_verdict, step_down
+from services.conductor.guests.verdicts import guest_verdict, step_down
 from services.conductor.rpcapi import GuestFate
 from shared.objects.migration import Migration, MigrationStatus, MigrationType
 

@@ -31,7 +31,7 @@ import asyncpg
 from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.boot_images import BootImages
 from services.conductor.guest_data import guest_data
-from services.conductor.tasks import TaskBase
+from services.conductor.workflow import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
 from shared.db import allocations, fixed_ips, instance_actions, instances, placement, request_specs
