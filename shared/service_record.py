@@ -14,9 +14,17 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import asyncpg
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from shared.config import Settings
 from shared.db import services
+from shared.db.errors import describe, is_unavailable
 from shared.db.pool import create_pool
 from shared.exceptions import ServiceNotFound
 from shared.metrics import Metrics
@@ -96,6 +104,33 @@ class ServiceRecord:
                 await services.heartbeat(conn, service.uuid, self.version)
 
 
+async def _until_the_database_answers(record: ServiceRecord, within: float) -> None:
+    """Check and register, again while the database cannot be reached (a restart or a
+    failover under way), for ``within`` seconds: a service that starts during a moment's
+    outage waits it out instead of exiting."""
+
+    def log(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        LOG.warning(
+            "cannot register yet (attempt %d, %.0fs so far): %s; trying again",
+            state.attempt_number,
+            state.seconds_since_start or 0.0,
+            describe(error) if error is not None else "?",
+        )
+
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(is_unavailable),
+        stop=stop_after_delay(within),
+        # Short waits: an outage that ends is noticed within two seconds.
+        wait=wait_random_exponential(multiplier=0.2, max=2.0),
+        before_sleep=log,
+        reraise=True,
+    ):
+        with attempt:
+            await record.check()
+            await record.register()
+
+
 @asynccontextmanager
 async def connected(
     settings: Settings, metrics: Metrics | None = None
@@ -134,8 +169,7 @@ async def serve_until_stopped(
     is told to send work to a service before it can take it.
     """
     settings = record.settings
-    await record.check()
-    await record.register()
+    await _until_the_database_answers(record, settings.database.connect_timeout)
     tasks: list[asyncio.Task[None]] = []
     try:
         await server.start(prefetch=settings.rpc.prefetch)

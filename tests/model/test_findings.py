@@ -442,3 +442,22 @@ def test_finding_20_a_hard_reboot_is_never_a_server_error(m: KeelMachine) -> Non
     s.deliver_all()
     assert m.state_of(0)[0] == "active"
     m.teardown()  # I0: no 5xx but 503
+
+
+def test_finding_21_a_conductor_started_during_a_database_outage_waits_it_out(
+    m: KeelMachine,
+) -> None:
+    """Finding 21 (found by the search in CI): keel-conductor, started again while its
+    database could not be reached, exited at its first query; nobody took the builds
+    queued for it. A service starting during an outage waits for the database."""
+    s = Steps(m)
+    s.database_outage(count=4, who="conductor")
+    kills = m.w.conductor.kills
+    s.kill_control("conductor")
+    s.start_control("conductor")
+    s.create()
+    s.deliver_all()
+    assert m.w.conductor.alive, "keel-conductor exited instead of waiting"
+    assert m.w.conductor.kills == kills + 1, "keel-conductor exited, and started again"
+    assert m.state_of(0)[0] == "active"
+    m.teardown()  # I4: everything drains

@@ -397,9 +397,19 @@ class World:
             lifecycle.stopping.set()
 
         process.on_kill = end
-        process.spawn(
+        task = process.spawn(
             main(self._service_settings("control"), lifecycle, process.db, process.rpc), "main"
         )
+
+        def exited(done: asyncio.Task[None]) -> None:
+            # A main that ends by itself is a process that exits: its supervisor starts
+            # it again (the settling does).
+            if done.cancelled() or not process.alive:
+                return
+            LOG.warning("%s exited: %r", process.name, done.exception())
+            self.rt.kill(process)
+
+        task.add_done_callback(exited)
         if settle:
             await self.rt.idle()
 
