@@ -66,6 +66,9 @@ History:
 * 21 (``thimble``) — guests people can use: compute 1.11 (the instance a build or rebuild
   carries gains what its config drive and the metadata service tell the guest: project,
   zone, launch index, key pair, ``config_drive``, and its networks' ranges).
+* 22 (``uphaul``) — late moves build nothing: conductor 1.13 (``check_move``: a
+  destination asks whether the move still waits for its copy there before it builds
+  one, and again after, as a build asks ``check_build``).
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.9", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.10", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.11", conductor="1.12", scheduler="1.3"),
+    ReleaseApis(compute="1.11", conductor="1.13", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -145,6 +149,7 @@ RELEASE_NAMES: dict[str, int] = {
     "rivet": 19,
     "sheave": 20,
     "thimble": 21,
+    "uphaul": 22,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -10,7 +10,8 @@ A build message may arrive late: redelivered after the instance was deleted, or 
 the build deadline gave up on it. So the agent asks the conductor whether the build is
 still wanted on this node before it creates the guest and again after, and removes what
 it created if the answer changed (``check_build``; a conductor too old to answer is
-taken as a yes).
+taken as a yes). A move's rebuild asks the same of its move (``check_move``): delivered
+after the move deadline ended the move, it builds nothing.
 """
 
 from __future__ import annotations
@@ -387,6 +388,8 @@ class ComputeManager:
                     extra=_extra(spec.uuid),
                 )
             else:
+                if not await self._move_waits(ctx, req, "before building"):
+                    return
                 try:
                     await self._driver.rebuild(spec, source_disk=req.source_disk)
                     if req.powered_off:
@@ -397,6 +400,9 @@ class ComputeManager:
                 except Exception as exc:
                     message = f"{type(exc).__name__}: {exc}"
                     LOG.exception("rebuild of %s failed unexpectedly", spec.uuid)
+                if message is None and not await self._move_waits(ctx, req, "after building"):
+                    await self._discard(spec.uuid, "its move ended while the copy was built")
+                    return
             if message is not None:
                 LOG.warning(
                     "rebuild of guest %s for move %s failed: %s",
@@ -417,6 +423,25 @@ class ComputeManager:
                 extra=_extra(spec.uuid),
             )
             await self._conductor.move_result(ctx, req.migration_uuid, success=True)
+
+    async def _move_waits(self, ctx: RequestContext, req: RebuildInstance, when: str) -> bool:
+        """Whether the move still waits for its copy here (a conductor too old to say: yes).
+
+        A rebuild may be delivered late, after the move deadline ended the move and the
+        source's copy was started again: building then would make a second running copy.
+        """
+        check = await self._conductor.check_move(ctx, req.migration_uuid, self._node_uuid)
+        if check is None or check.verdict is BuildVerdict.BUILD:
+            return True
+        LOG.info(
+            "not building guest %s for move %s (checked %s): %s",
+            req.instance.uuid,
+            req.migration_uuid,
+            when,
+            check.reason,
+            extra={**_extra(req.instance.uuid), "decision": f"move_{check.verdict.value}"},
+        )
+        return False
 
     async def _resize_in_place(self, ctx: RequestContext, req: RebuildInstance) -> None:
         """A resize on this, the guest's own, host: the existing guest (shut down for the

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from services.conductor.rpcapi import (
     CheckBuild,
+    CheckMove,
     CopyRemoved,
     EvacuationConfirmed,
     InstanceActionResult,
@@ -192,7 +193,7 @@ async def _move(guard: AgentGuard, service: UUID, req: BaseModel) -> str | None:
 
 
 async def _move_at_node(guard: AgentGuard, service: UUID, req: BaseModel) -> str | None:
-    assert isinstance(req, EvacuationConfirmed | CopyRemoved)
+    assert isinstance(req, EvacuationConfirmed | CopyRemoved | CheckMove)
     return await guard.owns_nodes(service, req.compute_node_uuid) or await guard.owns_move(
         service, req.migration_uuid, req.compute_node_uuid
     )
@@ -208,6 +209,7 @@ _CHECKS: dict[str, Check] = {
     "instance_deleted": _instance,
     "take_request": _instance,
     "check_build": _node,
+    "check_move": _move_at_node,
     "report_guests": _node,
     "move_result": _move,
     "evacuation_confirmed": _move_at_node,

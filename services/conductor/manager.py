@@ -23,6 +23,7 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildInstances,
     CheckBuild,
+    CheckMove,
     ComputeResolution,
     ConfirmMigration,
     CopyRemoved,
@@ -152,6 +153,9 @@ class ConductorManager:
             fence_margin=self._fence_margin,
         )
         await task.run()
+
+    async def check_move(self, ctx: RequestContext, req: CheckMove) -> BuildCheck:
+        return await arrival.check_move(self._pool, req)
 
     async def move_result(self, ctx: RequestContext, req: MoveResult) -> None:
         await arrival.record_move_result(self._pool, self._compute, req, self._service_down_time)

@@ -36,6 +36,9 @@ Conductor RPC API history:
   token of the guest the agent already has (``guest``), instance_build_result the token
   of the guest it built (``built``), report_guests each guest's token (``tokens``); each
   is compared with the server's current copy's token.
+* 1.13 — check_move (call): whether a move still waits for its copy on the asking
+  destination, asked before the copy is built and again after (a rebuild delivered late,
+  after the move deadline ended the move, builds nothing).
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ FENCE_LEASE_VERSION = "1.12"
 #: The conductor RPC version whose build checks, build results and guest reports carry
 #: copy tokens.
 TOKEN_VERSION = "1.12"
+#: check_move: a destination asks before and after it builds a move's copy.
+CHECK_MOVE_VERSION = "1.13"
 
 
 class BuildInstances(KeelModel):
@@ -193,6 +198,14 @@ class CheckBuild(KeelModel):
     #: The token of the guest the agent already has for the instance (1.12); absent if
     #: it has none, or from an older agent.
     guest: CopyToken | None = None
+
+
+class CheckMove(KeelModel):
+    """Does move ``migration_uuid`` still wait for its copy on ``compute_node_uuid``?"""
+
+    migration_uuid: UUID
+    #: The node of the agent asking.
+    compute_node_uuid: UUID
 
 
 class BuildVerdict(StrEnum):
@@ -490,6 +503,18 @@ class ConductorAPI:
         )
         return await self.client.call(
             ctx, "check_build", req, version=version, returns=BuildCheck, idempotent=True
+        )
+
+    async def check_move(
+        self, ctx: RequestContext, migration_uuid: UUID, compute_node_uuid: UUID
+    ) -> BuildCheck | None:
+        """Whether the move still waits for its copy on this node; ``None`` while the cap
+        is below :data:`CHECK_MOVE_VERSION` (a conductor of an older release cannot say)."""
+        if not await self.client.can_send_version(CHECK_MOVE_VERSION):
+            return None
+        req = CheckMove(migration_uuid=migration_uuid, compute_node_uuid=compute_node_uuid)
+        return await self.client.call(
+            ctx, "check_move", req, version=CHECK_MOVE_VERSION, returns=BuildCheck, idempotent=True
         )
 
     async def take_request(self, ctx: RequestContext, instance_uuid: UUID) -> bool:

@@ -461,3 +461,23 @@ def test_finding_21_a_conductor_started_during_a_database_outage_waits_it_out(
     assert m.w.conductor.kills == kills + 1, "keel-conductor exited, and started again"
     assert m.state_of(0)[0] == "active"
     m.teardown()  # I4: everything drains
+
+
+def test_finding_22_a_migration_rebuild_delivered_after_its_deadline_builds_nothing(
+    m: KeelMachine,
+) -> None:
+    """Finding 22 (the randomized partition run's two copies): the rebuild of a cold
+    migration reached B only after the move deadline had ended the move and started the
+    source's copy again; B built a second running copy. B now asks first."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.migrate(0, to=B)
+    assert s.deliver_named("migrate_instance")  # the rebuild to B is held
+    s.advance(3601.0)
+    s.sweep()  # the deadline: back on A, running
+    assert m.state_of(0) == ("active", None, "host0")
+    assert s.deliver_named("rebuild_instance", B)  # I2: never a copy on B beside A's
+    s.deliver_all()
+    assert m.state_of(0) == ("active", None, "host0")
+    m.teardown()

@@ -13,6 +13,11 @@ transaction that locks the instance, then the record, then the claims
 * **failure**: the record is ``failed``, the migration's claim released, the instance in
   ERROR on its source with the agent's message.
 
+Before the destination builds a copy, and again once it has, it asks whether the move
+still waits for that copy there (``check_move``): a rebuild delivered after the move was
+ended (its deadline passed, the server deleted) builds nothing, and a copy built while
+the move ended is removed at once, before anything starts the source's copy again.
+
 A result that finds the record no longer ``pre-migrating`` is a repeat or arrived late:
 the move was ended meanwhile (the server was deleted, the move deadline passed). If the
 destination built a copy for a move that will not have it — the server is deleted, or a
@@ -29,11 +34,11 @@ from enum import Enum
 import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
-from services.conductor.rpcapi import MoveResult
+from services.conductor.rpcapi import BuildCheck, BuildVerdict, CheckMove, MoveResult
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.db.pool import Connection
-from shared.exceptions import ComputeNodeNotFound
+from shared.exceptions import ComputeNodeNotFound, NotFound
 from shared.objects.migration import (
     EVACUATION,
     KINDS,
@@ -59,6 +64,28 @@ class _Arrival(Enum):
     #: The instance's task was ended by someone else (an operator's reset): the record
     #: is ended as ``error`` and both copies are kept for the operator.
     ABANDONED = "abandoned"
+
+
+async def check_move(pool: asyncpg.Pool, req: CheckMove) -> BuildCheck:
+    """Whether move ``req.migration_uuid`` waits for its copy on the asking node: only a
+    move ``pre-migrating`` to that very node does."""
+    async with pool.acquire() as conn:
+        try:
+            node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
+            migration = await moves.get(conn, req.migration_uuid)
+        except (ComputeNodeNotFound, NotFound) as exc:
+            return BuildCheck(verdict=BuildVerdict.ABANDON, reason=str(exc))
+    if migration.dest_compute_id != node.id:
+        return BuildCheck(
+            verdict=BuildVerdict.LEAVE,
+            reason=f"move {migration.uuid} goes to {migration.dest_compute or 'another node'}",
+        )
+    if migration.status != MigrationStatus.PRE_MIGRATING:
+        return BuildCheck(
+            verdict=BuildVerdict.ABANDON,
+            reason=f"move {migration.uuid} is {migration.status}: it waits for no copy",
+        )
+    return BuildCheck(verdict=BuildVerdict.BUILD, reason="the move waits for its copy here")
 
 
 async def record_move_result(

@@ -223,6 +223,8 @@ async def test_moves_of_other_hosts_and_control_plane_requests_are_refused(
         )
     with pytest.raises(CallerRefused, match="is not one of its own"):
         await own.copy_removed(ctx, migration_uuid=migration_uuid, compute_node_uuid=b.node_uuid)
+    with pytest.raises(CallerRefused, match="does not involve its nodes"):
+        await own.check_move(ctx, migration_uuid, own_agent.registration.node_uuid)
     await own.move_result(ctx, migration_uuid, success=False, message="forged")
     await own.evacuate_instance(ctx, migration_uuid)
     await own.build_instances(ctx, instance_uuid)

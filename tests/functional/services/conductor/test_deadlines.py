@@ -19,7 +19,7 @@ from services.conductor.deadlines import TaskDeadline
 from services.conductor.moves import arrival
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.task import MoveTask
-from services.conductor.rpcapi import ConductorAPI, MoveResult
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI, MoveResult
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.context import RequestContext
 from shared.db import (
@@ -514,3 +514,34 @@ async def test_a_result_and_the_deadline_racing_on_one_move_never_deadlock(
             assert held == {("instance", node_a), ("migration", node_b)}
         else:
             assert held == {("instance", node_a)}
+
+
+async def test_a_destination_asks_whether_its_move_still_waits_for_the_copy(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """check_move: yes to the destination while the move is pre-migrating; no once the
+    deadline ended it (a rebuild delivered late builds nothing); not to another node."""
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "cm")
+    registration_b = await register(conductor, "cm-b")
+    await serve_stand_in(agent_transport, registration_b, Silent(conductor))
+    migration = await start_move(db_pool, conductor, MIGRATION, instance_uuid, node_a)
+    pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    async with db_pool.acquire() as conn:
+        node_a_uuid = (await compute_nodes.get_by_id(conn, node_a)).uuid
+    ctx = RequestContext.internal()
+
+    waits, elsewhere = await asyncio.gather(
+        conductor.check_move(ctx, migration.uuid, registration_b.node_uuid),
+        conductor.check_move(ctx, migration.uuid, node_a_uuid),
+    )
+    assert waits is not None
+    assert waits.verdict is BuildVerdict.BUILD
+    assert elsewhere is not None
+    assert elsewhere.verdict is BuildVerdict.LEAVE
+
+    await aged(db_pool, pending)
+    await ended_by_two_sweeps(db_pool, agent_transport, migration)
+    late = await conductor.check_move(ctx, migration.uuid, registration_b.node_uuid)
+    assert late is not None
+    assert late.verdict is BuildVerdict.ABANDON
+    assert "error" in late.reason

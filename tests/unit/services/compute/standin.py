@@ -20,6 +20,7 @@ from services.conductor.rpcapi import (
     BuildCheck,
     BuildVerdict,
     CheckBuild,
+    CheckMove,
     ComputeResolution,
     CopyRemoved,
     EvacuationConfirmed,
@@ -72,6 +73,9 @@ class StandInConductor:
         #: is taken in turn, the last one repeated.
         self.verdicts: dict[UUID, list[BuildVerdict]] = {}
         self.checks: list[CheckBuild] = []
+        #: What ``check_move`` answers per move (``build`` unless set), taken in turn.
+        self.move_verdicts: dict[UUID, list[BuildVerdict]] = {}
+        self.move_checks: list[CheckMove] = []
         #: What report_guests answers: a fate per guest (keep unless set), and the
         #: evacuations to confirm.
         self.fates: dict[UUID, GuestFate] = {}
@@ -182,6 +186,12 @@ class StandInConductor:
         await self._answer("check_build", req.instance_uuid)
         self.checks.append(req)
         answers = self.verdicts.get(req.instance_uuid, [BuildVerdict.BUILD])
+        verdict = answers.pop(0) if len(answers) > 1 else answers[0]
+        return BuildCheck(verdict=verdict, reason=f"the stand-in says {verdict.value}")
+
+    async def check_move(self, ctx: RequestContext, req: CheckMove) -> BuildCheck:
+        self.move_checks.append(req)
+        answers = self.move_verdicts.get(req.migration_uuid, [BuildVerdict.BUILD])
         verdict = answers.pop(0) if len(answers) > 1 else answers[0]
         return BuildCheck(verdict=verdict, reason=f"the stand-in says {verdict.value}")
 

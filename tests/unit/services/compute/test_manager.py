@@ -501,6 +501,35 @@ async def test_a_repeated_rebuild_for_the_same_move_reports_success_again(rig: R
     assert (rig.guest_dir(spec) / "power").read_text().strip() == "running"
 
 
+async def test_a_rebuild_the_move_no_longer_waits_for_builds_nothing(rig: Rig) -> None:
+    """A rebuild delivered after its move ended (twice, at once): no copy, no result."""
+    ctx, move = RequestContext(), uuid.uuid4()
+    spec = make_spec().model_copy(update={"origin": move})
+    rig.conductor.move_verdicts[move] = [BuildVerdict.ABANDON]
+
+    await asyncio.gather(
+        *(rig.compute.rebuild_instance(ctx, rig.service_uuid, spec, move) for _ in range(2))
+    )
+    await eventually(lambda: len(rig.conductor.move_checks) == 2)
+
+    assert not rig.guest_dir(spec).exists()
+    assert rig.conductor.move_results == []
+
+
+async def test_a_copy_built_while_its_move_ended_is_removed(rig: Rig) -> None:
+    """The move waited before the copy was built and no longer does after: it goes."""
+    ctx, move = RequestContext(), uuid.uuid4()
+    spec = make_spec().model_copy(update={"origin": move})
+    rig.conductor.move_verdicts[move] = [BuildVerdict.BUILD, BuildVerdict.ABANDON]
+
+    await rig.compute.rebuild_instance(ctx, rig.service_uuid, spec, move)
+    await eventually(lambda: len(rig.conductor.move_checks) == 2)
+    await eventually(lambda: not rig.guest_dir(spec).exists())
+
+    assert [c.migration_uuid for c in rig.conductor.move_checks] == [move, move]
+    assert rig.conductor.move_results == []
+
+
 async def test_remove_moved_guest_keeps_a_copy_another_move_made(rig: Rig) -> None:
     ctx, built_by, other = RequestContext(), uuid.uuid4(), uuid.uuid4()
     spec = make_spec().model_copy(update={"origin": built_by})
