@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tenacity
 
 from services.api.servers import publish
 from tests.model.machine import KeelMachine
-from tests.model.runtime import Loop
+from tests.model.runtime import Loop, LoopClock
 from tests.model.world import World, base_settings, scratch_pool
 
 
@@ -26,6 +27,8 @@ def model(
     # passes but what the model advances, so the pause is only a wait.
     monkeypatch.setattr(publish, "PAUSE", 0.0)
     loop = Loop()
+    # Retry windows count the model loop's time, in which skipped backoffs pass.
+    monkeypatch.setattr(tenacity, "time", LoopClock(loop.loop))
     pool = loop.run(scratch_pool(database_url))
     world = World(pool, base_settings(database_url, tmp_path), tmp_path)
     loop.run(world.prepare())

@@ -19,8 +19,11 @@ towards an activity's plan.
 
 :meth:`Runtime.idle` waits until nothing can move without the model: no database step
 in flight, no callback ready to run, no timer due soon, and every call that waits on a
-queue nobody consumes expired. Everything the model does is followed by it, so each
-step of the state machine ends in a state that depends only on the steps before it.
+queue nobody consumes expired. A sleep due soon (a retry's backoff) takes no time: the
+loop runs on a clock of its own (:class:`ModelEventLoop`), which idle() moves on to the
+sleep's end, and tenacity counts its retries' time on that clock too. Everything the
+model does is followed by it, so each step of the state machine ends in a state that
+depends only on the steps before it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -327,11 +331,11 @@ class Runtime:
     async def idle(self) -> None:
         """Until nothing moves without the model (see the module docstring)."""
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = time.monotonic()
         quiet = 0
         while True:
             await asyncio.sleep(0)
-            if loop.time() - started > STUCK_AFTER:
+            if time.monotonic() - started > STUCK_AFTER:
                 raise Stuck(f"still busy after {STUCK_AFTER}s: {self.describe_busy()}")
             if self.inflight.count:
                 quiet = 0
@@ -351,8 +355,8 @@ class Runtime:
             due = _next_timer(loop)
             if due is not None and due - loop.time() < SOON:
                 if TRACE_TIMERS and due - loop.time() > 0.05:
-                    print(f"model: waiting {due - loop.time():.2f}s for {_timer_at(loop, due)}")
-                await asyncio.sleep(max(due - loop.time(), 0) + 0.001)
+                    print(f"model: skipping {due - loop.time():.2f}s to {_timer_at(loop, due)}")
+                await _until(loop, due)
                 quiet = 0
                 continue
             if self.broker.expire_calls():
@@ -404,6 +408,44 @@ class CountingExecutor(ThreadPoolExecutor):
         return super().submit(run)
 
 
+class ModelEventLoop(asyncio.SelectorEventLoop):
+    """asyncio's event loop on a clock the model may move on (:meth:`skip`): the time a
+    sleep would have waited passes at once, and timers due by then run next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.skipped
+
+    def skip(self, seconds: float) -> None:
+        self.skipped += max(seconds, 0.0)
+
+
+class LoopClock:
+    """The ``time`` module as tenacity sees it in the model: ``monotonic`` is the model
+    loop's clock, so a retry window counts the backoffs it skipped, not the real time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def monotonic(self) -> float:
+        return self._loop.time()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+async def _until(loop: asyncio.AbstractEventLoop, due: float) -> None:
+    """Let the loop's clock reach ``due`` (at once on the model's loop)."""
+    if isinstance(loop, ModelEventLoop):
+        loop.skip(due - loop.time() + 1e-6)
+        await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(max(due - loop.time(), 0) + 0.001)
+
+
 def _ready(loop: asyncio.AbstractEventLoop) -> int:
     ready = getattr(loop, "_ready", None)
     return len(ready) if ready is not None else 0
@@ -451,7 +493,7 @@ class Loop:
     """An event loop the model runs its coroutines on, one at a time."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = ModelEventLoop()
         executor = CountingExecutor()
         self.loop.set_default_executor(executor)
         self.loop._model_executor = executor  # type: ignore[attr-defined]
