@@ -84,14 +84,17 @@ $(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
 # The functional tier also runs the model-based test (tests/model/: CI's fixed examples).
 TIER_DIRS_functional := tests/functional tests/model
 
-# The model-based test at length: MODEL_EXAMPLES examples from a new seed (or SEED=N, to
-# run a search again), then how many ran per second.
+# The model-based test at length: MODEL_EXAMPLES examples shared by MODEL_WORKERS
+# processes, each from a new seed (or one process with SEED=N, to run a search again),
+# then how many ran per second; then every crash point of the move workflows.
 MODEL_EXAMPLES ?= 5000
+MODEL_WORKERS ?= $(shell nproc)
 SEED ?=
 .PHONY: test-model
-test-model: prerequisites ## the model-based test with MODEL_EXAMPLES (5000) examples (SEED=N: again); prints examples/s
-	KEEL_MODEL_EXAMPLES=$(MODEL_EXAMPLES) KEEL_MODEL_SEED=$(SEED) $(BIN)/pytest \
-		tests/model/test_model.py tests/model/test_crash_points.py -s -q $(PYTEST_ARGS)
+test-model: prerequisites ## the model-based search: MODEL_EXAMPLES (5000) over MODEL_WORKERS processes (SEED=N: again); prints examples/s
+	$(BIN)/python -m devkit.model_search --examples $(MODEL_EXAMPLES) \
+		--workers $(MODEL_WORKERS) $(if $(SEED),--seed $(SEED)) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+	$(if $(SEED),,KEEL_MODEL_EXAMPLES=$(MODEL_EXAMPLES) $(BIN)/pytest tests/model/test_crash_points.py -q $(PYTEST_ARGS))
 
 # test-partitions: compute agents on hosts of their own (network and UTS namespaces), cut
 # off, healed and degraded for real, and a randomized run (KEEL_PARTITIONS_SECONDS: 600,
