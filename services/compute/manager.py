@@ -75,7 +75,7 @@ def tail_lines(log: bytes, count: int | None) -> bytes:
 
 
 class Gate(Protocol):
-    """Whether the agent may start guests now (:class:`~services.compute.fencing.Fencing`)."""
+    """Whether the agent may start guests now (:class:`~services.compute.contact.ContactWatch`)."""
 
     def serving(self) -> bool: ...
 
@@ -109,7 +109,7 @@ class ComputeManager:
         """Hold the guest's slot for an operation that may start it, once the agent serves.
 
         After a loss of contact the agent starts nothing before its guests are reconciled
-        (:mod:`services.compute.fencing`); the wait is outside the slot, which the
+        (:mod:`services.compute.contact`); the wait is outside the slot, which the
         reconcile itself may need, and the gate is looked at again once the slot is held.
         """
         while True:
