@@ -404,13 +404,18 @@ async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
     return True
 
 
+class NeverBuilt(Exception):
+    """The server was never built: it has no guest that could be ACTIVE."""
+
+
 async def reset_state(
     conn: Connection, instance_uuid: UUID, vm_state: VmState
 ) -> tuple[Instance, Instance] | None:
     """An admin's reset: ``vm_state`` set and the task cleared, whatever they were.
 
     Returns the row before and after (locked for the rest of the transaction); ``None``
-    if the instance is gone.
+    if the instance is gone. Raises :class:`NeverBuilt` (nothing changed) for a reset to
+    ACTIVE of a server whose build never succeeded: no guest of it exists anywhere.
     """
     before = await conn.fetchrow(
         "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL FOR UPDATE",
@@ -418,6 +423,8 @@ async def reset_state(
     )
     if before is None:
         return None
+    if vm_state == VmState.ACTIVE and before["launched_at"] is None:
+        raise NeverBuilt(str(instance_uuid))
     after = await conn.fetchrow(
         """UPDATE instances SET vm_state = $2, task_state = NULL, updated_at = now()
             WHERE uuid = $1 RETURNING *""",

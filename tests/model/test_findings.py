@@ -481,3 +481,19 @@ def test_finding_22_a_migration_rebuild_delivered_after_its_deadline_builds_noth
     s.deliver_all()
     assert m.state_of(0) == ("active", None, "host0")
     m.teardown()
+
+
+def test_finding_23_a_server_never_built_is_never_reset_to_active(m: KeelMachine) -> None:
+    """Finding 23 (found by the search, seed 3094276000): A's host crashed unnoticed; a
+    build placed there never ran and the server went to ERROR; an admin reset it to
+    ACTIVE, a server with no guest anywhere. keel-api refuses that reset (409)."""
+    s = Steps(m)
+    s.crash(A, force_down=False)
+    s.create(on=A)
+    s.deliver_all()
+    s.advance(3601.0)
+    s.sweep()
+    assert m.state_of(0) == ("error", None, "host0")
+    s.reset_state(0, "active")
+    assert ("os-resetState", 409) in m.answers
+    m.teardown()  # I2: a live server not in ERROR has its copy

@@ -8,6 +8,10 @@ and a ``resetState`` instance action is recorded, started and finished; the answ
 with no body. No agent is told: the guest is not touched, and the power state stays
 what the host last reported. A move in flight is left to its own workflow.
 
+One refusal Nova does not make: a server whose build never succeeded has no guest
+anywhere, so it is not made ACTIVE (409, nothing changed); it may be reset to ERROR, or
+deleted.
+
 Resetting is a plain write of what the admin asked, so two resets at once both succeed
 and the later one's state stays; each is logged with the states it replaced.
 """
@@ -19,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from services.api.http.faults import BadRequest, Forbidden, ItemNotFound
+from services.api.http.faults import BadRequest, ConflictingRequest, Forbidden, ItemNotFound
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
 from shared.db.pool import Connection
@@ -70,7 +74,13 @@ async def reset_state(
         await instance_actions.finish(conn, instance.uuid, INSTANCE_ACTION)
         return changed
 
-    changed = await in_transaction(pool, reset, what=f"resetting the state of {instance.uuid}")
+    try:
+        changed = await in_transaction(pool, reset, what=f"resetting the state of {instance.uuid}")
+    except instances.NeverBuilt:
+        raise ConflictingRequest(
+            f"Server {instance.uuid} was never built: no guest of it exists, so it cannot "
+            "be made active. Reset it to error, or delete it."
+        ) from None
     if changed is None:
         raise ItemNotFound(f"Instance {instance.uuid} could not be found.")
     before, _ = changed

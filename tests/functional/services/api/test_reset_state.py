@@ -38,10 +38,12 @@ async def states(pool: asyncpg.Pool, server_id: str) -> tuple[str, str | None]:
 
 
 async def stuck(pool: asyncpg.Pool, server_id: str, task: str = "powering-off") -> None:
-    """The server as a task that never ended leaves it."""
+    """The server, built once, as a task that never ended leaves it."""
     async with pool.acquire() as conn:
         await conn.execute(
-            "UPDATE instances SET vm_state = 'active', task_state = $2 WHERE uuid = $1",
+            """UPDATE instances SET vm_state = 'active', task_state = $2,
+                                    launched_at = coalesce(launched_at, now())
+                WHERE uuid = $1""",
             UUID(server_id),
             task,
         )
@@ -89,6 +91,28 @@ async def test_an_admin_resets_to_error_then_active_and_each_is_recorded(
         "resetState",
     ]
     assert await resets_recorded(db_pool, server) == ["Success", "Success"]
+
+
+async def test_a_server_never_built_is_not_made_active_but_may_be_made_error(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, conductor: Recorder
+) -> None:
+    """No guest of a server whose build never succeeded exists: ACTIVE would be a lie."""
+    await add_image(db_pool)
+    server = await create(client)
+    action = f"/v2.1/servers/{server}/action"
+
+    refused = await client.post(action, headers=ADMIN, json=reset("active"))
+    assert refused.status_code == 409, refused.text
+    assert "never built" in refused.json()["conflictingRequest"]["message"]
+    assert await states(db_pool, server) == ("building", "scheduling")
+    assert await resets_recorded(db_pool, server) == []
+
+    to_error = await client.post(action, headers=ADMIN, json=reset("error"))
+    assert to_error.status_code == 202, to_error.text
+    assert await states(db_pool, server) == ("error", None)
+    again = await client.post(action, headers=ADMIN, json=reset("active"))
+    assert again.status_code == 409, again.text
+    assert await states(db_pool, server) == ("error", None)
 
 
 async def test_a_member_is_forbidden_and_nothing_changes(
