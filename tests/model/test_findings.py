@@ -146,12 +146,17 @@ def test_finding_14_a_timed_out_evacuation_never_runs_two_copies(m: KeelMachine)
     m.teardown()
 
 
-def test_finding_15_a_build_result_never_ends_a_delete(m: KeelMachine) -> None:
+@pytest.mark.parametrize("tokens", [True, False])
+def test_finding_15_a_build_result_never_ends_a_delete(m: KeelMachine, tokens: bool) -> None:
     """Finding 15 (found by the search): the build reached A twice (a redelivery); the
     first spawn failed, the second ran the guest; the server is deleted before either
     result is recorded. The failure used to put the server in ERROR, clearing the delete's
-    task (and the success then made it ACTIVE while the delete destroyed its guest)."""
+    task (and the success then made it ACTIVE while the delete destroyed its guest).
+    Without ``tokens``, A's agents run the release before copy tokens: their results say
+    nothing of which guest they built, and the delete alone must keep them out."""
     s = Steps(m)
+    if not tokens:
+        m.restart_as(HOST_FENCE_VERSION - 1)
     s.create(on=A)
     assert s.deliver_named("build_instances")
     s.fail_next(A, "spawn")
@@ -392,6 +397,25 @@ def test_finding_17_a_host_whose_agent_died_is_never_evacuated_beside_its_guest(
     s.evacuate(0, to=B)
     s.deliver_all()
     m.teardown()  # I2: never two running copies
+
+
+def test_finding_17_a_host_forced_down_at_once_is_evacuated_once_its_lease_ran_out(
+    m: KeelMachine,
+) -> None:
+    """Finding 17, forced down at once: A's agent is killed and the operator forces A down
+    and evacuates the server straight away. A's fence still holds its lease: B builds the
+    copy only once the lease has run out and A's guest is off."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.kill_agent(A)
+    s.force_down(A, down=True)
+    s.evacuate(0, to=B)
+    s.deliver_all()  # I2: never two running copies
+    assert m.state_of(0) == ("active", "rebuilding", "host0")  # held for A's fence
+    past_the_lease(s)
+    assert m.state_of(0) == ("active", None, "host1")
+    m.teardown()
 
 
 @known.xfail_until_fixed(known.WITHDRAWN_WITHOUT_CONDUCTOR, "an agent acts on what it cannot take")

@@ -53,6 +53,7 @@ from services.compute.fence_link import FenceLink
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.main import run_conductor
 from services.conductor.rpcapi import ConductorAPI
+from services.fence.api import MemoryLeaseStore
 from services.scheduler.main import run_scheduler
 from shared.config import (
     AuthSettings,
@@ -69,7 +70,7 @@ from shared.exceptions import KeelError
 from shared.metrics import Metrics
 from shared.runtime import Lifecycle
 from shared.version_pins import Pins
-from shared.versions import SERVICE_VERSION
+from shared.versions import HOST_FENCE_VERSION, SERVICE_VERSION
 from tests.model import sweeps
 from tests.model.fences import ModelLauncher, wake_fences
 from tests.model.hosts import Host
@@ -472,9 +473,13 @@ class World:
 
         try:
             settings = self.agent_settings(host)
-            fence = FenceLink(
-                host.lease, ModelLauncher(self, host), length=settings.self_fence_after
-            )
+            if release >= HOST_FENCE_VERSION:
+                fence = FenceLink(
+                    host.lease, ModelLauncher(self, host), length=settings.self_fence_after
+                )
+            else:
+                # The releases before host fences keep none: no fence, no lease.
+                fence = FenceLink(MemoryLeaseStore(), None, length=0)
             agent = await start_agent(
                 settings,
                 process.rpc,
