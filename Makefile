@@ -1,4 +1,5 @@
-# The interface to working on keel: `make install`, `make run`, `make test`, `make lint`.
+# The interface to working on keel: `make install`, `make run`, `make test`, `make lint`,
+# `make docs`.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -41,6 +42,12 @@ lint: $(BIN)/python ## ruff (lint and format check) and mypy
 	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy $(TYPED)
 	$(BIN)/mypy tests
+
+# The operator's guide (docs/, Markdown through MyST) as HTML in .keel/docs/. Any warning
+# fails the build, a link to a missing page or heading included; nothing is fetched.
+.PHONY: docs
+docs: $(BIN)/python ## build the operator's guide (docs/) into .keel/docs/; any warning fails it
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs .keel/docs
 
 .PHONY: typecheck
 typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)

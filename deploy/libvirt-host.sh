@@ -8,7 +8,7 @@
 # /var/log/libvirt/qemu exist; and starts virtlogd and libvirtd when they are not
 # running (there may be no systemd). With --root-guests (what CI and test machines want)
 # QEMU runs guests as root, so guests can use files under any test directory; a
-# production host keeps Debian's libvirt-qemu user (see the README). Idempotent.
+# production host keeps Debian's libvirt-qemu user (see docs/libvirt.md). Idempotent.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 

@@ -120,7 +120,7 @@ class ApiSettings(_Group):
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     #: Who may read the OpenAPI document at ``/openapi.json``.
     openapi: Literal["admin", "public", "off"] = "admin"
-    #: A YAML file of policy rules overriding keel's defaults (README, "Policies").
+    #: A YAML file of policy rules overriding keel's defaults (docs/api.md, "Policies").
     policy_file: Path | None = None
 
 
@@ -393,7 +393,7 @@ def _pin(value: str) -> str:
 
 
 class UpgradeLevelSettings(_Group):
-    """How high an RPC version this process may send, per API (see README, "Operations").
+    """How high an RPC version this process may send, per API (see docs/upgrades.md).
 
     ``auto`` (the default) follows the oldest service of that binary in the deployment;
     a release name or number pins to what that release speaks; ``X.Y`` pins explicitly.
@@ -441,7 +441,7 @@ class RecoverySettings(_Group):
 
 
 class OpsSettings(_Group):
-    """The operator's page keel-api serves at ``/ops/`` (README, "The operator's page")."""
+    """The operator's page keel-api serves at ``/ops/`` (docs/ops-page.md)."""
 
     #: Seconds a login to the page lasts; the session then ends and the form is shown.
     session_lifetime: float = Field(default=28800.0, ge=60, le=7 * 86400)
@@ -501,7 +501,7 @@ class Settings(BaseSettings):
     #: confirms it on its owner's behalf; 0 never does (Nova's resize_confirm_window).
     resize_confirm_window: float = Field(default=0.0, ge=0)
     #: For tests and rehearsals only: the process kills itself (SIGKILL) on reaching this
-    #: fault-injection point (see README, "Fault injection").
+    #: fault-injection point (see docs/architecture.md, "Fault injection").
     fault_inject: str | None = None
     #: Seconds the minimum service version of each binary is cached; 0 asks every time.
     service_version_cache_ttl: float = Field(default=60.0, ge=0)

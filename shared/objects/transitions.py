@@ -5,7 +5,7 @@ state check what they are asked to write against it (:func:`require`: a transiti
 in the table is a bug, raised before anything is written), and the model-based test's
 invariant I5 checks every committed transition the database triggers recorded against
 it (``tests/model/invariants.py``). A transition missing here is either a bug in keel or
-a gap in this table: decide which from the code and the README before adding a row, and
+a gap in this table: decide which from the code and the guide (docs/) before adding a row, and
 say why in the row's comment.
 
 An instance state is ``(vm_state, task_state)``; ``None`` before it exists. A change of
@@ -62,7 +62,7 @@ def _instance_transitions() -> set[tuple[State, State]]:
             add((vm, None), (vm, task))
             add((vm, task), (success, None), (vm, None))
     # A server's recorded power state follows what its host reports when no task is under
-    # way (README, "Every state has a deadline": a guest that stopped by itself — its
+    # way (docs/repair.md, "Every state has a deadline": a guest that stopped by itself — its
     # host crashed, or fenced itself while cut off — or a stop or start whose task was
     # cleared; services/conductor/guests/verdicts.py _follow_power).
     add(("active", None), ("stopped", None))
@@ -107,7 +107,7 @@ def instance_allowed(old: State, new: State) -> bool:
         return old[0] == new[0]  # keel-api marks any live server deleting, state unchanged
     if old[1] == "deleting":
         # A delete keel-api could not send is withdrawn (a compare-and-swap while no agent
-        # took it: README, "503 means nothing will happen"): the task it replaced is back.
+        # took it: docs/repair.md, "503 that nothing will"): the task it replaced is back.
         return old[0] == new[0]
     return (old, new) in INSTANCE
 

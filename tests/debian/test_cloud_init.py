@@ -6,7 +6,7 @@ with ``--config-drive true``, one reading the metadata service), each with the k
 ``k`` and a user data script. cloud-init must run the script (its output is on the
 console) and install the key for the default user ``debian``, so SSH through the
 server's forward, as ``debian``, runs ``hostname`` and prints the server's name. Each
-step's seconds are printed (``-s``): the figures the README quotes.
+step's seconds are printed (``-s``): the figures docs/libvirt.md quotes.
 """
 
 from __future__ import annotations

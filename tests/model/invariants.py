@@ -361,7 +361,7 @@ def quiet_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
     node_host = {snap.node_ids.get(h.node_uuid): h for h in hosts if h.node_uuid}
     for move in snap.moves:
         # An evacuation away from a host deleted for good stays done: no agent is left to
-        # confirm it (the README's "a host gone for good").
+        # confirm it (docs/fencing.md, "a host that died for good").
         gone = (
             move.kind == "evacuation" and move.status == "done" and move.source in snap.gone_nodes
         )

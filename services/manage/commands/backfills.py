@@ -89,7 +89,7 @@ def report(outcomes: list[Outcome]) -> int:
             print(
                 f"{o.name}: {o.unresolved} row(s) cannot be resolved and stay unlinked: "
                 "nothing matches their names, and keel never links by guess (keel finds no "
-                'node for them; see the README, "Upgrading: online data migrations"):'
+                'node for them; see docs/upgrades.md, "Upgrading: online data migrations"):'
             )
             for example in o.examples:
                 print(f"  {example}")

@@ -101,8 +101,8 @@ async def unlinked_findings(conn: Connection) -> list[str]:
             lines = [
                 f"WARNING: {stuck} row(s) lack their link {backfill.name} and the online "
                 f"migration {backfill.name} cannot link them: nothing matches their names, "
-                'and keel never links by guess. Resolve them (see the README, "Upgrading: '
-                'online data migrations"):',
+                "and keel never links by guess. Resolve them (see docs/upgrades.md, "
+                '"Upgrading: online data migrations"):',
                 *(f"  {example}" for example in examples),
             ]
             if stuck > len(examples):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from shared.versions import (
     is_compatible,
     parse_version,
 )
+from tests.docs import page
 
 
 @pytest.mark.parametrize(
@@ -65,10 +65,10 @@ def test_unknown_service_version_is_refused(version: int) -> None:
         apis_for(version)
 
 
-def test_the_readme_lists_every_release_with_the_rpc_versions_it_speaks() -> None:
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
+def test_the_guide_lists_every_release_with_the_rpc_versions_it_speaks() -> None:
+    upgrades = page("upgrades.md")
     rows = re.findall(
-        r"^\| (\d+) `(\w+)` \| (\d+\.\d+) \| (\d+\.\d+) \| (\d+\.\d+) \|", readme, re.MULTILINE
+        r"^\| (\d+) `(\w+)` \| (\d+\.\d+) \| (\d+\.\d+) \| (\d+\.\d+) \|", upgrades, re.MULTILINE
     )
     documented = {
         int(number): (name, ReleaseApis(compute=compute, conductor=conductor, scheduler=sched))

@@ -1,8 +1,9 @@
 """Every microversion keel honours, asked for at that version and at the one below.
 
 Each case names a microversion, a probe (a request and what to observe in its answer)
-and what is observed at that version and just below it. The README's microversion
-table lists the same versions as honoured; the last test checks the two agree.
+and what is observed at that version and just below it. The guide's microversion table
+(docs/microversions.md) lists the same versions as honoured; the last test checks the two
+agree.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -25,6 +25,7 @@ from services.compute.rpcapi import GuestDiagnostics
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
+from tests.docs import page
 from tests.functional.services.api.conftest import (
     ADMIN,
     MEMBER,
@@ -36,8 +37,6 @@ from tests.functional.services.api.conftest import (
 from tests.functional.services.api.test_servers import server_body
 
 pytestmark = pytest.mark.functional
-
-README = Path(__file__).resolve().parents[4] / "README.md"
 
 
 @dataclass
@@ -443,18 +442,18 @@ async def test_network_tags_work_at_2_32_only_until_2_42(world: World) -> None:
     assert await network_tag_status(world, "2.41") == 400
 
 
-def readme_table() -> dict[str, str]:
-    """The README's microversion table: version → its status column."""
+def guide_table() -> dict[str, str]:
+    """The guide's microversion table (docs/microversions.md): version → its status column."""
     rows: dict[str, str] = {}
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in page("microversions.md").splitlines():
         match = re.match(r"^\| (2\.\d+) \| ([^|]+) \|", line)
         if match:
             rows[match[1]] = match[2].strip()
     return rows
 
 
-def test_the_readme_lists_every_microversion_and_what_is_tested_as_honoured() -> None:
-    rows = readme_table()
+def test_the_guide_lists_every_microversion_and_what_is_tested_as_honoured() -> None:
+    rows = guide_table()
     every = [f"2.{minor}" for minor in range(1, MAX_VERSION.minor + 1)]
     assert list(rows) == every
     assert set(rows.values()) <= {"honoured", "not applicable"}

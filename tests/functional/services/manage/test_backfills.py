@@ -264,7 +264,7 @@ async def test_upgrade_check_warns_while_rows_lack_their_links(release_1_url: st
     assert "written by an older release" not in after.stdout
     assert stuck in after.stdout
 
-    # As the README says: the hypervisor gets its old name back for the migration (its
+    # As docs/upgrades.md says: the hypervisor gets its old name back for the migration (its
     # agent started with it would record it), and the server of the gone host is deleted.
     conn = await asyncpg.connect(release_1_url)
     try:

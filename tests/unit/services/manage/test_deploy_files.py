@@ -1,4 +1,4 @@
-"""The operator-facing files stay true to the code: config example, compose file, README."""
+"""The operator-facing files stay true to the code: config example, compose file, the guide."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_config_example_loads_and_states_the_defaults(monkeypatch: pytest.Monkey
     assert all(info.roles for info in example.auth.tokens.values())
 
 
-@pytest.mark.parametrize("document", ["deploy/keel.toml.example", "README.md"])
+@pytest.mark.parametrize("document", ["deploy/keel.toml.example", "docs/configuration.md"])
 def test_every_setting_is_documented(document: str) -> None:
     text = (ROOT / document).read_text()
     missing = [name for name in setting_env_names() if name not in text]
