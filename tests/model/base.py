@@ -57,9 +57,11 @@ class MachineBase(RuleBasedStateMachine):
         self.steps = 0
         #: (what, status) of every API request answered, in order.
         self.answers: list[tuple[str, int]] = []
-        #: Servers whose create was answered 202; the last answer to each server's delete.
+        #: Servers whose create was answered 202.
         self.created: set[UUID] = set()
         self.creates_sent = 0
+        #: What the deletes of each server were answered: 202/204 once one was accepted,
+        #: else the last answer.
         self.deletes: dict[UUID, int] = {}
         type(self).examples += 1
 
@@ -124,7 +126,11 @@ class MachineBase(RuleBasedStateMachine):
             if what == "create" and status == 202:
                 self.created.add(UUID(response.json()["server"]["id"]))
             if what == "delete":
-                self.deletes[UUID(path.rsplit("/", 1)[1])] = status
+                server = UUID(path.rsplit("/", 1)[1])
+                # Once a delete was accepted the server must go, whatever a later delete
+                # of it answers (a 503 then says that that request did nothing).
+                if self.deletes.get(server) not in (202, 204):
+                    self.deletes[server] = status
             # 503 is an answer ("nothing will happen", checked at quiescence); 5xx else never.
             if status >= 500 and status != 503:
                 self.observer.api_errors.append(

@@ -521,3 +521,18 @@ def test_finding_23_a_server_never_built_is_never_reset_to_active(m: KeelMachine
     s.reset_state(0, "active")
     assert ("os-resetState", 409) in m.answers
     m.teardown()  # I2: a live server not in ERROR has its copy
+
+
+def test_a_delete_repeated_during_an_outage_after_one_was_accepted(m: KeelMachine) -> None:
+    """The search (seed 3614535924) flagged a server deleted although "its delete" got
+    503: the model kept only the last answer. The first delete was accepted (204: the
+    server was never placed); the second, during keel-api's database outage, answered 503
+    — nothing that request did. The server must be gone (I0 holds the accepted one)."""
+    s = Steps(m)
+    s.create()
+    s.delete(0)
+    s.database_outage(count=1, who="api")
+    s.delete(0)
+    assert [status for what, status in m.answers if what == "delete"] == [204, 503]
+    s.deliver_all()
+    m.teardown()  # I0: deleted, as its accepted delete said
