@@ -15,8 +15,9 @@ the others), so one of them wins and the rest find it done. A pass:
 * **evacuations held** for their source's fence, once its lease has run out
   (:mod:`services.conductor.moves.held`): sent on;
 * **every other task** — stop, start, reboot, delete — past ``KEEL_TASK_TIMEOUT``
-  (:class:`TaskDeadline`): the task is cleared and its instance action recorded as
-  timed out; the power state follows the agent's next guest report.
+  (:class:`TaskDeadline`): the task is cleared (a server still building goes back to its
+  build's task, which the build deadline ends) and its instance action recorded as timed
+  out; the power state follows the agent's next guest report.
 
 A deadline of 0 disables that one.
 """
@@ -64,8 +65,15 @@ class TaskDeadline:
         if self.timeout <= 0:
             return 0
         async with self.pool.acquire() as conn, conn.transaction():
+            # A server still building goes back to its build's task (a delete cut off
+            # before it reached anyone leaves the build to its own deadline), any other
+            # to none.
             rows = await conn.fetch(
-                """UPDATE instances i SET task_state = NULL, updated_at = now()
+                """UPDATE instances i
+                      SET task_state = CASE WHEN i.vm_state <> 'building' THEN NULL
+                                            WHEN i.host IS NULL THEN 'scheduling'
+                                            ELSE 'spawning' END,
+                          updated_at = now()
                      FROM (SELECT id, task_state FROM instances
                             WHERE task_state = ANY($1::text[]) AND deleted_at IS NULL
                               AND updated_at < now() - make_interval(secs => $2)
@@ -141,11 +149,13 @@ class Deadlines:
     async def sweep(self) -> int:
         """One pass over every deadline; how many things it ended or drove on."""
         done = 0
+        # Tasks first: a delete that timed out on a server still building hands the server
+        # back to its build, whose deadline this same pass may then end.
         steps: list[tuple[str, Callable[[], Awaitable[int]]]] = [
+            ("task", self.tasks.sweep),
             ("build", self.build.sweep),
             ("move", self.moves.sweep),
             ("migration", self.endings.sweep),
-            ("task", self.tasks.sweep),
         ]
         if self.held is not None:
             steps.append(("held evacuation", self.held.sweep))

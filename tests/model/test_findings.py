@@ -13,7 +13,7 @@ import pytest
 from shared.versions import HOST_FENCE_VERSION, TAKING_REQUESTS_VERSION
 from tests.model import known
 from tests.model.machine import KeelMachine
-from tests.model.script import LEASE_RUNS_OUT, A, B, Steps, past_the_lease
+from tests.model.script import LEASE_RUNS_OUT, A, B, C, Steps, past_the_lease
 from tests.model.world import BIG_FLAVOR
 
 pytestmark = pytest.mark.functional
@@ -536,3 +536,22 @@ def test_a_delete_repeated_during_an_outage_after_one_was_accepted(m: KeelMachin
     assert [status for what, status in m.answers if what == "delete"] == [204, 503]
     s.deliver_all()
     m.teardown()  # I0: deleted, as its accepted delete said
+
+
+def test_finding_24_a_delete_cut_off_on_a_building_server_leaves_the_build_to_its_deadline(
+    m: KeelMachine,
+) -> None:
+    """Finding 24 (found by the search, seed 2588669048): C's agent is dead, so its build
+    waits; a delete of the server is cut off (keel-api killed) after marking it deleting.
+    The task deadline cleared the delete to no task at all: the server stayed BUILD with
+    nothing to end it (or, a pass later, went from building/none to ERROR, a transition
+    outside the table). It now goes back to its build's task, and the build deadline
+    ends it in the same pass."""
+    s = Steps(m)
+    s.kill_agent(C)
+    s.create(on=C)
+    s.deliver_all()
+    assert m.state_of(0) == ("building", "spawning", "host2")
+    s.delete(0, plan={"kill_at": 8})
+    assert m.state_of(0) == ("building", "deleting", "host2")
+    m.teardown()  # I4: nothing left building; I5: every transition in the table

@@ -15,12 +15,13 @@ import pytest
 
 from services.compute.rpcapi import ComputeAPI, RebuildInstance, StopInstance
 from services.conductor.builds.deadline import BuildDeadline
-from services.conductor.deadlines import TaskDeadline
+from services.conductor.deadlines import Deadlines, TaskDeadline
 from services.conductor.moves import arrival
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.task import MoveTask
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, MoveResult
 from services.scheduler.rpcapi import SchedulerAPI, Selection
+from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import (
     allocations,
@@ -35,6 +36,7 @@ from shared.objects.instance import Instance
 from shared.objects.migration import EVACUATION, MIGRATION, Migration, MigrationStatus, MoveKind
 from shared.objects.states import PowerState, TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
+from shared.rpc.fake import FakeTransport
 from tests.functional.services.conductor.conftest import SOON
 from tests.functional.services.conductor.stand_in import (
     create_instance,
@@ -316,6 +318,44 @@ async def test_a_power_task_past_its_deadline_is_cleared_once_by_two_sweeps(
     assert action is not None
     assert action["finish_time"] is not None
     assert "timed out" in action["message"]
+
+
+@pytest.mark.parametrize("placed", [False, True])
+async def test_a_delete_timed_out_on_a_building_server_hands_it_back_to_its_build(
+    db_pool: asyncpg.Pool, placed: bool
+) -> None:
+    """A delete cut off before it reached anyone, on a server still building: one pass of
+    the deadlines gives it back its build's task and, the build being overdue too, ends
+    the build in ERROR; two more passes at once change nothing."""
+    instance_uuid = await create_instance(db_pool)
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE instances SET task_state = 'deleting', host = $2,
+                                    created_at = now() - interval '2 hours',
+                                    updated_at = now() - interval '1 hour'
+                WHERE uuid = $1""",
+            instance_uuid,
+            "dl-building" if placed else None,
+        )
+        await instance_actions.start(conn, RequestContext(), instance_uuid, "delete")
+    settings = Settings(build_timeout=600, task_timeout=600, move_timeout=0)
+    compute = ComputeAPI(FakeTransport(), timeout=SOON)
+
+    assert await Deadlines(db_pool, compute, settings).sweep() == 2
+    again = await asyncio.gather(*(Deadlines(db_pool, compute, settings).sweep() for _ in range(2)))
+    assert again == [0, 0]
+
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+        changes = await conn.fetchval(
+            "SELECT count(*) FROM instance_actions WHERE instance_uuid = $1 AND "
+            "finish_time IS NOT NULL AND action IN ('create', 'delete')",
+            instance_uuid,
+        )
+    assert (instance.vm_state, instance.task_state) == (VmState.ERROR, None)
+    assert instance.fault is not None
+    assert "KEEL_BUILD_TIMEOUT" in instance.fault.message
+    assert changes == 2
 
 
 async def test_a_host_gone_for_good_is_deleted_after_its_servers_were_evacuated(
