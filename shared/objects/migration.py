@@ -73,6 +73,9 @@ class Migration(KeelModel):
     #: An evacuation waiting until then for its source's fence (see
     #: :mod:`services.conductor.moves.held`).
     held_until: datetime | None = None
+    #: When the source's agent reported the evacuated guest shut down, keeping it so
+    #: (:func:`services.conductor.guests.verdicts.report_guests`).
+    source_off_at: datetime | None = None
     #: The token of the copy the move started from: what a revert makes current again.
     source_token: UUID | None = None
 

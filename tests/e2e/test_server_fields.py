@@ -108,7 +108,10 @@ def test_zones_statistics_and_old_service_routes_through_the_cli(cloud: Cloud) -
         "--disable-reason", "maintenance", host, "keel-compute", as_json=False,
     )  # fmt: skip
     listed = cloud.openstack("compute", "service", "list", "--long", "--host", host)
-    assert [(s["Status"], s["Disabled Reason"]) for s in listed] == [("disabled", "maintenance")]
+    # The reason as the operator gave it, then whether the host's fence is armed.
+    assert [(s["Status"], s["Disabled Reason"]) for s in listed] == [
+        ("disabled", "maintenance; fence armed, lease 10s")
+    ]
     cloud.openstack(
         "--os-compute-api-version", "2.52", "compute", "service", "set", "--enable", host,
         "keel-compute", as_json=False,

@@ -229,6 +229,39 @@ async def _settle_evacuations(conn: Connection, node_id: int) -> list[GuestVerdi
     return to_confirm
 
 
+async def _evacuated_guests_off(
+    conn: Connection, verdicts: list[GuestVerdict], power: dict[UUID, PowerState]
+) -> None:
+    """The source's agent is back and reports the guest of an evacuation still under way
+    shut down — it keeps such a guest off, never starting it (``evacuating``): the
+    evacuation waits for the host's fence no longer (its agent renews the lease now)."""
+    for verdict in verdicts:
+        if verdict.fate is not GuestFate.EVACUATING or verdict.migration_uuid is None:
+            continue
+        if power.get(verdict.instance_uuid) is not PowerState.SHUTDOWN:
+            continue
+        released = await conn.fetchval(
+            """UPDATE migrations SET source_off_at = now(),
+                                     held_until = CASE WHEN held_until IS NULL THEN NULL
+                                                       ELSE now() END
+                WHERE uuid = $1 AND status = 'pre-migrating' AND source_off_at IS NULL
+            RETURNING uuid""",
+            verdict.migration_uuid,
+        )
+        if released is not None:
+            LOG.info(
+                "the source of evacuation %s reports server %s's guest shut down and keeps "
+                "it so: the evacuation no longer waits for its fence",
+                verdict.migration_uuid,
+                verdict.instance_uuid,
+                extra={
+                    "instance_uuid": str(verdict.instance_uuid),
+                    "migration_uuid": str(verdict.migration_uuid),
+                    "decision": "evacuation_source_off",
+                },
+            )
+
+
 async def _follow_power(
     conn: Connection, guests: list[UUID], power: dict[UUID, PowerState], quiet_for: float
 ) -> None:
@@ -292,6 +325,7 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
             if v.fate is GuestFate.KEEP and v.migration_uuid is None
         ]
         await _follow_power(conn, kept_here, req.power, down_time)
+        await _evacuated_guests_off(conn, verdicts, req.power)
         to_confirm = await _settle_evacuations(conn, node.id)
         await orphans.report(
             conn,

@@ -14,7 +14,9 @@ Every conductor sends a held evacuation on once ``held_until`` has passed
 fence afresh (holding again if the source's lease was renewed meanwhile — its agent is
 alive) before it asks the destination to build.
 A held move is never held past its own deadline (``KEEL_MOVE_TIMEOUT``), which ends it
-as it ends any move.
+as it ends any move. Nor past the moment the source's agent, alive again (and renewing
+the lease), reports the guest shut down: it keeps the guest of an evacuation under way
+off and never starts it, so the move is sent on then (``source_off_at``).
 """
 
 from __future__ import annotations

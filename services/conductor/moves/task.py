@@ -170,8 +170,11 @@ class MoveTask(TaskBase):
 
     async def _held_for_the_source(self, migration: Migration) -> bool:
         """Hold an evacuation while the source's guests may still run (its fence's lease
-        runs on); True if held. A source that no longer exists holds nothing."""
+        runs on); True if held. A source that no longer exists holds nothing, nor one
+        whose agent came back and reported the guest shut down (it keeps it off)."""
         assert migration.source_compute_id is not None
+        if migration.source_off_at is not None:
+            return False
         async with self.pool.acquire() as conn:
             try:
                 source = await compute_nodes.host_state_by_id(
