@@ -15,11 +15,11 @@ import asyncpg
 import pytest
 
 from services.conductor.moves.held import HeldMoves
-from services.conductor.rpcapi import ConductorAPI
+from services.conductor.rpcapi import ConductorAPI, GuestFate
 from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances, moves
 from shared.objects.migration import EVACUATION, Migration, MigrationStatus, MigrationType
-from shared.objects.states import TaskState, VmState
+from shared.objects.states import PowerState, TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from tests.functional.services.conductor.stand_in import (
     create_instance,
@@ -143,3 +143,45 @@ async def test_a_source_whose_agent_still_renews_its_lease_holds_its_evacuation(
     again = await eventually(held_again)
     assert again.status == MigrationStatus.PRE_MIGRATING
     assert agent_b.rebuilt == []
+
+
+async def test_a_source_back_reporting_the_guest_off_releases_its_evacuation(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Forced down, its agent back and renewing the lease: its guest report (twice at
+    once) shows the evacuated guest running, which holds; then shut down (the agent keeps
+    an evacuating guest off), which sends the evacuation on, and it is not held again."""
+    reg_a, _ = await host(conductor, agent_transport, "back-a")
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    await until_active(db_pool, instance_uuid)
+    _, agent_b = await host(conductor, agent_transport, "back-b")
+    await forced_down(db_pool, "back-a", silent=0.5)
+    migration = await evacuation(db_pool, instance_uuid, reg_a.node_uuid)
+    await conductor.evacuate_instance(RequestContext(), migration.uuid)
+    await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    ctx = RequestContext.internal()
+
+    running = await conductor.report_guests(
+        ctx, reg_a.node_uuid, [instance_uuid], power={instance_uuid: PowerState.RUNNING}
+    )
+    assert running is not None
+    assert [v.fate for v in running.verdicts] == [GuestFate.EVACUATING]
+    async with db_pool.acquire() as conn:
+        assert (await moves.get(conn, migration.uuid)).source_off_at is None
+
+    off = {instance_uuid: PowerState.SHUTDOWN}
+    await asyncio.gather(
+        *(conductor.report_guests(ctx, reg_a.node_uuid, [instance_uuid], power=off) for _ in "ab")
+    )
+    await forced_down(db_pool, "back-a", silent=0.5)  # its heartbeats renew the lease
+    await HeldMoves(db_pool, ConductorAPI(agent_transport, timeout=20)).sweep()
+
+    async def rebuilt_on_b() -> bool | None:
+        return True if agent_b.rebuilt == [instance_uuid] else None
+
+    await eventually(rebuilt_on_b)
+    async with db_pool.acquire() as conn:
+        released = await moves.get(conn, migration.uuid)
+    assert released.source_off_at is not None
+    assert released.held_until is None
