@@ -99,13 +99,27 @@ class Hosts:
             await self.until_up(name)
 
     async def until_up(self, name: str, *, up: bool = True, timeout: float = SETTLE) -> None:
+        """Until the agent is up (and its last heartbeat reported its host's fence armed:
+        only then may a cut host count as fenced), or down."""
+
         async def check() -> bool:
             process = self.cloud.processes.get(name)
             if up and process is not None and process.exit_code() is not None:
                 raise AssertionError(f"agent {name} exited:\n{process.tail()}")
-            return (("keel-compute", name) in await self.cloud.up_services()) == up
+            if (("keel-compute", name) in await self.cloud.up_services()) != up:
+                return False
+            return not up or await self.fence_armed(name)
 
         await wait_until(check, what=f"{name} {'up' if up else 'down'}", timeout=timeout)
+
+    async def fence_armed(self, name: str) -> bool:
+        async with self.cloud.pool.acquire() as conn:
+            lease = await conn.fetchval(
+                """SELECT fence_lease FROM services
+                    WHERE host = $1 AND "binary" = 'keel-compute' AND deleted_at IS NULL""",
+                name,
+            )
+        return bool(lease)
 
     def cut(self, *names: str) -> None:
         self.partitions.cut(self.nets[n] for n in names)
