@@ -555,3 +555,20 @@ def test_finding_24_a_delete_cut_off_on_a_building_server_leaves_the_build_to_it
     s.delete(0, plan={"kill_at": 8})
     assert m.state_of(0) == ("building", "deleting", "host2")
     m.teardown()  # I4: nothing left building; I5: every transition in the table
+
+
+@pytest.mark.parametrize("k", range(5, 12))
+def test_finding_25_a_create_answered_503_leaves_no_server(m: KeelMachine, k: int) -> None:
+    """Finding 25 (found by the search, seed 1740033742): every attempt at a create's cast
+    went out unconfirmed, and keel-api's database went away meanwhile (paused at step k).
+    Withdrawing the server, or reading the RPC pins for the next attempt, failed: 503,
+    though the server was recorded and its build delivered. A create keel-api cannot
+    withdraw is now accepted (202); one no conductor got ends in ERROR by its deadline."""
+    s = Steps(m)
+    for _ in range(3):
+        s.cast_fails("api", delivered=True)
+    s.create(plan={"pause_at": k})
+    s.database_outage(count=2, who="api")
+    s.resume(0)
+    s.deliver_all()
+    m.teardown()  # I0: servers exist only for creates answered 202 (or not answered)

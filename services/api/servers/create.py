@@ -10,7 +10,10 @@ If that cast cannot be sent (no conductor queue on the broker, or the broker is
 unreachable) the request fails with 503 and the server is soft-deleted again, its
 action closed with the reason: the client sees a clear error, retries when the
 conductor is back, and no half-created server is left for anyone to clean up. A
-conductor that still receives the message finds the instance deleted and drops it.
+conductor that still receives the message finds the instance deleted and drops it. If
+the database cannot be reached to withdraw it either, the server is accepted (202): the
+message may have gone out, so a 503 could not promise that nothing happened; a build no
+conductor received ends in ERROR by the build deadline.
 
 The connection to PostgreSQL may also drop while the transaction commits: the client
 gets a 503, but the server may have been recorded all the same. Its UUID was chosen
@@ -475,9 +478,41 @@ async def _hand_over(
         raise ConflictingRequest(exc.message) from None
     except MessagingError as exc:  # unroutable: no conductor queue, nothing delivered
         failed = exc
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        # The database went away between the attempts (the RPC pins are read from it):
+        # an earlier attempt may have gone out. The server is recorded: it is accepted.
+        LOG.warning(
+            "the build of server %s could not be sent for certain (%s); the server is "
+            "accepted: its build goes on if a conductor got it, else the build deadline "
+            "puts it in ERROR",
+            instance.uuid,
+            describe(exc),
+            extra=extra,
+        )
+        return
     if failed is not None:
         reason = f"keel-conductor could not be reached: {failed.message}"
-        if await _withdraw(pool, instance, reason):
+        try:
+            was_withdrawn = await _withdraw(pool, instance, reason)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            # The message may have gone out, and the server cannot be withdrawn now: a 503
+            # would say nothing happened. It stays, accepted: built if a conductor got it,
+            # else put in ERROR by the build deadline.
+            LOG.warning(
+                "the build of server %s could not be confirmed sent (%s), and the server "
+                "could not be withdrawn (%s): it is accepted; its build goes on if a "
+                "conductor got it, else the build deadline puts it in ERROR",
+                instance.uuid,
+                failed.message,
+                describe(exc),
+                extra=extra,
+            )
+            return
+        if was_withdrawn:
             # The request is refused: withdraw its other servers too, unless a
             # conductor already placed them (those go on).
             for other in batch:
