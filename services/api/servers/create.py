@@ -482,15 +482,8 @@ async def _hand_over(
         if not is_unavailable(exc):
             raise
         # The database went away between the attempts (the RPC pins are read from it):
-        # an earlier attempt may have gone out. The server is recorded: it is accepted.
-        LOG.warning(
-            "the build of server %s could not be sent for certain (%s); the server is "
-            "accepted: its build goes on if a conductor got it, else the build deadline "
-            "puts it in ERROR",
-            instance.uuid,
-            describe(exc),
-            extra=extra,
-        )
+        # an earlier attempt may have gone out.
+        _accepted_unsure(instance, f"it could not be sent for certain ({describe(exc)})")
         return
     if failed is not None:
         reason = f"keel-conductor could not be reached: {failed.message}"
@@ -499,17 +492,11 @@ async def _hand_over(
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
-            # The message may have gone out, and the server cannot be withdrawn now: a 503
-            # would say nothing happened. It stays, accepted: built if a conductor got it,
-            # else put in ERROR by the build deadline.
-            LOG.warning(
-                "the build of server %s could not be confirmed sent (%s), and the server "
-                "could not be withdrawn (%s): it is accepted; its build goes on if a "
-                "conductor got it, else the build deadline puts it in ERROR",
-                instance.uuid,
-                failed.message,
-                describe(exc),
-                extra=extra,
+            # The message may have gone out, and the server cannot be withdrawn now.
+            _accepted_unsure(
+                instance,
+                f"it could not be confirmed sent ({failed.message}) nor the server "
+                f"withdrawn ({describe(exc)})",
             )
             return
         if was_withdrawn:
@@ -530,6 +517,19 @@ async def _hand_over(
             failed.message,
             extra=extra,
         )
+
+
+def _accepted_unsure(instance: Instance, why: str) -> None:
+    """The server is recorded and its build may have gone out: a 503 would say nothing
+    happened, so it is accepted; built if a conductor got the message, else put in ERROR
+    by the build deadline."""
+    LOG.warning(
+        "the build of server %s: %s; the server is accepted: its build goes on if a "
+        "conductor got it, else the build deadline puts it in ERROR",
+        instance.uuid,
+        why,
+        extra={"instance_uuid": str(instance.uuid), "decision": "create_accepted_unsure"},
+    )
 
 
 def _conductor_too_old(cap: str) -> ConflictingRequest:
