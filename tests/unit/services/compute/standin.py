@@ -76,6 +76,8 @@ class StandInConductor:
         #: What ``check_move`` answers per move (``build`` unless set), taken in turn.
         self.move_verdicts: dict[UUID, list[BuildVerdict]] = {}
         self.move_checks: list[CheckMove] = []
+        #: Set, the next ``check_move`` fails as a conductor whose database is down does.
+        self.move_check_fails = False
         #: What report_guests answers: a fate per guest (keep unless set), and the
         #: evacuations to confirm.
         self.fates: dict[UUID, GuestFate] = {}
@@ -191,6 +193,9 @@ class StandInConductor:
 
     async def check_move(self, ctx: RequestContext, req: CheckMove) -> BuildCheck:
         self.move_checks.append(req)
+        if self.move_check_fails:
+            self.move_check_fails = False
+            raise TransientError("the database cannot be reached (test)")
         answers = self.move_verdicts.get(req.migration_uuid, [BuildVerdict.BUILD])
         verdict = answers.pop(0) if len(answers) > 1 else answers[0]
         return BuildCheck(verdict=verdict, reason=f"the stand-in says {verdict.value}")

@@ -530,6 +530,21 @@ async def test_a_copy_built_while_its_move_ended_is_removed(rig: Rig) -> None:
     assert rig.conductor.move_results == []
 
 
+async def test_a_move_check_that_fails_once_is_asked_again_and_the_copy_built(rig: Rig) -> None:
+    """The conductor cannot answer check_move once: the rebuild goes back to its queue and,
+    delivered again, builds the copy and reports it once."""
+    ctx, move = RequestContext(), uuid.uuid4()
+    spec = make_spec().model_copy(update={"origin": move})
+    rig.conductor.move_check_fails = True
+
+    await rig.compute.rebuild_instance(ctx, rig.service_uuid, spec, move)
+    await eventually(lambda: len(rig.conductor.move_results) == 1)
+
+    assert len(rig.conductor.move_checks) == 3  # failed, then before and after building
+    assert [r.success for r in rig.conductor.move_results] == [True]
+    assert (rig.guest_dir(spec) / "power").read_text().strip() == "running"
+
+
 async def test_remove_moved_guest_keeps_a_copy_another_move_made(rig: Rig) -> None:
     ctx, built_by, other = RequestContext(), uuid.uuid4(), uuid.uuid4()
     spec = make_spec().model_copy(update={"origin": built_by})
