@@ -26,6 +26,8 @@ POINTS: dict[str, str] = {
     "(pre-migrating); the rebuild is not sent",
     "compute.rebuild.after_spawn": "the moved guest exists on its destination; the "
     "conductor was not told",
+    "compute.rebuild_guest.destroyed": "a rebuild removed the server's old guest; the new "
+    "one is not made",
     "conductor.confirm.after_remove": "the source's copy of a confirmed cold migration is "
     "removed; the record is still confirming and both claims are held",
 }

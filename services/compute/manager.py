@@ -39,6 +39,7 @@ from services.compute.rpcapi import (
     PrepareMigration,
     RebootInstance,
     RebootType,
+    RebuildGuest,
     RebuildInstance,
     RemoveMovedGuest,
     StartInstance,
@@ -284,7 +285,66 @@ class ComputeManager:
 
         await self._power(ctx, req.instance_uuid, PowerAction.REBOOT, reboot, starts=True)
 
-    async def _taken(self, ctx: RequestContext, instance_uuid: UUID, what: str) -> bool:
+    async def rebuild_guest(self, ctx: RequestContext, req: RebuildGuest) -> None:
+        """The ``rebuild`` action: make the server's guest here again from a new image.
+
+        Taken only while that rebuild is under way on this node: a delivery after it
+        ended (or after the server left this host) changes nothing. Repeated while under
+        way, it makes the guest again; the result ends the task once.
+        """
+        spec = req.instance
+        async with self._may_start(spec.uuid, "rebuild in place"):
+            if not await self._taken(
+                ctx, spec.uuid, "rebuild", task="rebuild_spawning", node=self._node_uuid
+            ):
+                return
+            message: str | None = None
+            try:
+                if spec.uuid in await self._driver.list_instances():
+                    await self._driver.destroy(spec.uuid)
+                self._faults.reached("compute.rebuild_guest.destroyed")
+                await self._driver.spawn(spec)
+                if req.powered_off:
+                    await self._driver.power_off(spec.uuid)
+            except KeelError as exc:
+                message = exc.message
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                LOG.exception("rebuild of guest %s failed unexpectedly", spec.uuid)
+            if message is not None:
+                LOG.warning(
+                    "rebuild of guest %s from image %s failed: %s",
+                    spec.uuid,
+                    spec.image_ref,
+                    message,
+                    extra=_extra(spec.uuid),
+                )
+                await self._discard(spec.uuid, "its rebuild failed")
+            else:
+                LOG.info(
+                    "guest %s rebuilt from image %s%s",
+                    spec.uuid,
+                    spec.image_ref,
+                    " (left shut down)" if req.powered_off else "",
+                    extra=_extra(spec.uuid),
+                )
+            await self._conductor.instance_action_result(
+                ctx,
+                spec.uuid,
+                PowerAction.REBUILD,
+                success=message is None,
+                message=message or "",
+            )
+
+    async def _taken(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        what: str,
+        *,
+        task: str | None = None,
+        node: UUID | None = None,
+    ) -> bool:
         """Take keel-api's request before acting on it; False if keel-api withdrew it.
 
         keel-api withdraws a request whose message it could not confirm sent, and
@@ -298,7 +358,9 @@ class ComputeManager:
         told = False
         while True:
             try:
-                taken = await self._conductor.take_request(ctx, instance_uuid)
+                taken = await self._conductor.take_request(
+                    ctx, instance_uuid, task=task, node_uuid=node
+                )
                 break
             except MessagingError as exc:
                 if not is_transient(exc):

@@ -43,6 +43,9 @@ Compute RPC API history:
   (the key pair's public key) and ``config_drive`` (the user asked for one), and each
   of its ``addresses`` its network's ``cidr``. Left out for an older agent, which builds
   guests without them.
+* 1.12 — rebuild_guest (cast): make the server's guest again on this, its own, host,
+  from the image its spec names (the ``rebuild`` action), and leave it shut down if the
+  server was.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ SINCE: dict[str, str] = {
     "resume_instance": "1.8",
     "get_host_uptime": "1.8",
     "get_instance_diagnostics": "1.10",
+    "rebuild_guest": "1.12",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
@@ -242,6 +246,14 @@ class RebuildInstance(KeelModel):
     #: A resize on this, the guest's own, host (1.9): give the existing guest the spec's
     #: flavor in place instead of building a copy.
     in_place: bool = False
+
+
+class RebuildGuest(KeelModel):
+    """Make the server's guest again on this, its own, host from ``instance.image_ref``."""
+
+    instance: InstanceSpec
+    #: Leave the new guest shut down (the server was SHUTOFF, and stays so).
+    powered_off: bool = False
 
 
 class PrepareMigration(KeelModel):
@@ -430,6 +442,12 @@ class ComputeAPI:
         if prefer is not None and await client.can_send_version(prefer):
             version = prefer
         await client.cast(ctx, method, req, version=version, exclude=exclude)
+
+    async def rebuild_guest(
+        self, ctx: RequestContext, service_uuid: UUID, spec: InstanceSpec, *, powered_off: bool
+    ) -> None:
+        req = RebuildGuest(instance=spec, powered_off=powered_off)
+        await self._cast_since(ctx, service_uuid, "rebuild_guest", req)
 
     async def stop_instance(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID

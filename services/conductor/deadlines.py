@@ -14,10 +14,11 @@ the others), so one of them wins and the rest find it done. A pass:
   again) (:mod:`services.conductor.moves.sweep`);
 * **evacuations held** for their source's fence, once its lease has run out
   (:mod:`services.conductor.moves.held`): sent on;
-* **every other task** — stop, start, reboot, delete — past ``KEEL_TASK_TIMEOUT``
-  (:class:`TaskDeadline`): the task is cleared (a server still building goes back to its
-  build's task, which the build deadline ends) and its instance action recorded as timed
-  out; the power state follows the agent's next guest report.
+* **every other task** — stop, start, reboot, delete, rebuild — past
+  ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a server still
+  building goes back to its build's task, which the build deadline ends; a rebuild ends
+  in ERROR) and its instance action recorded as timed out; the power state follows the
+  agent's next guest report.
 
 A deadline of 0 disables that one.
 """
@@ -51,6 +52,7 @@ TASK_ACTIONS: dict[TaskState, str] = {
     TaskState.REBOOTING: "reboot",
     TaskState.REBOOTING_HARD: "reboot",
     TaskState.DELETING: "delete",
+    TaskState.REBUILD_SPAWNING: "rebuild",
 }
 
 
@@ -67,12 +69,15 @@ class TaskDeadline:
         async with self.pool.acquire() as conn, conn.transaction():
             # A server still building goes back to its build's task (a delete cut off
             # before it reached anyone leaves the build to its own deadline), any other
-            # to none.
+            # to none; a rebuild that did not finish is ERROR (its old guest may be gone,
+            # its new one not made).
             rows = await conn.fetch(
                 """UPDATE instances i
                       SET task_state = CASE WHEN i.vm_state <> 'building' THEN NULL
                                             WHEN i.host IS NULL THEN 'scheduling'
                                             ELSE 'spawning' END,
+                          vm_state = CASE WHEN old.task_state = 'rebuild_spawning'
+                                          THEN 'error' ELSE i.vm_state END,
                           updated_at = now()
                      FROM (SELECT id, task_state FROM instances
                             WHERE task_state = ANY($1::text[]) AND deleted_at IS NULL

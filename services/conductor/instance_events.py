@@ -26,7 +26,15 @@ from services.conductor.rpcapi import (
     TakeRequest,
 )
 from shared import copy_tokens
-from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, placement
+from shared.db import (
+    allocations,
+    compute_nodes,
+    fixed_ips,
+    instance_actions,
+    instances,
+    placement,
+    rebuilds,
+)
 from shared.db.pool import Connection
 from shared.objects.instance import Instance
 from shared.objects.states import PowerState, TaskState, VmState
@@ -236,7 +244,26 @@ async def take_request(pool: asyncpg.Pool, req: TakeRequest) -> RequestTaken:
     the withdrawal on the request's record (``instance_actions.take``).
     """
     async with pool.acquire() as conn:
-        proceed = await instance_actions.take(conn, req.instance_uuid, req.request_id)
+        if req.task is not None and req.node_uuid is not None:
+            proceed = await instance_actions.take_current(
+                conn, req.instance_uuid, req.request_id, req.task, req.node_uuid
+            )
+            if not proceed:
+                LOG.info(
+                    "request %s on instance %s is not taken: its %s is no longer under way "
+                    "on node %s (ended, withdrawn, or the instance is elsewhere)",
+                    req.request_id,
+                    req.instance_uuid,
+                    req.task,
+                    req.node_uuid,
+                    extra={
+                        "instance_uuid": str(req.instance_uuid),
+                        "decision": "request_not_current",
+                    },
+                )
+                return RequestTaken(proceed=False)
+        else:
+            proceed = await instance_actions.take(conn, req.instance_uuid, req.request_id)
     if not proceed:
         LOG.warning(
             "request %s on instance %s was withdrawn by keel-api (it answered 503): its "
@@ -256,6 +283,9 @@ async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) ->
     instance deleted meanwhile, changes nothing. A failure leaves the instance as it was
     (its vm state unchanged), with the reason on its action record.
     """
+    if req.action is PowerAction.REBUILD:
+        await _record_rebuild_result(pool, req)
+        return
     tasks, vm_state, power_state = _POWER_OUTCOMES[req.action]
     extra = {"instance_uuid": str(req.instance_uuid)}
     async with pool.acquire() as conn, conn.transaction():
@@ -282,4 +312,39 @@ async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) ->
     else:
         LOG.warning(
             "instance %s: %s failed: %s", req.instance_uuid, req.action, req.message, extra=extra
+        )
+
+
+async def _record_rebuild_result(pool: asyncpg.Pool, req: InstanceActionResult) -> None:
+    """End a rebuild as the agent reports it went: a SHUTOFF server stays SHUTOFF, any
+    other becomes ACTIVE; a failed rebuild is ERROR (its old guest is gone), with the
+    reason as its fault. A compare-and-swap on the task: repeated, it changes nothing."""
+    extra = {"instance_uuid": str(req.instance_uuid)}
+    async with pool.acquire() as conn, conn.transaction():
+        done = await rebuilds.end(conn, req.instance_uuid, success=req.success, message=req.message)
+        if done is None:
+            LOG.info(
+                "ignoring the rebuild result for instance %s: it is no longer rebuilding "
+                "(already handled)",
+                req.instance_uuid,
+                extra=extra,
+            )
+            return
+        await instance_actions.finish(
+            conn, req.instance_uuid, req.action.value, None if req.success else req.message
+        )
+    if req.success:
+        LOG.info(
+            "instance %s rebuilt from image %s: %s",
+            req.instance_uuid,
+            done.image_ref,
+            done.vm_state,
+            extra={**extra, "decision": "rebuilt"},
+        )
+    else:
+        LOG.warning(
+            "instance %s is in ERROR: its rebuild failed: %s",
+            req.instance_uuid,
+            req.message,
+            extra={**extra, "decision": "rebuild_failed"},
         )

@@ -39,6 +39,10 @@ Conductor RPC API history:
 * 1.13 — check_move (call): whether a move still waits for its copy on the asking
   destination, asked before the copy is built and again after (a rebuild delivered late,
   after the move deadline ended the move, builds nothing).
+* 1.14 — instance_action_result may report ``rebuild`` (sent at 1.14 only for it);
+  take_request may carry ``task`` and ``node_uuid``: take the request only while the
+  task it began is still under way and the instance is on that node (a rebuild
+  delivered again after it ended, or to a host the server has left, does nothing).
 """
 
 from __future__ import annotations
@@ -226,6 +230,8 @@ class PowerAction(StrEnum):
     UNPAUSE = "unpause"
     SUSPEND = "suspend"
     RESUME = "resume"
+    #: From conductor RPC 1.14.
+    REBUILD = "rebuild"
 
 
 #: The conductor RPC version that takes each action's result.
@@ -240,7 +246,10 @@ ACTION_RESULT_SINCE: dict[PowerAction, str] = {
             PowerAction.RESUME,
         )
     },
+    PowerAction.REBUILD: "1.14",
 }
+#: The conductor RPC version whose take_request may name the task and node (1.14).
+TAKE_CURRENT_VERSION = "1.14"
 
 
 class InstanceActionResult(KeelModel):
@@ -261,6 +270,18 @@ class TakeRequest(KeelModel):
 
     instance_uuid: UUID
     request_id: str
+    #: Take it only while the instance is in this task, on this node, and the request
+    #: has not ended (1.14; sent only when set).
+    task: str | None = None
+    node_uuid: UUID | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self.task is None:
+            data.pop("task", None)
+            data.pop("node_uuid", None)
+        return data
 
 
 class RequestTaken(KeelModel):
@@ -517,18 +538,36 @@ class ConductorAPI:
             ctx, "check_move", req, version=CHECK_MOVE_VERSION, returns=BuildCheck, idempotent=True
         )
 
-    async def take_request(self, ctx: RequestContext, instance_uuid: UUID) -> bool:
+    async def take_request(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        *,
+        task: str | None = None,
+        node_uuid: UUID | None = None,
+    ) -> bool:
         """Take the request ``ctx`` carries before acting on the instance; False if keel-api
-        withdrew it. True without asking while the conductor cap is below
+        withdrew it (or, with ``task``, if that task ended or the instance is not on
+        ``node_uuid``). True without asking while the conductor cap is below
         :data:`TAKE_VERSION` (a conductor of an older release cannot say)."""
         if not await self.client.can_send_version(TAKE_VERSION):
             return True
-        req = TakeRequest(instance_uuid=instance_uuid, request_id=ctx.request_id)
+        version = TAKE_VERSION
+        if task is not None:
+            if not await self.client.can_send_version(TAKE_CURRENT_VERSION):
+                raise ServiceTooOld(
+                    f"taking a request for task {task} needs conductor RPC "
+                    f"{TAKE_CURRENT_VERSION}; the cap is {await self.client.cap()}"
+                )
+            version = TAKE_CURRENT_VERSION
+        req = TakeRequest(
+            instance_uuid=instance_uuid, request_id=ctx.request_id, task=task, node_uuid=node_uuid
+        )
         answer = await self.client.call(
             ctx,
             "take_request",
             req,
-            version=TAKE_VERSION,
+            version=version,
             returns=RequestTaken,
             idempotent=True,
             timeout=min(TAKE_TIMEOUT, self.client.timeout),

@@ -29,6 +29,9 @@ class TaskState(StrEnum):
     REBOOTING_HARD = "rebooting_hard"
     #: An evacuation: the instance is rebuilt on another host.
     REBUILDING = "rebuilding"
+    #: A rebuild (``rebuild`` action): the guest is made again from a new image, on its
+    #: own host (status REBUILD, as an evacuation's).
+    REBUILD_SPAWNING = "rebuild_spawning"
     #: A cold migration: preparing, then copying to the destination.
     RESIZE_PREP = "resize_prep"
     RESIZE_MIGRATING = "resize_migrating"

@@ -76,6 +76,14 @@ def _instance_transitions() -> set[tuple[State, State]]:
         add((vm, None), (vm, "rebuilding"))
         add((vm, "rebuilding"), ("active" if vm != "stopped" else "stopped", None))
         add((vm, "rebuilding"), ("error", None), (vm, None))
+    # Rebuild (services/api/servers/rebuild.py): from ACTIVE, SHUTOFF or ERROR; done
+    # (SHUTOFF stays SHUTOFF, as in Nova; else ACTIVE), failed or past the task deadline
+    # (ERROR: the old guest is gone, the new one may not exist), or withdrawn by keel-api
+    # (as it was).
+    for vm in ("active", "stopped", "error"):
+        add((vm, None), (vm, "rebuild_spawning"))
+        add((vm, "rebuild_spawning"), ("stopped" if vm == "stopped" else "active", None))
+        add((vm, "rebuild_spawning"), ("error", None), (vm, None))
     # Cold migration: prepare, copy, then VERIFY_RESIZE; failed → ERROR; no valid host or
     # withdrawn → as it was.
     for vm in ("active", "stopped"):

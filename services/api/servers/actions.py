@@ -12,12 +12,21 @@ from typing import Annotated, Any
 
 import asyncpg
 from fastapi import APIRouter, Body, Response
+from fastapi.responses import JSONResponse
 
 from services.api.http.auth import Context
-from services.api.http.deps import AppSettings, Compute, Conductor, DbPool, Version
+from services.api.http.deps import (
+    AppSettings,
+    Compute,
+    Conductor,
+    DbPool,
+    RequestLinks,
+    Version,
+)
 from services.api.http.faults import BadRequest
+from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
-from services.api.servers import console, locks, reset_state, resize
+from services.api.servers import console, locks, rebuild, reset_state, resize
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
@@ -54,6 +63,7 @@ class ActionCall:
     ctx: RequestContext
     instance: Instance
     value: Any
+    links: Links
 
 
 #: An action; it answers 202 with no body unless it returns its own response.
@@ -193,6 +203,21 @@ async def _console_output(call: ActionCall) -> Response | None:
     )
 
 
+async def _rebuild(call: ActionCall) -> Response | None:
+    body = await rebuild.rebuild(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        links=call.links,
+        instance=call.instance,
+        value=call.value,
+    )
+    return JSONResponse(body, status_code=202)
+
+
 async def _reset_state(call: ActionCall) -> Response | None:
     await reset_state.reset_state(call.pool, ctx=call.ctx, instance=call.instance, value=call.value)
     return None
@@ -225,6 +250,7 @@ ACTIONS: dict[str, Handler] = {
     CONFIRM_ACTION: _confirm_resize,
     REVERT_ACTION: _revert_resize,
     console.ACTION: _console_output,
+    rebuild.ACTION: _rebuild,
     reset_state.ACTION: _reset_state,
     locks.LOCK: _lock,
     locks.UNLOCK: _unlock,
@@ -242,6 +268,7 @@ async def server_action(
     conductor: Conductor,
     settings: AppSettings,
     version: Version,
+    links: RequestLinks,
 ) -> Response:
     if len(body) != 1:
         raise BadRequest("The request body must name exactly one action.")
@@ -254,6 +281,6 @@ async def server_action(
     if name not in locks.UNLOCKED_ACTIONS:
         locks.check_unlocked(ctx, instance)
     answer = await handler(
-        ActionCall(pool, compute, conductor, settings, version, ctx, instance, value)
+        ActionCall(pool, compute, conductor, settings, version, ctx, instance, value, links)
     )
     return answer or Response(status_code=202)

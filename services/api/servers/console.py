@@ -50,6 +50,7 @@ _METHOD = "get_console_output"
 BUSY_TASKS = (
     TaskState.DELETING,
     TaskState.REBUILDING,
+    TaskState.REBUILD_SPAWNING,
     TaskState.RESIZE_PREP,
     TaskState.RESIZE_MIGRATING,
 )

@@ -63,7 +63,7 @@ from shared.db.errors import describe, is_unavailable
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import FlavorNotFound, ImageNotFound, MessagingError, ServiceTooOld
-from shared.objects.flavor import Flavor
+from shared.objects.flavor import Flavor, FlavorSnapshot
 from shared.objects.image import Image
 from shared.objects.instance import Instance, RequestedDestination, RequestSpec
 from shared.objects.server_group import ServerGroup
@@ -184,7 +184,8 @@ async def _flavor(conn: Connection, ref: str, ctx: RequestContext) -> Flavor:
     return flavor
 
 
-async def _image(conn: Connection, ref: str, ctx: RequestContext) -> Image:
+async def usable_image(conn: Connection, ref: str, ctx: RequestContext) -> Image:
+    """The image ``ref`` names, if the caller may boot it and it is active; 400 if not."""
     raw = last_segment(ref)
     try:
         image = await images.get(conn, UUID(raw))
@@ -198,7 +199,7 @@ async def _image(conn: Connection, ref: str, ctx: RequestContext) -> Image:
     return image
 
 
-def check_fits(flavor: Flavor, image: Image) -> None:
+def check_fits(flavor: Flavor | FlavorSnapshot, image: Image) -> None:
     if flavor.memory_mb < image.min_ram:
         raise BadRequest(
             f"Flavor's memory is too small for requested image: "
@@ -241,7 +242,7 @@ async def _validate(
         zone=zone,
     )
     flavor = await _flavor(conn, server.flavor_ref, ctx)
-    image = await _image(conn, server.image_ref, ctx)
+    image = await usable_image(conn, server.image_ref, ctx)
     check_fits(flavor, image)
     await _check_zone(conn, zone)
     if destination is not None:

@@ -38,6 +38,7 @@ _TASK_STATUS: dict[str, str] = {
     TaskState.REBOOTING: "REBOOT",
     TaskState.REBOOTING_HARD: "HARD_REBOOT",
     TaskState.REBUILDING: "REBUILD",
+    TaskState.REBUILD_SPAWNING: "REBUILD",
     TaskState.RESIZE_PREP: "RESIZE",
     TaskState.RESIZE_MIGRATING: "RESIZE",
     TaskState.RESIZE_REVERTING: "REVERT_RESIZE",
@@ -233,6 +234,20 @@ class ServerView:
         if body["status"] in _PROGRESS:
             body["progress"] = _PROGRESS[body["status"]]
         body.update(self._versioned_fields(instance, show=True))
+        return body
+
+    def rebuilt(self, instance: Instance) -> dict[str, Any]:
+        """The answer to a rebuild (without its ``adminPass``): below 2.75 the update view
+        with the key pair's name (2.54); from 2.75 the server as a show answers it; from
+        2.57 the user data as well."""
+        if self.version.at_least("2.75"):
+            body = self.detail(instance, show=True)
+        else:
+            body = self.updated(instance)
+            if self.version.at_least("2.54"):
+                body["key_name"] = instance.key_name
+        if self.version.at_least("2.57"):
+            body["user_data"] = instance.user_data
         return body
 
     def _base(self, instance: Instance) -> dict[str, Any]:

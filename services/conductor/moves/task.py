@@ -38,14 +38,12 @@ import asyncpg
 
 from services.compute.rpcapi import (
     IN_PLACE,
-    BootSource,
     ComputeAPI,
     GuestDisk,
-    InstanceSpec,
     topic_for,
 )
 from services.conductor.boot_images import BootImages
-from services.conductor.guest_data import guest_data
+from services.conductor.guest_data import instance_spec
 from services.conductor.moves import held
 from services.conductor.workflow import TaskBase
 from services.scheduler.rpcapi import SchedulerAPI, Selection
@@ -71,32 +69,6 @@ from shared.objects.states import VmState
 LOG = logging.getLogger(__name__)
 
 UNDER_WAY = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
-
-
-def instance_spec(
-    instance: Instance,
-    nodename: str,
-    addresses: list[object],
-    boot: BootSource | None = None,
-    *,
-    origin: UUID | None = None,
-) -> InstanceSpec:
-    """What an agent needs to build ``instance``; ``origin``: the move it is built for."""
-    return InstanceSpec.model_validate(
-        {
-            "boot": boot,
-            "uuid": instance.uuid,
-            "origin": origin,
-            "display_name": instance.display_name,
-            "flavor": instance.flavor,
-            "image_ref": instance.image_ref,
-            "node": nodename,
-            "addresses": addresses,
-            "metadata": instance.metadata,
-            "user_data": instance.user_data,
-            **guest_data(instance),
-        }
-    )
 
 
 class MoveTask(TaskBase):
