@@ -22,7 +22,7 @@ from services.api.http.deps import DbPool, RequestLinks
 from services.api.http.faults import Unauthorized
 from services.api.identity import access, filters, views
 from services.api.identity.bodies import PasswordBody, UserBody, UserPatch
-from services.api.identity.tokens import PasswordUser, check_password
+from services.api.identity.tokens import PasswordUser, Verified, check_password
 from shared.db import users
 from shared.objects.identity import User, UserChanges
 from shared.passwords import hash_password
@@ -114,13 +114,15 @@ async def delete_user(user_id: str, ctx: Context, pool: DbPool) -> Response:
 
 
 @router.post("/users/{user_id}/password", status_code=204, response_class=Response)
-async def change_password(user_id: str, body: PasswordBody, pool: DbPool) -> Response:
+async def change_password(
+    user_id: str, body: PasswordBody, pool: DbPool, verified: Verified
+) -> Response:
     """The user's own password change: the original password authenticates it."""
     given = body.user
     async with pool.acquire() as conn:
         try:
             found = await check_password(
-                conn, PasswordUser(id=user_id, password=given.original_password)
+                conn, PasswordUser(id=user_id, password=given.original_password), verified
             )
         except Unauthorized:
             raise Unauthorized("The original password is not the user's password.") from None
