@@ -13,7 +13,12 @@ then a client sends, one request at a time:
   ``X-Auth-Token`` (the check every compute call pays), and the same with a static token
   of ``KEEL_AUTH__TOKENS`` (no look-up at all: the floor of the route itself).
 
-For each, keel-api's CPU seconds (user + system, every thread, from
+Last, in this process, with a pool built as keel-api builds it (query metrics on): the
+CPU of the query a token check makes (:func:`shared.db.tokens.find_valid`, one round
+trip) against the cheapest round trip there is (``SELECT 1``) — what a token cache would
+still pay per request if it read a revocation counter to see revocations at once.
+
+For each keel-api figure, keel-api's CPU seconds (user + system, every thread, from
 ``/proc/<pid>/stat``) are read before and after and divided by the requests sent; the
 machine's load average is printed with them, since other processes share its cores.
 The target (a login whose result may be cached ≤ 5 ms) is printed, never enforced::
@@ -34,7 +39,10 @@ import httpx
 from benchkit import report, target
 from benchkit.cloud import Cloud, CloudShape, bench_cloud
 
-from shared.db import projects, users
+from shared.config import DatabaseSettings
+from shared.db import projects, tokens, users
+from shared.db.pool import create_pool
+from shared.metrics import Metrics
 from shared.passwords import hash_password
 
 PROJECT = "bench-login"
@@ -116,6 +124,33 @@ async def measure(
     return per_request
 
 
+async def query_costs(cloud: Cloud, token: str, count: int) -> None:
+    """CPU ms, in this process, of a token check's query and of a bare round trip."""
+    pool = await create_pool(cloud.database_url, DatabaseSettings(pool_max_size=2), Metrics())
+    try:
+
+        async def check() -> None:
+            async with pool.acquire() as conn:
+                if await tokens.find_valid(conn, token) is None:
+                    raise RuntimeError("the token is not valid")
+
+        async def bare() -> None:
+            async with pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+
+        spent: dict[str, float] = {}
+        for name, step in (("find_valid", check), ("select_1", bare)):
+            for _ in range(WARMUP):
+                await step()
+            began = time.process_time()
+            for _ in range(count):
+                await step()
+            spent[f"{name}_cpu_ms"] = (time.process_time() - began) * 1000 / count
+    finally:
+        await pool.close()
+    report("token query", {"queries": count, **spent, "load_1m": os.getloadavg()[0]})
+
+
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     shape = CloudShape(hosts=0, conductors=0, schedulers=0)
@@ -141,6 +176,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
             await measure(
                 cloud, "static token", args.requests, lambda _: list_servers(http, cloud.token)
             )
+        await query_costs(cloud, token, args.requests)
     report("login summary", {"first_login_cpu_ms": first, "repeated_login_cpu_ms": again})
     target("login: repeated password login, keel-api CPU", again, at_most=5, unit=" ms")
     return 0
