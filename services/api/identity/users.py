@@ -85,7 +85,13 @@ async def show_user(
 
 @router.patch("/users/{user_id}")
 async def update_user(
-    user_id: str, body: UserPatch, ctx: Context, pool: DbPool, links: RequestLinks
+    user_id: str,
+    body: UserPatch,
+    ctx: Context,
+    pool: DbPool,
+    links: RequestLinks,
+    *,
+    verified: Verified,
 ) -> dict[str, Any]:
     access.admin(ctx, "update_user")
     given = body.user
@@ -99,16 +105,20 @@ async def update_user(
     async with pool.acquire() as conn:
         updated = await users.update(conn, user_id, changes)
     if "password_hash" in known or given.enabled is False:
+        # Never needed for safety (each login compares the stored hash and reads the
+        # row), but there is no reason to keep it.
+        verified.forget(updated.id)
         LOG.info("updated user %s (%s): their tokens are revoked", updated.name, updated.id)
     return {"user": views.user(updated, links)}
 
 
 @router.delete("/users/{user_id}", status_code=204, response_class=Response)
-async def delete_user(user_id: str, ctx: Context, pool: DbPool) -> Response:
+async def delete_user(user_id: str, ctx: Context, pool: DbPool, verified: Verified) -> Response:
     access.admin(ctx, "delete_user")
     async with pool.acquire() as conn:
         found = await users.get(conn, user_id)
         await users.delete(conn, found)
+    verified.forget(found.id)
     LOG.info("deleted user %s (%s)", found.name, found.id)
     return Response(status_code=204)
 
@@ -129,6 +139,7 @@ async def change_password(
     hashed = await _hashed(given.password)
     async with pool.acquire() as conn:
         await users.update(conn, found.id, UserChanges(password_hash=hashed))
+    verified.forget(found.id)
     LOG.info("user %s (%s) changed their password", found.name, found.id)
     return Response(status_code=204)
 
