@@ -227,6 +227,7 @@ BENCH_QUICK := \
 	"rpc.py --calls 2000 --concurrency 1 100 --casts 3000" \
 	"storm.py --hosts 300" \
 	"memory.py --fleet-hosts 300" \
+	"login.py --users 20 --logins 200 --requests 200" \
 	"boot.py --servers 500 --clients 50 --hosts 100" \
 	"evacuate.py" \
 	"backfill.py" \
@@ -238,6 +239,7 @@ BENCH_FULL := \
 	"rpc.py --calls 5000 --concurrency 1 100 --casts 10000" \
 	"storm.py --hosts 1000" \
 	"memory.py --fleet-hosts 1000" \
+	"login.py --users 50 --logins 500 --requests 500" \
 	"boot.py --servers 2000 --clients 50 --hosts 100" \
 	"evacuate.py" \
 	"backfill.py" \

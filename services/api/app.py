@@ -18,6 +18,7 @@ from services.api.http import faults, openapi
 from services.api.http.input_guard import InputGuard
 from services.api.http.middleware import ApiMiddleware
 from services.api.http.policy import Policy
+from services.api.identity.verified import VerifiedPasswords
 from services.api.keystone.tokens import KeystoneTokens
 from services.api.network import routes as network_routes
 from services.api.ops.headers import OpsHeaders
@@ -86,6 +87,8 @@ def create_app(
     app.state.compute = compute
     app.state.policy = policy or Policy.load(settings.api.policy_file)
     app.state.keystone = keystone
+    #: Passwords verified lately, so a repeated login skips scrypt.
+    app.state.verified_passwords = VerifiedPasswords()
     #: keel-api's RPC pins, shown on the operator's page (made there when not given).
     app.state.pins = pins
     #: What the schedulers speak (the automatic pin in a real process): a server joins a

@@ -128,6 +128,29 @@ WITH RECURSIVE granted(role_id) AS (
 SELECT {_COLUMNS} FROM roles r JOIN granted g ON g.role_id = r.id ORDER BY r.name"""
 
 
+def held_lateral(user_id: str, project_id: str) -> str:
+    """A ``LATERAL`` subquery giving one column, ``roles``: what :data:`EFFECTIVE_ROLES`
+    reads, as a JSON list of role objects ordered by name (NULL when none), for the user
+    and project named by the SQL expressions ``user_id`` and ``project_id``.
+
+    It lets the queries on the request path (a token's check, a login's scope) read the
+    roles in the same round trip as the rows they belong to.
+    """
+    return f"""LATERAL (
+        WITH RECURSIVE granted(role_id) AS (
+                SELECT a.role_id FROM role_assignments a
+                 WHERE a.user_id = {user_id} AND a.project_id = {project_id}
+            UNION
+                SELECT i.implied_role_id
+                  FROM implied_roles i JOIN granted g ON i.prior_role_id = g.role_id
+        )
+        SELECT jsonb_agg(jsonb_build_object('id', r.id, 'name', r.name,
+                                            'description', r.description, 'extra', r.extra)
+                         ORDER BY r.name) AS roles
+          FROM roles r JOIN granted g ON g.role_id = r.id
+    ) held"""
+
+
 async def effective(conn: Connection, user_id: str, project_id: str) -> list[Role]:
     """The roles the user has in the project, implied ones included; empty if none."""
     rows = await conn.fetch(EFFECTIVE_ROLES, user_id, project_id)

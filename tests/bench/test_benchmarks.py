@@ -93,6 +93,18 @@ def test_memory() -> None:
     assert len(lines(records, "memory control")) == 2
 
 
+def test_login() -> None:
+    records = run("login.py", "--users", "3", "--logins", "6", "--requests", "6")
+    phases = {r["bench"]: r for r in records if "api_cpu_ms/request" in r}
+    assert set(phases) == {"login first", "login repeated", "token check", "static token"}
+    assert phases["login first"]["requests"] == 3
+    assert phases["login repeated"]["requests"] == 6
+    assert lines(records, "token query")[0]["find_valid_cpu_ms"] > 0
+    assert [t["name"] for t in lines(records, "target")] == [
+        "login: repeated password login, keel-api CPU"
+    ]
+
+
 def test_boot() -> None:
     records = run("boot.py", "--servers", "8", "--clients", "3", "--hosts", "2")
     boot = lines(records, "boot")[0]

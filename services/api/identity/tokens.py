@@ -13,10 +13,10 @@ import asyncio
 import logging
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 import asyncpg
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,10 +24,11 @@ from services.api.http.auth import TOKEN_HEADER, Context
 from services.api.http.deps import AppSettings, DbPool, RequestLinks
 from services.api.http.faults import Forbidden, ItemNotFound, Unauthorized
 from services.api.identity import views
+from services.api.identity.verified import VerifiedPasswords
 from shared.context import RequestContext
-from shared.db import projects, tokens, users
+from shared.db import tokens, users
 from shared.db.pool import Connection
-from shared.exceptions import NotFound, ProjectNotFound
+from shared.exceptions import NotFound
 from shared.objects.identity import (
     DEFAULT_DOMAIN_ID,
     DEFAULT_DOMAIN_NAME,
@@ -44,6 +45,16 @@ router = APIRouter(prefix="/identity/v3/auth")
 SUBJECT_HEADER = "X-Subject-Token"
 #: Random bytes in an issued token (it is sent base64-encoded).
 TOKEN_BYTES = 32
+
+
+def get_verified(request: Request) -> VerifiedPasswords:
+    """The passwords this keel-api verified lately (:mod:`services.api.identity.verified`)."""
+    verified: VerifiedPasswords = request.app.state.verified_passwords
+    return verified
+
+
+#: A route parameter: the passwords this keel-api verified lately.
+Verified = Annotated[VerifiedPasswords, Depends(get_verified)]
 
 
 class _Lenient(BaseModel):
@@ -99,42 +110,53 @@ def in_default_domain(ref: DomainRef | None) -> bool:
     return ref.name is None or ref.name.lower() == DEFAULT_DOMAIN_NAME.lower()
 
 
-async def check_password(conn: Connection, given: PasswordUser) -> User:
-    """The user whose password this is; 401 otherwise (spending the same time either way)."""
+async def check_password(
+    conn: Connection, given: PasswordUser, verified: VerifiedPasswords
+) -> User:
+    """The user whose password this is; 401 otherwise.
+
+    The row is read every time, so a disabled or deleted user, or a changed password, is
+    refused at once; a password that verified against the same stored hash before skips
+    scrypt (:mod:`services.api.identity.verified`). Any other attempt — unknown user,
+    disabled user, wrong password — spends one scrypt run, so the time taken tells a
+    guesser nothing.
+    """
     if given.id is None and given.name is None:
         raise Unauthorized("Authentication needs the user's id or name.")
     found = None
     if in_default_domain(given.domain):
         found = await users.password_hash(conn, user_id=given.id, name=given.name)
-    stored = found[1] if found and found[1] else decoy_hash()
-    matches = await asyncio.to_thread(verify_password, given.password, stored)
-    if found is None or not matches:
+    stored = found[1] if found is not None else None
+    if found is None or not stored:
+        await asyncio.to_thread(verify_password, given.password, decoy_hash())
         LOG.info("refusing a token: unknown user or wrong password for %s", given.name or given.id)
         raise Unauthorized()
-    if not found[0].enabled:
-        LOG.info("refusing a token: user %s is disabled", found[0].name)
+    user = found[0]
+    if not user.enabled:
+        verified.forget(user.id)
+        await asyncio.to_thread(verify_password, given.password, stored)
+        LOG.info("refusing a token: user %s is disabled", user.name)
         raise Unauthorized()
-    return found[0]
+    if not await verified.verify(user.id, stored, given.password):
+        LOG.info("refusing a token: unknown user or wrong password for %s", given.name or given.id)
+        raise Unauthorized()
+    return user
 
 
 async def scope_to(conn: Connection, user: User, scope: Scope | None) -> Membership:
     """The user's roles in the project asked for (default: their default project), which
     must be enabled."""
     wanted = scope.project if scope is not None else None
-    project_id = user.default_project_id
+    membership = None
     if wanted is not None:
         if not in_default_domain(wanted.domain) or (wanted.id is None and wanted.name is None):
             raise Unauthorized("keel scopes tokens to a project of the Default domain only.")
-        try:
-            if wanted.id is not None:
-                project_id = (await projects.get(conn, wanted.id)).id
-            else:
-                project_id = (await projects.find(conn, str(wanted.name))).id
-        except ProjectNotFound:
-            project_id = None
-    membership = None
-    if project_id is not None:
-        membership = await tokens.membership_of(conn, user.id, project_id)
+        if wanted.id is not None:
+            membership = await tokens.membership_in(conn, user, wanted.id)
+        else:
+            membership = await tokens.membership_in(conn, user, str(wanted.name), by_name=True)
+    elif user.default_project_id is not None:
+        membership = await tokens.membership_in(conn, user, user.default_project_id)
     if membership is None:
         LOG.info("refusing a token: user %s has no role in the project asked for", user.name)
         raise Unauthorized("The user has no role in the requested project.")
@@ -150,13 +172,13 @@ def _subject_response(token: str, body: dict[str, Any], status: int) -> Response
 
 @router.post("/tokens", status_code=201)
 async def issue(
-    body: AuthBody, pool: DbPool, settings: AppSettings, links: RequestLinks
+    body: AuthBody, pool: DbPool, settings: AppSettings, links: RequestLinks, verified: Verified
 ) -> Response:
     identity = body.auth.identity
     if "password" not in identity.methods or identity.password is None:
         raise Unauthorized("keel issues tokens for the password method only.")
     async with pool.acquire() as conn:
-        user = await check_password(conn, identity.password.user)
+        user = await check_password(conn, identity.password.user, verified)
         membership = await scope_to(conn, user, body.auth.scope)
         token = secrets.token_urlsafe(TOKEN_BYTES)
         expires = datetime.now(UTC) + timedelta(seconds=settings.identity.token_expiration)

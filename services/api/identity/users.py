@@ -22,7 +22,7 @@ from services.api.http.deps import DbPool, RequestLinks
 from services.api.http.faults import Unauthorized
 from services.api.identity import access, filters, views
 from services.api.identity.bodies import PasswordBody, UserBody, UserPatch
-from services.api.identity.tokens import PasswordUser, check_password
+from services.api.identity.tokens import PasswordUser, Verified, check_password
 from shared.db import users
 from shared.objects.identity import User, UserChanges
 from shared.passwords import hash_password
@@ -85,7 +85,13 @@ async def show_user(
 
 @router.patch("/users/{user_id}")
 async def update_user(
-    user_id: str, body: UserPatch, ctx: Context, pool: DbPool, links: RequestLinks
+    user_id: str,
+    body: UserPatch,
+    ctx: Context,
+    pool: DbPool,
+    links: RequestLinks,
+    *,
+    verified: Verified,
 ) -> dict[str, Any]:
     access.admin(ctx, "update_user")
     given = body.user
@@ -99,34 +105,41 @@ async def update_user(
     async with pool.acquire() as conn:
         updated = await users.update(conn, user_id, changes)
     if "password_hash" in known or given.enabled is False:
+        # Never needed for safety (each login compares the stored hash and reads the
+        # row), but there is no reason to keep it.
+        verified.forget(updated.id)
         LOG.info("updated user %s (%s): their tokens are revoked", updated.name, updated.id)
     return {"user": views.user(updated, links)}
 
 
 @router.delete("/users/{user_id}", status_code=204, response_class=Response)
-async def delete_user(user_id: str, ctx: Context, pool: DbPool) -> Response:
+async def delete_user(user_id: str, ctx: Context, pool: DbPool, verified: Verified) -> Response:
     access.admin(ctx, "delete_user")
     async with pool.acquire() as conn:
         found = await users.get(conn, user_id)
         await users.delete(conn, found)
+    verified.forget(found.id)
     LOG.info("deleted user %s (%s)", found.name, found.id)
     return Response(status_code=204)
 
 
 @router.post("/users/{user_id}/password", status_code=204, response_class=Response)
-async def change_password(user_id: str, body: PasswordBody, pool: DbPool) -> Response:
+async def change_password(
+    user_id: str, body: PasswordBody, pool: DbPool, verified: Verified
+) -> Response:
     """The user's own password change: the original password authenticates it."""
     given = body.user
     async with pool.acquire() as conn:
         try:
             found = await check_password(
-                conn, PasswordUser(id=user_id, password=given.original_password)
+                conn, PasswordUser(id=user_id, password=given.original_password), verified
             )
         except Unauthorized:
             raise Unauthorized("The original password is not the user's password.") from None
     hashed = await _hashed(given.password)
     async with pool.acquire() as conn:
         await users.update(conn, found.id, UserChanges(password_hash=hashed))
+    verified.forget(found.id)
     LOG.info("user %s (%s) changed their password", found.name, found.id)
     return Response(status_code=204)
 

@@ -6,6 +6,7 @@ A project, user or role shows the extra attributes it was given (``email``,
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -34,8 +35,11 @@ INTERFACES = ("public", "internal", "admin")
 _IDS = uuid.UUID("6b65656c-0000-4000-8000-000000000000")
 
 
+@functools.lru_cache(maxsize=1024)
 def stable_id(*parts: str) -> str:
-    """The same id for the same name on every keel (roles, services, endpoints)."""
+    """The same id for the same name on every keel (roles, services, endpoints).
+
+    Remembered: every login's catalog asks for the same sixteen."""
     return uuid.uuid5(_IDS, "/".join(parts)).hex
 
 

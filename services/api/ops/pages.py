@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from services.api.http.deps import AppSettings, DbPool
 from services.api.http.faults import Fault, ItemNotFound
-from services.api.identity.tokens import PasswordUser, check_password
+from services.api.identity.tokens import PasswordUser, check_password, get_verified
 from services.api.ops import html
 from services.api.ops.session import (
     CSRF_FIELD,
@@ -105,7 +105,9 @@ async def login(request: Request, pool: DbPool, settings: AppSettings) -> Respon
         return _refused(username)
     async with pool.acquire() as conn:
         try:
-            user = await check_password(conn, PasswordUser(name=username, password=password))
+            user = await check_password(
+                conn, PasswordUser(name=username, password=password), get_verified(request)
+            )
         except Fault:
             return _refused(username)
         membership = await _admin_membership(conn, user)
