@@ -16,7 +16,8 @@
   deleted one. Guests recorded as orphans, and hosts deleted for good, aside.
 * **I3** a copy keel still needs is never destroyed (judged when the driver is asked,
   see :func:`protected`): the server's current copy (its copy token) from the moment
-  it is built, a move's new copy while the move runs, the copy a revert returns to.
+  it is built (but by the rebuild its owner asked for), a move's new copy while the
+  move runs, the copy a revert returns to.
 * **I4** at quiescence no task state, no server still building, no move that has not
   ended.
 * **I5** every committed transition is in the state table
@@ -206,9 +207,13 @@ def protected(
     Protected are: the server's current copy (its copy token), from the moment it is
     built, whatever the server's state; the copy a move in flight builds on its
     destination; and the copy a cold migration started from while a revert may still
-    return to it. A server deleted, or being deleted, protects nothing.
+    return to it. A server deleted, or being deleted, protects nothing; a server being
+    rebuilt (``rebuild_spawning``) has its copy on its own node replaced, as its owner
+    asked.
     """
     if row is None or row.deleted or row.task == "deleting" or node is None:
+        return None
+    if row.task == "rebuild_spawning" and node == row.node:
         return None
     if token == row.token:
         return f"it carries the server's current copy token ({row.vm}/{row.task})"

@@ -98,6 +98,16 @@ class KeelMachine(MachineBase):
         )
         self.api(action, "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
+    @rule(i=index, plan=plans)
+    def rebuild(self, i: int, plan: dict[str, Any] | None = None) -> None:
+        """Rebuild a server from its image, in any state: keel-api refuses what it must."""
+        if not self.servers:
+            return
+        body = {"rebuild": {"imageRef": str(IMAGE_ID)}}
+        self.api(
+            "rebuild", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan
+        )
+
     @rule(i=index, to=st.none() | hosts, plan=plans)
     def evacuate(self, i: int, to: int | None = None, plan: dict[str, Any] | None = None) -> None:
         """Evacuate a server whatever its host's state: keel-api decides whether the host
