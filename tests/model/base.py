@@ -20,6 +20,7 @@ from uuid import UUID
 import httpx
 from hypothesis.stateful import RuleBasedStateMachine
 
+from shared.objects import transitions as states
 from shared.rpc.fake import HeldMessage
 from tests.model import known
 from tests.model.hosts import Host
@@ -372,13 +373,26 @@ class MachineBase(RuleBasedStateMachine):
             for host in w.hosts:
                 w.reconcile(host)
             await self.drain()
-            if not rt.broker.held and not rt.paused():
+            if not rt.broker.held and not rt.paused() and not await self._waiting_on_time():
                 return []
         held = [h.message.body[:80].decode(errors="replace") for h in rt.broker.held]
         return [
             f"I4 the cloud did not drain in {SETTLE_ROUNDS} rounds: {len(held)} message(s) "
             f"held ({held[:3]}), {len(rt.paused())} activity(ies) paused"
         ]
+
+    async def _waiting_on_time(self) -> bool:
+        """Whether a move ended the last round waiting on a deadline of its own: one that
+        reached ``finished`` only after that round's time passed waits for its confirm
+        window, which another round passes. (An evacuation ``done`` waits for its source's
+        agent, not for time: a host gone for good leaves it so.)"""
+        async with self.w.db.acquire() as conn:
+            waiting: bool = await conn.fetchval(
+                """SELECT EXISTS (SELECT 1 FROM migrations
+                                   WHERE status <> ALL($1::text[]) AND status <> 'done')""",
+                list(states.TERMINAL),
+            )
+        return waiting
 
     async def force_up(self) -> None:
         """The operator brings every host back up once its agent runs (keel-api may refuse

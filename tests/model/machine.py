@@ -104,9 +104,7 @@ class KeelMachine(MachineBase):
         if not self.servers:
             return
         body = {"rebuild": {"imageRef": str(IMAGE_ID)}}
-        self.api(
-            "rebuild", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan
-        )
+        self.api("rebuild", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
     @rule(i=index, to=st.none() | hosts, plan=plans)
     def evacuate(self, i: int, to: int | None = None, plan: dict[str, Any] | None = None) -> None:

@@ -572,3 +572,21 @@ def test_finding_25_a_create_answered_503_leaves_no_server(m: KeelMachine, k: in
     s.resume(0)
     s.deliver_all()
     m.teardown()  # I0: servers exist only for creates answered 202 (or not answered)
+
+
+def test_a_rebuild_overtaken_by_a_reset_and_a_migration_is_never_done(m: KeelMachine) -> None:
+    """The search (seed 196833603): a rebuild accepted while no conductor ran waited on
+    its host for its request to be taken; an admin reset the server to ACTIVE and migrated
+    it. Once a conductor answered, the rebuild was no longer under way on that node: not
+    taken, nothing rebuilt; the migration, finished only in the settle's last round, is
+    confirmed by its window (the model's settle used to stop a round too early)."""
+    s = Steps(m)
+    s.create()
+    s.deliver_all()
+    s.kill_control("conductor")
+    s.rebuild(0)
+    s.deliver_all()
+    s.reset_state(0, "active")
+    s.migrate(0, None)
+    assert [status for what, status in m.answers if what in ("rebuild", "migrate")] == [202, 202]
+    m.teardown()  # I4: the migration ends; I2: one copy, on its destination
