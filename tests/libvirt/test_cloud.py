@@ -148,6 +148,38 @@ async def test_ssh_with_the_key_pair_reaches_servers_that_read_a_config_drive_or
     assert found["metadata-service"][0]["config_drive"] == ""
 
 
+async def test_a_rebuild_makes_the_guest_again_with_its_new_key_pair_and_user_data(
+    cloud: Cloud, keypair: Path, tmp_path: Path, libvirt_uri: str
+) -> None:
+    host = HOSTS[0]
+    server = create(cloud, "rebuilt-vm", host, "--key-name", "k")
+    sid = server["id"]
+    await console_line(cloud, sid, "keel-guest-key tier-key")
+    addresses = (await until_server(cloud, sid, "ACTIVE"))["addresses"]
+    private, _ = make_key(tmp_path, "rebuild-key")
+    cloud.openstack("keypair", "create", "--public-key", f"{private}.pub", "k2")
+    script = tmp_path / "rebuilt.sh"
+    script.write_text("#!/bin/sh\necho rebuilt-says-$(hostname)\n")
+
+    cloud.openstack(
+        "--os-compute-api-version", "2.57", "server", "rebuild", "--image", "keel-test",
+        "--name", "rebuilt-vm2", "--key-name", "k2", "--user-data", str(script), sid,
+    )  # fmt: skip
+    active = await until_server(cloud, sid, "ACTIVE")
+    log = await console_line(cloud, sid, "rebuilt-says-rebuilt-vm2")
+    name = await ssh_run(forward_of(cloud, sid), FORWARD_PORTS[host], private, "hostname")
+    cloud.openstack("server", "delete", "--wait", sid, as_json=False)
+    cloud.openstack("keypair", "delete", "k2", as_json=False)
+    gone = domain_state(cloud, host, sid, libvirt_uri)
+
+    assert name.strip() == "rebuilt-vm2"
+    assert active["key_name"] == "k2"
+    assert active["addresses"] == addresses
+    assert "keel-guest-key rebuild-key" in log
+    assert "keel-guest-key tier-key" not in log
+    assert gone is None
+
+
 async def test_the_stock_client_saves_an_image_byte_for_byte(
     cloud: Cloud, guest_images: Path, tmp_path: Path
 ) -> None:
