@@ -37,6 +37,12 @@ _COLUMNS = (
 )
 
 
+class Unclaimed(Exception):
+    """The server holds no claim on its node (its build never succeeded there, or a move
+    ended with its claim elsewhere): a guest made there would run on resources nobody
+    accounts for."""
+
+
 @dataclass(frozen=True)
 class RebuildChange:
     """What a rebuild sets; only the fields in ``given`` change (``image_ref`` always)."""
@@ -71,7 +77,8 @@ async def begin(
 ) -> tuple[Instance, Instance] | None:
     """Start the rebuild: task ``rebuild_spawning`` and the new fields, if the server is
     in one of :data:`REBUILDABLE` with no task. ``(before, after)``; ``None`` if the swap
-    was lost (the caller answers 409)."""
+    was lost (the caller answers 409). Raises :class:`Unclaimed` (nothing changed) if the
+    server holds no claim of its own on its node."""
     transitions.require_begin(
         tuple(vm.value for vm in REBUILDABLE), (None,), TaskState.REBUILD_SPAWNING.value
     )
@@ -85,6 +92,14 @@ async def begin(
     )
     if before is None:
         return None
+    claimed = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM allocations
+                           WHERE consumer_uuid = $1 AND compute_node_id = $2)""",
+        instance_uuid,
+        before["compute_id"],
+    )
+    if not claimed:
+        raise Unclaimed(str(instance_uuid))
     sets, args = _assignments(change.values(), 3)
     after = await conn.fetchrow(
         f"""UPDATE instances SET task_state = $2, {sets}, updated_at = now()

@@ -590,3 +590,21 @@ def test_a_rebuild_overtaken_by_a_reset_and_a_migration_is_never_done(m: KeelMac
     s.migrate(0, None)
     assert [status for what, status in m.answers if what in ("rebuild", "migrate")] == [202, 202]
     m.teardown()  # I4: the migration ends; I2: one copy, on its destination
+
+
+def test_finding_26_a_server_whose_build_failed_is_never_rebuilt_unclaimed(
+    m: KeelMachine,
+) -> None:
+    """Finding 26 (the search, seed 260348930): a build failed on A, so the server went to
+    ERROR and its claim was released; its owner rebuilt it, and A made a guest that ran
+    on resources nobody had claimed (ACTIVE, no claim). keel-api refuses to rebuild a
+    server that holds no claim on its node (409)."""
+    s = Steps(m)
+    s.fail_next(A, "spawn")
+    s.create(on=A)
+    s.deliver_all()
+    assert m.state_of(0) == ("error", None, "host0")
+    s.rebuild(0)
+    s.deliver_all()
+    assert ("rebuild", 409) in m.answers
+    m.teardown()  # I1: a server's copy sits where it holds a claim

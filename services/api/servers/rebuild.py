@@ -236,7 +236,14 @@ async def rebuild(
             await instance_actions.start(conn, ctx, instance.uuid, ACTION)
         return begun
 
-    begun = await in_transaction(pool, begin, what=f"starting the rebuild of {instance.uuid}")
+    try:
+        begun = await in_transaction(pool, begin, what=f"starting the rebuild of {instance.uuid}")
+    except rebuilds.Unclaimed:
+        raise ConflictingRequest(
+            f"Cannot '{ACTION}' instance {instance.uuid}: it holds no claim on its host "
+            f"{instance.host} (its build never succeeded there), so no guest of it may be "
+            "made there. Delete it and create it again."
+        ) from None
     if begun is None:
         raise _conflict(instance)
     before, after = begun

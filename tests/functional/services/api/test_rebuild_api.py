@@ -17,7 +17,7 @@ from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import instances
+from shared.db import allocations, instances
 from shared.exceptions import MessagingTimeout
 from shared.objects.states import VmState
 from shared.rpc.amqp import AmqpTransport
@@ -53,7 +53,9 @@ async def active_server(
     server_id: str = created.json()["server"]["id"]
     await place_on(pool, server_id, node)
     async with pool.acquire() as conn:
-        await instances.set_active(conn, UUID(server_id))
+        instance = await instances.set_active(conn, UUID(server_id))
+        assert instance is not None
+        assert await allocations.claim(conn, node.id, instance.uuid, instance.flavor)
     return server_id
 
 
@@ -297,3 +299,24 @@ async def test_a_rebuild_that_cannot_be_sent_is_503_and_the_server_as_it_was(
         before.display_name,
         before.metadata,
     )
+
+
+async def test_a_server_holding_no_claim_on_its_host_is_not_rebuilt(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agents: StandInAgents
+) -> None:
+    """Finding 26: a build that failed released the server's claim; a guest made there
+    by a rebuild would run on resources nobody accounts for."""
+    server_id = await active_server(client, db_pool, agents, "rb-api-unclaimed")
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instances SET vm_state = 'error' WHERE uuid = $1", UUID(server_id)
+        )
+        await conn.execute("DELETE FROM allocations WHERE consumer_uuid = $1", UUID(server_id))
+
+    answer = await rebuild(client, server_id, {"imageRef": str(ALT_IMAGE)})
+
+    assert answer.status_code == 409, answer.text
+    assert "holds no claim on its host" in answer.text
+    recorded = await row(db_pool, server_id)
+    assert (recorded.vm_state, recorded.task_state) == ("error", None)
+    assert recorded.image_ref != str(ALT_IMAGE)
