@@ -69,6 +69,9 @@ History:
 * 22 (``uphaul``) — late moves build nothing: conductor 1.13 (``check_move``: a
   destination asks whether the move still waits for its copy there before it builds
   one, and again after, as a build asks ``check_build``).
+* 23 (``whipping``) — soft delete: compute 1.13 (``soft_delete_instance``,
+  ``restore_instance``: power a soft-deleted server's guest off, or on again), conductor
+  1.15 (``instance_action_result`` reports ``soft_delete`` and ``restore``).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.10", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.11", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.11", conductor="1.13", scheduler="1.3"),
+    ReleaseApis(compute="1.13", conductor="1.15", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -150,6 +154,7 @@ RELEASE_NAMES: dict[str, int] = {
     "sheave": 20,
     "thimble": 21,
     "uphaul": 22,
+    "whipping": 23,
 }
 
 #: The first release whose agents never register without an identity file the

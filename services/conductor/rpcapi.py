@@ -39,6 +39,9 @@ Conductor RPC API history:
 * 1.13 — check_move (call): whether a move still waits for its copy on the asking
   destination, asked before the copy is built and again after (a rebuild delivered late,
   after the move deadline ended the move, builds nothing).
+* 1.15 — instance_action_result may report ``soft_delete`` (the guest of a server deleted
+  with soft delete on is off: the server is SOFT_DELETED) and ``restore`` (a restored
+  server's guest runs again: ACTIVE); sent at 1.15 only for those.
 """
 
 from __future__ import annotations
@@ -226,6 +229,9 @@ class PowerAction(StrEnum):
     UNPAUSE = "unpause"
     SUSPEND = "suspend"
     RESUME = "resume"
+    #: From conductor RPC 1.15.
+    SOFT_DELETE = "soft_delete"
+    RESTORE = "restore"
 
 
 #: The conductor RPC version that takes each action's result.
@@ -240,6 +246,8 @@ ACTION_RESULT_SINCE: dict[PowerAction, str] = {
             PowerAction.RESUME,
         )
     },
+    PowerAction.SOFT_DELETE: "1.15",
+    PowerAction.RESTORE: "1.15",
 }
 
 
