@@ -22,12 +22,14 @@ import asyncpg
 import httpx
 import pytest
 
+from services.api.app import create_app
 from services.compute.manager import ComputeManager
 from services.compute.rpcapi import RPC_VERSION as COMPUTE_RPC_VERSION
 from services.compute.rpcapi import ComputeAPI, topic_for
 from services.compute.virt.fake import FakeDriver
 from services.conductor.main import serve as serve_conductor
 from services.conductor.reclaim import RECLAIM_USER, SoftDeleteReclaim
+from services.conductor.rpcapi import RPC_VERSION as CONDUCTOR_RPC_VERSION
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.db import allocations, instances
@@ -401,3 +403,46 @@ async def test_without_an_interval_delete_deletes_at_once(
     nowhere = str(uuid.uuid4())
     for action in ("restore", "forceDelete"):
         assert (await act(client, nowhere, action)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("compute_cap", "conductor_cap", "named"),
+    [("1.11", None, "compute RPC 1.13"), (None, "1.13", "conductor RPC version is capped")],
+)
+async def test_older_agents_or_conductors_refuse_soft_delete_and_restore_with_a_409(
+    *,
+    settings: Settings,
+    db_pool: asyncpg.Pool,
+    transport: AmqpTransport,
+    client: httpx.AsyncClient,
+    host: Host,
+    compute_cap: str | None,
+    conductor_cap: str | None,
+    named: str,
+) -> None:
+    """While the caps are below what soft delete needs, nothing changes: the DELETE that
+    would soft-delete and the restore are 409s naming why; forceDelete still deletes."""
+    kept = await soft_deleted(client, db_pool, host)
+    running = await running_server(db_pool, host)
+    app = create_app(
+        settings,
+        db_pool,
+        ConductorAPI(transport, version_cap=conductor_cap or CONDUCTOR_RPC_VERSION),
+        ComputeAPI(transport, version_cap=compute_cap or COMPUTE_RPC_VERSION),
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as old:
+        deleted = await old.delete(f"/v2.1/servers/{running}", headers=MEMBER)
+        restored = await act(old, kept, "restore")
+        forced = await act(old, kept, "forceDelete")
+
+    for refused in (deleted, restored):
+        assert refused.status_code == 409, refused.text
+        assert named in refused.json()["conflictingRequest"]["message"]
+    assert ((await row(db_pool, running)).vm_state, (await row(db_pool, running)).task_state) == (
+        "active",
+        None,
+    )
+    assert forced.status_code == 202
+    await until_state(db_pool, kept, "deleted")
