@@ -43,4 +43,4 @@ def test_delete_keeps_the_server_restore_brings_it_back_force_delete_ends_it(
     assert (restored["status"], restored["OS-EXT-STS:power_state"]) == ("ACTIVE", 1)
     assert events == ["delete", "restore", "delete", "create"]
     assert after.returncode != 0
-    assert "No server with a name or ID" in after.stderr
+    assert "No Server found" in after.stderr
