@@ -500,6 +500,11 @@ class Settings(BaseSettings):
     #: Seconds a finished cold migration waits for confirm or revert before the conductor
     #: confirms it on its owner's behalf; 0 never does (Nova's resize_confirm_window).
     resize_confirm_window: float = Field(default=0.0, ge=0)
+    #: Seconds a deleted server is kept SOFT_DELETED (its guest off, its claims and
+    #: addresses kept) before the conductor deletes it for good; its owner may restore or
+    #: force-delete it meanwhile. 0 (the default) deletes at once (Nova's
+    #: reclaim_instance_interval). keel-api and every conductor must agree on it.
+    reclaim_instance_interval: float = Field(default=0.0, ge=0)
     #: For tests and rehearsals only: the process kills itself (SIGKILL) on reaching this
     #: fault-injection point (see docs/architecture.md, "Fault injection").
     fault_inject: str | None = None

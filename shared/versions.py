@@ -73,6 +73,9 @@ History:
   again on its own host from a new image), conductor 1.14 (``instance_action_result``
   reports a rebuild; ``take_request`` may ask that the request's task still be under
   way on the agent's node).
+* 24 (``whipping``) — soft delete: compute 1.13 (``soft_delete_instance``,
+  ``restore_instance``: power a soft-deleted server's guest off, or on again), conductor
+  1.15 (``instance_action_result`` reports ``soft_delete`` and ``restore``).
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.11", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.11", conductor="1.13", scheduler="1.3"),
     ReleaseApis(compute="1.12", conductor="1.14", scheduler="1.3"),
+    ReleaseApis(compute="1.13", conductor="1.15", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -156,6 +160,7 @@ RELEASE_NAMES: dict[str, int] = {
     "thimble": 21,
     "uphaul": 22,
     "vang": 23,
+    "whipping": 24,
 }
 
 #: The first release whose agents never register without an identity file the

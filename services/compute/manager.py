@@ -269,6 +269,16 @@ class ComputeManager:
             ctx, req.instance_uuid, PowerAction.RESUME, self._driver.resume, starts=True
         )
 
+    async def soft_delete_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        """Power off the guest of a server deleted with soft delete on; it is kept."""
+        await self._power(ctx, req.instance_uuid, PowerAction.SOFT_DELETE, self._driver.power_off)
+
+    async def restore_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        """Power on the guest of a restored server."""
+        await self._power(
+            ctx, req.instance_uuid, PowerAction.RESTORE, self._driver.power_on, starts=True
+        )
+
     async def get_host_uptime(self, ctx: RequestContext, req: GetHostUptime) -> HostUptime:
         """This host's uptime line (read-only: no guest is involved)."""
         try:

@@ -46,6 +46,9 @@ Compute RPC API history:
 * 1.12 — rebuild_guest (cast): make the server's guest again on this, its own, host,
   from the image its spec names (the ``rebuild`` action), and leave it shut down if the
   server was.
+* 1.13 — soft_delete_instance and restore_instance (casts): power the guest of a server
+  deleted with soft delete on off, or that of a restored one on again; the agent reports
+  each as a ``soft_delete`` or ``restore`` result (conductor 1.15).
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ SINCE: dict[str, str] = {
     "get_host_uptime": "1.8",
     "get_instance_diagnostics": "1.10",
     "rebuild_guest": "1.12",
+    "soft_delete_instance": "1.13",
+    "restore_instance": "1.13",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
@@ -661,3 +666,17 @@ class ComputeAPI:
             ctx, method, GetHostUptime(), version=SINCE[method], returns=HostUptime
         )
         return reply.uptime
+
+    async def soft_delete_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "soft_delete_instance", GuestAction(instance_uuid=instance_uuid)
+        )
+
+    async def restore_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "restore_instance", GuestAction(instance_uuid=instance_uuid)
+        )

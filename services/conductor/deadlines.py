@@ -14,8 +14,10 @@ the others), so one of them wins and the rest find it done. A pass:
   again) (:mod:`services.conductor.moves.sweep`);
 * **evacuations held** for their source's fence, once its lease has run out
   (:mod:`services.conductor.moves.held`): sent on;
-* **every other task** — stop, start, reboot, delete, rebuild — past
-  ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a server still
+* **soft-deleted servers** older than ``KEEL_RECLAIM_INSTANCE_INTERVAL``
+  (:mod:`services.conductor.reclaim`): deleted for good;
+* **every other task** — stop, start, reboot, delete, rebuild, soft delete, restore —
+  past ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a server still
   building goes back to its build's task, which the build deadline ends; a rebuild ends
   in ERROR) and its instance action recorded as timed out; the power state follows the
   agent's next guest report.
@@ -35,6 +37,7 @@ from services.conductor.builds.deadline import BuildDeadline
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.held import HeldMoves
 from services.conductor.moves.sweep import MigrationSweep
+from services.conductor.reclaim import SoftDeleteReclaim
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.db import instance_actions
@@ -53,6 +56,10 @@ TASK_ACTIONS: dict[TaskState, str] = {
     TaskState.REBOOTING_HARD: "reboot",
     TaskState.DELETING: "delete",
     TaskState.REBUILD_SPAWNING: "rebuild",
+    # A soft delete that overran leaves the server as it was (not soft-deleted), a
+    # restore that overran leaves it soft-deleted: either may be asked for again.
+    TaskState.SOFT_DELETING: "delete",
+    TaskState.RESTORING: "restore",
 }
 
 
@@ -139,6 +146,9 @@ class Deadlines:
             down_time=down_time,
         )
         self.tasks = TaskDeadline(pool, settings.task_timeout)
+        self.reclaim = SoftDeleteReclaim(
+            pool, compute, interval=settings.reclaim_instance_interval, down_time=down_time
+        )
         self._timeouts = [
             t
             for t in (settings.build_timeout, settings.move_timeout, settings.task_timeout)
@@ -161,6 +171,7 @@ class Deadlines:
             ("build", self.build.sweep),
             ("move", self.moves.sweep),
             ("migration", self.endings.sweep),
+            ("reclaim", self.reclaim.sweep),
         ]
         if self.held is not None:
             steps.append(("held evacuation", self.held.sweep))

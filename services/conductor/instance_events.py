@@ -233,7 +233,18 @@ _POWER_OUTCOMES: dict[PowerAction, tuple[tuple[TaskState, ...], VmState, PowerSt
     # As Nova with libvirt shows a suspended guest: its domain is saved and shut off.
     PowerAction.SUSPEND: ((TaskState.SUSPENDING,), VmState.SUSPENDED, PowerState.SHUTDOWN),
     PowerAction.RESUME: ((TaskState.RESUMING,), VmState.ACTIVE, PowerState.RUNNING),
+    # A DELETE with soft delete on: the guest is off and kept; a restore runs it again.
+    PowerAction.SOFT_DELETE: (
+        (TaskState.SOFT_DELETING,),
+        VmState.SOFT_DELETED,
+        PowerState.SHUTDOWN,
+    ),
+    PowerAction.RESTORE: ((TaskState.RESTORING,), VmState.ACTIVE, PowerState.RUNNING),
 }
+
+#: The instance action each result closes, where it is not the action's own name: a
+#: soft delete is recorded as the ``delete`` it is, as Nova records it.
+_ACTION_RECORDS: dict[PowerAction, str] = {PowerAction.SOFT_DELETE: DELETE_ACTION}
 
 
 async def take_request(pool: asyncpg.Pool, req: TakeRequest) -> RequestTaken:
@@ -276,8 +287,8 @@ async def take_request(pool: asyncpg.Pool, req: TakeRequest) -> RequestTaken:
 
 
 async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) -> None:
-    """End the instance's stop, start, reboot, pause, unpause, suspend or resume task as
-    the agent reports it went.
+    """End the instance's stop, start, reboot, pause, unpause, suspend, resume, soft delete
+    or restore task as the agent reports it went.
 
     A compare-and-swap on the task the action set: a repeated report, or one for an
     instance deleted meanwhile, changes nothing. A failure leaves the instance as it was
@@ -304,8 +315,9 @@ async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) ->
                 extra=extra,
             )
             return
+        record = _ACTION_RECORDS.get(req.action, req.action.value)
         await instance_actions.finish(
-            conn, req.instance_uuid, req.action.value, None if req.success else req.message
+            conn, req.instance_uuid, record, None if req.success else req.message
         )
     if req.success:
         LOG.info("instance %s: %s done", req.instance_uuid, req.action, extra=extra)

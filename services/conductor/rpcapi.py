@@ -43,6 +43,9 @@ Conductor RPC API history:
   take_request may carry ``task`` and ``node_uuid``: take the request only while the
   task it began is still under way and the instance is on that node (a rebuild
   delivered again after it ended, or to a host the server has left, does nothing).
+* 1.15 — instance_action_result may report ``soft_delete`` (the guest of a server deleted
+  with soft delete on is off: the server is SOFT_DELETED) and ``restore`` (a restored
+  server's guest runs again: ACTIVE); sent at 1.15 only for those.
 """
 
 from __future__ import annotations
@@ -232,6 +235,9 @@ class PowerAction(StrEnum):
     RESUME = "resume"
     #: From conductor RPC 1.14.
     REBUILD = "rebuild"
+    #: From conductor RPC 1.15.
+    SOFT_DELETE = "soft_delete"
+    RESTORE = "restore"
 
 
 #: The conductor RPC version that takes each action's result.
@@ -247,6 +253,8 @@ ACTION_RESULT_SINCE: dict[PowerAction, str] = {
         )
     },
     PowerAction.REBUILD: "1.14",
+    PowerAction.SOFT_DELETE: "1.15",
+    PowerAction.RESTORE: "1.15",
 }
 #: The conductor RPC version whose take_request may name the task and node (1.14).
 TAKE_CURRENT_VERSION = "1.14"

@@ -24,6 +24,7 @@ from shared.db import placement
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
+from shared.objects.states import VmState
 
 SortDir = Literal["asc", "desc"]
 
@@ -100,6 +101,10 @@ class InstanceSearch:
     regex: Mapping[str, str] = field(default_factory=dict)
     #: False: live instances only; True: deleted ones only; None: both.
     deleted: bool | None = False
+    #: Whether soft-deleted servers (live rows in SOFT_DELETED) count as deleted ones, as
+    #: in Nova: ``None`` (the default) leaves them out of the live and into the deleted;
+    #: True shows them among the live too, False leaves them out of the deleted too.
+    soft_deleted: bool | None = None
     #: Changed (updated, or created if never updated) at or after / at or before.
     changes_since: datetime | None = None
     changes_before: datetime | None = None
@@ -136,8 +141,16 @@ def _filters(search: InstanceSearch, query: _Query) -> None:
         where.append("false")
     if search.project_id is not None:
         where.append(f"i.project_id = {bind(search.project_id)}")
-    if search.deleted is not None:
-        where.append("i.deleted_at IS NOT NULL" if search.deleted else "i.deleted_at IS NULL")
+    if search.deleted is False:
+        where.append("i.deleted_at IS NULL")
+        if not search.soft_deleted:
+            where.append(f"i.vm_state <> {bind(VmState.SOFT_DELETED.value)}")
+    elif search.deleted is True:
+        if search.soft_deleted is False:
+            where.append("i.deleted_at IS NOT NULL")
+        else:
+            soft = bind(VmState.SOFT_DELETED.value)
+            where.append(f"(i.deleted_at IS NOT NULL OR i.vm_state = {soft})")
     for name, values in search.exact.items():
         where.append(f"{FIELDS[name].sql} = ANY({bind(list(values))}::text[])")
     for name, pattern in search.regex.items():

@@ -251,18 +251,25 @@ async def finish_task(
     vm_state: VmState | None = None,
     power_state: PowerState | None = None,
 ) -> Instance | None:
-    """End one of ``tasks``, setting the states it led to; ``None`` if lost (not in it)."""
+    """End one of ``tasks``, setting the states it led to; ``None`` if lost (not in it).
+
+    Ending in SOFT_DELETED stamps ``soft_deleted_at`` (the reclaim sweep's clock); ending
+    in any other vm state clears it.
+    """
     for task in tasks:
         transitions.require_task_change(task.value, None, to_vm=_value(vm_state))
     row = await conn.fetchrow(
         """UPDATE instances SET task_state = NULL, updated_at = now(),
-                  vm_state = COALESCE($3, vm_state), power_state = COALESCE($4, power_state)
+                  vm_state = COALESCE($3, vm_state), power_state = COALESCE($4, power_state),
+                  soft_deleted_at = CASE WHEN COALESCE($3, vm_state) = $5
+                                         THEN COALESCE(soft_deleted_at, now()) END
             WHERE uuid = $1 AND deleted_at IS NULL AND task_state = ANY($2::text[])
         RETURNING *""",
         instance_uuid,
         [task.value for task in tasks],
         None if vm_state is None else vm_state.value,
         None if power_state is None else int(power_state),
+        VmState.SOFT_DELETED.value,
     )
     return None if row is None else Instance.from_row(row)
 
@@ -404,6 +411,33 @@ async def soft_delete(conn: Connection, instance_uuid: UUID) -> bool:
     return True
 
 
+async def begin_reclaim(conn: Connection, interval: float, *, batch: int = 100) -> list[Instance]:
+    """Mark ``deleting`` the soft-deleted servers (with no task) whose soft delete is more
+    than ``interval`` seconds old: the reclaim sweep deletes them for good.
+
+    Rows another transaction holds are skipped, and the swap names the state it expects,
+    so two conductors sweeping at once never both take the same server.
+    """
+    transitions.require(
+        (VmState.SOFT_DELETED.value, None), (VmState.SOFT_DELETED.value, TaskState.DELETING.value)
+    )
+    rows = await conn.fetch(
+        """UPDATE instances SET task_state = $2, updated_at = now()
+            WHERE id IN (SELECT id FROM instances
+                          WHERE vm_state = $3 AND task_state IS NULL AND deleted_at IS NULL
+                            AND soft_deleted_at < now() - make_interval(secs => $1)
+                          ORDER BY soft_deleted_at LIMIT $4
+                          FOR UPDATE SKIP LOCKED)
+              AND vm_state = $3 AND task_state IS NULL AND deleted_at IS NULL
+        RETURNING *""",
+        interval,
+        TaskState.DELETING.value,
+        VmState.SOFT_DELETED.value,
+        batch,
+    )
+    return [Instance.from_row(row) for row in rows]
+
+
 class NeverBuilt(Exception):
     """The server was never built: it has no guest that could be ACTIVE."""
 
@@ -426,7 +460,8 @@ async def reset_state(
     if vm_state == VmState.ACTIVE and before["launched_at"] is None:
         raise NeverBuilt(str(instance_uuid))
     after = await conn.fetchrow(
-        """UPDATE instances SET vm_state = $2, task_state = NULL, updated_at = now()
+        """UPDATE instances SET vm_state = $2, task_state = NULL, soft_deleted_at = NULL,
+                  updated_at = now()
             WHERE uuid = $1 RETURNING *""",
         instance_uuid,
         vm_state.value,

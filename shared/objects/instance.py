@@ -67,6 +67,9 @@ class Instance(KeelModel):
     #: Who locked it (``owner`` or ``admin``) and why; ``None`` while unlocked.
     locked_by: str | None = None
     locked_reason: str | None = None
+    #: When a DELETE with soft delete on made it SOFT_DELETED (``None`` in any other
+    #: state): the reclaim sweep deletes it for good once the interval has passed.
+    soft_deleted_at: datetime | None = None
 
 
 class RequestedDestination(KeelModel):

@@ -16,6 +16,10 @@ class VmState(StrEnum):
     #: The guest's memory is saved to disk and it no longer runs (status SUSPENDED).
     SUSPENDED = "suspended"
     ERROR = "error"
+    #: Deleted by its owner with soft delete on (``KEEL_RECLAIM_INSTANCE_INTERVAL``): the
+    #: guest is off, claims and addresses kept, until restored, force-deleted or
+    #: reclaimed (status SOFT_DELETED; Nova's name).
+    SOFT_DELETED = "soft-delete"
     DELETED = "deleted"
 
 
@@ -42,6 +46,10 @@ class TaskState(StrEnum):
     UNPAUSING = "unpausing"
     SUSPENDING = "suspending"
     RESUMING = "resuming"
+    #: A delete with soft delete on: the guest is being powered off.
+    SOFT_DELETING = "soft-deleting"
+    #: A soft-deleted server is being restored: the guest is being powered on.
+    RESTORING = "restoring"
 
 
 class PowerState(IntEnum):

@@ -31,6 +31,13 @@ _POWER = {
 }
 
 
+#: The vm states a DELETE soft-deletes (with no task under way): a server whose guest was
+#: built and is running or shut off, so powering it off leaves it plainly off. Any other
+#: (building, ERROR, VERIFY_RESIZE, paused, suspended, or with a task) is deleted at once,
+#: as Nova deletes a server it cannot soft-delete.
+SOFT_DELETABLE = ("active", "stopped")
+
+
 def _instance_transitions() -> set[tuple[State, State]]:
     allowed: set[tuple[State, State]] = set()
 
@@ -55,6 +62,18 @@ def _instance_transitions() -> set[tuple[State, State]]:
     ):
         add((vm, None), (vm, task))
         add((vm, task), (success, None), (vm, None))
+    # Soft delete (KEEL_RECLAIM_INSTANCE_INTERVAL > 0): a DELETE of a server with no task
+    # powers its guest off and keeps it, claims and all, in SOFT_DELETED; a failure, a
+    # withdrawal or the task deadline leaves it as it was (services/api/servers/
+    # soft_delete.py, the agent's result in conductor instance_events.py).
+    for vm in SOFT_DELETABLE:
+        add((vm, None), (vm, "soft-deleting"))
+        add((vm, "soft-deleting"), ("soft-delete", None), (vm, None))
+    # Restore of a soft-deleted server: its guest is powered on and it is ACTIVE again; a
+    # failure, a withdrawal or the task deadline leaves it soft-deleted. (Force delete and
+    # the reclaim sweep are deletes: the rules below instance_allowed's table cover them.)
+    add(("soft-delete", None), ("soft-delete", "restoring"))
+    add(("soft-delete", "restoring"), ("active", None), ("soft-delete", None))
     for task, (starts, success) in _POWER.items():
         for vm in starts:
             # Started by keel-api; ended by the agent's result (success or failure), or
@@ -244,4 +263,13 @@ def require_task_change(
     )
 
 
-_VM_STATES = ("building", "active", "stopped", "resized", "paused", "suspended", "error")
+_VM_STATES = (
+    "building",
+    "active",
+    "stopped",
+    "resized",
+    "paused",
+    "suspended",
+    "error",
+    "soft-delete",
+)

@@ -126,12 +126,17 @@ class MachineBase(RuleBasedStateMachine):
             self.answers.append((what, status))
             if what == "create" and status == 202:
                 self.created.add(UUID(response.json()["server"]["id"]))
-            if what == "delete":
-                server = UUID(path.rsplit("/", 1)[1])
+            if what in ("delete", "forceDelete"):
+                server = UUID(path.split("/")[3])
                 # Once a delete was accepted the server must go, whatever a later delete
-                # of it answers (a 503 then says that that request did nothing).
+                # of it answers (a 503 then says that that request did nothing). A soft
+                # delete too: settling passes the reclaim interval.
                 if self.deletes.get(server) not in (202, 204):
                     self.deletes[server] = status
+            if what == "restore" and status == 202:
+                # A restore accepted brings back a server soft-deleted: the deletes before
+                # it no longer say it must go.
+                self.deletes.pop(UUID(path.split("/")[3]), None)
             # 503 is an answer ("nothing will happen", checked at quiescence); 5xx else never.
             if status >= 500 and status != 503:
                 self.observer.api_errors.append(

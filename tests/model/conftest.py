@@ -20,8 +20,15 @@ from tests.model.world import World, base_settings, scratch_pool
 
 
 @pytest.fixture
+def reclaim_interval() -> float:
+    """``KEEL_RECLAIM_INSTANCE_INTERVAL`` of the model's cloud: 0, a DELETE deletes (the
+    findings' examples were written so); the search turns soft delete on."""
+    return 0.0
+
+
+@pytest.fixture
 def model(
-    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reclaim_interval: float
 ) -> Iterator[tuple[World, Loop]]:
     # keel-api pauses between two attempts at an unconfirmed cast; in the model no time
     # passes but what the model advances, so the pause is only a wait.
@@ -30,7 +37,10 @@ def model(
     # Retry windows count the model loop's time, in which skipped backoffs pass.
     monkeypatch.setattr(tenacity, "time", LoopClock(loop.loop))
     pool = loop.run(scratch_pool(database_url))
-    world = World(pool, base_settings(database_url, tmp_path), tmp_path)
+    settings = base_settings(database_url, tmp_path).model_copy(
+        update={"reclaim_instance_interval": reclaim_interval}
+    )
+    world = World(pool, settings, tmp_path)
     loop.run(world.prepare())
     try:
         yield world, loop

@@ -12,7 +12,8 @@ swept) and checks the invariants of quiescence (:mod:`tests.model.invariants`).
 
 The model's operator does anything the API accepts, at any moment: evacuates any
 server (keel-api decides whether its host is fenced), forces hosts down and up, deletes
-services, resets servers' states, migrates, resizes and deletes; the API is the guard,
+services, resets servers' states, migrates, resizes, deletes (soft delete is on),
+restores and force-deletes; the API is the guard,
 and a refusal is fine. Only what keel cannot check is done as its documentation says:
 a host is renamed while its agent is stopped, and a host that reported no armed fence
 is turned off before it is forced down (keel then has only the operator's word).
@@ -105,6 +106,14 @@ class KeelMachine(MachineBase):
             return
         body = {"rebuild": {"imageRef": str(IMAGE_ID)}}
         self.api("rebuild", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
+
+    @rule(i=index, action=st.sampled_from(["restore", "forceDelete"]), plan=plans)
+    def deferred_delete(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
+        """Restore or force-delete a server, soft-deleted or not (os-deferred-delete)."""
+        if not self.servers:
+            return
+        body = {action: None}
+        self.api(action, "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
     @rule(i=index, to=st.none() | hosts, plan=plans)
     def evacuate(self, i: int, to: int | None = None, plan: dict[str, Any] | None = None) -> None:

@@ -14,7 +14,7 @@ from shared.versions import HOST_FENCE_VERSION, TAKING_REQUESTS_VERSION
 from tests.model import known
 from tests.model.machine import KeelMachine
 from tests.model.script import LEASE_RUNS_OUT, A, B, C, Steps, past_the_lease
-from tests.model.world import BIG_FLAVOR
+from tests.model.world import BIG_FLAVOR, RECLAIM_INTERVAL
 
 pytestmark = pytest.mark.functional
 
@@ -608,3 +608,58 @@ def test_finding_26_a_server_whose_build_failed_is_never_rebuilt_unclaimed(
     s.deliver_all()
     assert ("rebuild", 409) in m.answers
     m.teardown()  # I1: a server's copy sits where it holds a claim
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+@pytest.mark.parametrize("delivered", UNSENT_OR_SENT)
+def test_a_soft_delete_answered_503_keeps_the_server_running(
+    m: KeelMachine, delivered: bool, reclaim_interval: float
+) -> None:
+    """Soft delete on: a DELETE whose soft delete cannot be sent is withdrawn (503) as a
+    stop is, and whatever reaches the agent later powers nothing off."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    for _ in range(3):
+        s.cast_fails("api", delivered=delivered)
+    s.delete(0)
+    assert ("delete", 503) in m.answers
+    s.deliver_all()
+    assert m.state_of(0)[:2] == ("active", None)
+    assert m.w.hosts[A].driver.running(), "a soft delete answered 503 stopped the guest"
+    m.teardown()
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_a_soft_deleted_server_restored_and_force_deleted_at_once_ends_one_way(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Soft delete on: restore and forceDelete of a SOFT_DELETED server, delivered in any
+    order, leave one copy running with its claim, or none and no claim."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.delete(0)
+    s.deliver_all()
+    assert m.state_of(0)[:2] == ("soft-delete", None)
+    assert not m.w.hosts[A].driver.running(), "a soft-deleted server's guest runs"
+    s.deferred_delete(0, "restore")
+    s.deferred_delete(0, "forceDelete")
+    s.deliver_all()
+    m.teardown()  # I0: a forceDelete accepted deletes; I1/I2: claims and copies agree
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_a_soft_deleted_server_is_reclaimed_past_its_interval(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.delete(0)
+    s.deliver_all()
+    s.advance(RECLAIM_INTERVAL + 1)
+    s.sweep()
+    s.deliver_all()
+    assert m.state_of(0)[0] == "deleted"
+    m.teardown()

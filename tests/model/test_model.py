@@ -20,13 +20,20 @@ from hypothesis.stateful import get_state_machine_test
 
 from tests.model.machine import KeelMachine
 from tests.model.runtime import Loop
-from tests.model.world import World
+from tests.model.world import RECLAIM_INTERVAL, World
 
 pytestmark = pytest.mark.functional
 
 CI_EXAMPLES = 300
 #: Steps of one example at most: short examples shrink fast and cover more starts.
 STEPS = 25
+
+
+@pytest.fixture
+def reclaim_interval() -> float:
+    """The search runs with soft delete on: a DELETE may keep the server, which the
+    restore and forceDelete rules then act on."""
+    return RECLAIM_INTERVAL
 
 
 def _settings(examples: int) -> settings:

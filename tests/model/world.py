@@ -87,6 +87,9 @@ ADMIN_TOKEN = "model-admin"
 DOWN_TIME = 60.0
 BUILD_TIMEOUT = 600.0
 CONFIRM_WINDOW = 1800.0
+#: With soft delete on (the search), a DELETE keeps an ACTIVE or SHUTOFF server
+#: SOFT_DELETED this long (the restore and forceDelete rules act on it); settling passes it.
+RECLAIM_INTERVAL = 1200.0
 CALL_TIMEOUT = 60.0
 #: Advancing by this much passes every deadline keel has (the longest is a move's hour).
 PAST_EVERY_DEADLINE = 4000.0

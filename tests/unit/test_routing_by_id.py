@@ -46,6 +46,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("shared/db/service_maintenance.py", "rename_compute"): (
         "rename itself: the new name must be free, and unlinked rows carry only the old name"
     ),
+    ("services/api/servers/soft_delete.py", "soft_deletable"): (
+        "whether the server was placed at all (a host recorded), not which host: its agent "
+        "is then found by id (host_service)"
+    ),
     ("services/conductor/compute_identity.py", "_known_node"): (
         "identity resolution compares the agent's host with the node's service host"
     ),

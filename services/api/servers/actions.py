@@ -26,7 +26,7 @@ from services.api.http.deps import (
 from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
-from services.api.servers import console, locks, rebuild, reset_state, resize
+from services.api.servers import console, locks, rebuild, reset_state, resize, soft_delete
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
@@ -235,6 +235,25 @@ async def _unlock(call: ActionCall) -> Response | None:
     return None
 
 
+async def _restore(call: ActionCall) -> Response | None:
+    await soft_delete.restore(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        instance=call.instance,
+    )
+    return None
+
+
+async def _force_delete(call: ActionCall) -> Response | None:
+    await soft_delete.force_delete(
+        call.pool, call.compute, settings=call.settings, ctx=call.ctx, instance=call.instance
+    )
+    return None
+
+
 #: Action name in the body → its handler.
 ACTIONS: dict[str, Handler] = {
     "os-stop": _stop,
@@ -254,6 +273,8 @@ ACTIONS: dict[str, Handler] = {
     reset_state.ACTION: _reset_state,
     locks.LOCK: _lock,
     locks.UNLOCK: _unlock,
+    soft_delete.RESTORE_ACTION: _restore,
+    soft_delete.FORCE_DELETE_ACTION: _force_delete,
 }
 
 

@@ -294,6 +294,11 @@ def server_search(
         exact=exact,
         regex=regex,
         deleted=_deleted(given, vm_states, ctx),
+        soft_deleted=(
+            boolean("soft_deleted", given["soft_deleted"], strict=False)
+            if "soft_deleted" in given
+            else None
+        ),
         changes_since=since,
         changes_before=before,
         ip=given.get("ip"),

@@ -67,6 +67,9 @@ class PowerAction:
     task: TaskState
     vm_states: tuple[VmState, ...]
     from_tasks: tuple[TaskState | None, ...] = (None,)
+    #: The result the agent reports for it, when not named as the action is (a soft
+    #: delete is recorded as ``delete`` but reported as ``soft_delete``).
+    result: ResultAction | None = None
 
 
 STOP = PowerAction("stop", "stop_instance", TaskState.POWERING_OFF, (VmState.ACTIVE, VmState.ERROR))
@@ -93,6 +96,7 @@ STARTS = (
     TaskState.REBOOTING_HARD,
     TaskState.UNPAUSING,
     TaskState.RESUMING,
+    TaskState.RESTORING,
 )
 
 
@@ -223,7 +227,7 @@ async def run_power_action(
             + await too_old(pool, compute, action.name, action.method, down_time)
             + "."
         )
-    result = ResultAction(action.name)
+    result = action.result or ResultAction(action.name)
     if conductor is not None and not await conductor.can_take_action_result(result):
         raise ConflictingRequest(
             f"Cannot '{action.name}' instance {instance.uuid}: the conductor RPC version is "
@@ -253,6 +257,8 @@ async def run_power_action(
             "unpause_instance": compute.unpause_instance,
             "suspend_instance": compute.suspend_instance,
             "resume_instance": compute.resume_instance,
+            "soft_delete_instance": compute.soft_delete_instance,
+            "restore_instance": compute.restore_instance,
         }[action.method]
         await send(ctx, service.uuid, instance.uuid)
 

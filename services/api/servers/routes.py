@@ -28,9 +28,8 @@ from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker
-from services.api.servers import group_hint, locks
+from services.api.servers import group_hint, locks, soft_delete
 from services.api.servers.create import NewServerBody, create_server
-from services.api.servers.delete import delete_server
 from services.api.servers.fields import prepare
 from services.api.servers.filters import server_search
 from services.api.servers.lookup import find_instance, last_segment, server_view
@@ -224,10 +223,19 @@ async def create(
 
 @router.delete("/{server_id}", status_code=204, response_class=Response)
 async def delete(
-    server_id: str, pool: DbPool, ctx: Context, compute: Compute, settings: AppSettings
+    server_id: str,
+    *,
+    pool: DbPool,
+    ctx: Context,
+    compute: Compute,
+    conductor: Conductor,
+    settings: AppSettings,
 ) -> Response:
+    """Delete the server, or soft-delete it (see :mod:`services.api.servers.soft_delete`)."""
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
     locks.check_unlocked(ctx, instance)
-    await delete_server(pool, compute, ctx, instance, settings.service_down_time)
+    await soft_delete.delete(
+        pool, compute, conductor, settings=settings, ctx=ctx, instance=instance
+    )
     return Response(status_code=204)

@@ -30,6 +30,7 @@ _STATUS: dict[str, str] = {
     VmState.PAUSED: "PAUSED",
     VmState.SUSPENDED: "SUSPENDED",
     VmState.ERROR: "ERROR",
+    VmState.SOFT_DELETED: "SOFT_DELETED",
     VmState.DELETED: "DELETED",
 }
 
@@ -60,7 +61,6 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
             "RESCUE",
             "SHELVED",
             "SHELVED_OFFLOADED",
-            "SOFT_DELETED",
             "UNKNOWN",
         )
     },

@@ -36,6 +36,7 @@ def view(version: str = "2.1", *, admin: bool = False, **kw: Any) -> ServerView:
         ("stopped", "SHUTOFF"),
         ("error", "ERROR"),
         ("deleted", "DELETED"),
+        ("soft-delete", "SOFT_DELETED"),
         ("mystery", "UNKNOWN"),
     ],
 )
@@ -48,6 +49,14 @@ def test_status_filters_select_vm_states() -> None:
     assert STATUS_FILTERS["SHUTOFF"] == ("stopped",)
     assert STATUS_FILTERS["PAUSED"] == ("paused",)
     assert STATUS_FILTERS["SHELVED"] == ()
+
+
+def test_soft_deleted_servers_show_and_filter_as_nova_shows_them() -> None:
+    """SOFT_DELETED is a status of its own whatever the task (a restore under way too),
+    and selects exactly the soft-deleted servers."""
+    assert STATUS_FILTERS["SOFT_DELETED"] == ("soft-delete",)
+    assert server_status("soft-delete", "restoring") == "SOFT_DELETED"
+    assert server_status("active", "soft-deleting") == "ACTIVE"
 
 
 def test_summary() -> None:
