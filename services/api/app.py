@@ -51,6 +51,7 @@ from services.api.servers import password as server_password
 from services.api.servers import routes as servers
 from services.api.servers import security_groups as server_security_groups
 from services.api.servers import tags as server_tags
+from services.api.servers import topology as server_topology
 from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
@@ -110,6 +111,7 @@ def create_app(
     app.include_router(server_security_groups.router)
     app.include_router(server_password.router)
     app.include_router(server_diagnostics.router)
+    app.include_router(server_topology.router)
     app.include_router(flavors.router)
     app.include_router(flavor_extra_specs.router)
     app.include_router(flavor_access.router)

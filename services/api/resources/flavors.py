@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import asyncpg
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.api.http.auth import AdminContext, Context
@@ -27,6 +27,7 @@ from services.api.http.deps import DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.links import Links
 from services.api.http.paging import next_marker, page_request, take_page
+from services.api.http.query import refuse_unknown
 from services.api.views.flavors import flavor_detail, flavor_summary
 from shared.context import RequestContext
 from shared.db import flavors as flavors_db
@@ -96,13 +97,23 @@ class FlavorQuery:
     marker: str | None
 
 
+#: The query parameters of the flavor lists; others are a 400 from 2.75.
+KNOWN_QUERY = frozenset(
+    {"is_public", "minRam", "minDisk", "limit", "marker", "sort_key", "sort_dir"}
+)
+
+
 def flavor_query(
+    request: Request,
+    version: Version,
+    *,
     is_public: Q = None,
     min_ram: Annotated[str | None, Query(alias="minRam")] = None,
     min_disk: Annotated[str | None, Query(alias="minDisk")] = None,
     limit: Q = None,
     marker: Q = None,
 ) -> FlavorQuery:
+    refuse_unknown(request.query_params, KNOWN_QUERY, version)
     return FlavorQuery(is_public, min_ram, min_disk, limit, marker)
 
 

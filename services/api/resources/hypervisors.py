@@ -123,7 +123,8 @@ async def _list(
         views = [hypervisor_view(s, version, detail=detail) for s in page]
         if servers:
             views = [
-                with_servers(v, await servers_on(conn, s)) for v, s in zip(views, page, strict=True)
+                with_servers(v, await servers_on(conn, s), version)
+                for v, s in zip(views, page, strict=True)
             ]
     body: dict[str, Any] = {"hypervisors": views}
 
@@ -237,7 +238,9 @@ async def hypervisor_servers(
     async with pool.acquire() as conn:
         states = await matching(conn, settings.service_down_time, pattern)
         views = [
-            with_servers(hypervisor_view(s, version, detail=False), await servers_on(conn, s))
+            with_servers(
+                hypervisor_view(s, version, detail=False), await servers_on(conn, s), version
+            )
             for s in states
         ]
     return {"hypervisors": views}

@@ -26,6 +26,7 @@ from services.api.http.deps import AppSettings, DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ConflictingRequest, Forbidden, ItemNotFound
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker, page_request
+from services.api.http.query import refuse_unknown
 from services.api.resources import key_material
 from services.api.resources.quotas import check_new_key_pair
 from services.api.views.timestamps import naive_isotime
@@ -158,6 +159,7 @@ async def list_keypairs(
     request: Request, pool: DbPool, ctx: Context, version: Version, links: RequestLinks
 ) -> dict[str, Any]:
     params = request.query_params
+    refuse_unknown(params, {"user_id", "limit", "marker"}, version)
     user_id = owner(ctx, version, params.get("user_id"))
     paging = page_request(params.get("limit"), params.get("marker"))
     if not version.at_least("2.35"):
@@ -194,6 +196,7 @@ async def _find(pool: asyncpg.Pool, user_id: str, name: str) -> KeyPair:
 async def show(
     name: str, request: Request, pool: DbPool, ctx: Context, version: Version
 ) -> dict[str, Any]:
+    refuse_unknown(request.query_params, {"user_id"}, version)
     user_id = owner(ctx, version, request.query_params.get("user_id"))
     key = await _find(pool, user_id, name)
     return {"keypair": keypair_body(key, version, full=True)}
@@ -203,6 +206,7 @@ async def show(
 async def delete(
     name: str, request: Request, pool: DbPool, ctx: Context, version: Version
 ) -> Response:
+    refuse_unknown(request.query_params, {"user_id"}, version)
     user_id = owner(ctx, version, request.query_params.get("user_id"))
     try:
         async with pool.acquire() as conn:

@@ -1,7 +1,8 @@
 """``PUT /servers/{id}``: rename a server, or (from microversion 2.19) describe it.
 
 The answer is Nova's update view below 2.75: the server without its extended attributes
-(no ``OS-EXT-*`` keys, key name, security groups or admin fields). The body may also set
+(no ``OS-EXT-*`` keys, key name, security groups or admin fields); from 2.75 the whole
+server, as ``GET /servers/{id}`` shows it. The body may also set
 ``accessIPv4`` / ``accessIPv6``; anything else in it is a 400.
 """
 
@@ -90,4 +91,4 @@ async def update_server(
         "changed" if describe else "unchanged",
         extra={"instance_uuid": str(updated.uuid)},
     )
-    return {"server": view.updated(updated)}
+    return {"server": view.changed(updated)}

@@ -122,8 +122,8 @@ def addresses_body(
     return body
 
 
-#: What Nova's answer to ``PUT /servers/{id}`` leaves out below 2.75 (it shows all of
-#: the server only from 2.75, a microversion keel does not reach).
+#: What Nova's answer to ``PUT /servers/{id}`` leaves out below 2.75 (from 2.75 it shows
+#: all of the server).
 _NOT_IN_UPDATE = (
     "key_name",
     "config_drive",
@@ -219,6 +219,16 @@ class ServerView:
             body.update(self._admin_fields(instance))
         body.update(self._versioned_fields(instance, show=show))
         return body
+
+    def changed(self, instance: Instance) -> dict[str, Any]:
+        """The answer to ``PUT /servers/{id}`` (and to a rebuild) at this microversion.
+
+        Below 2.75 it is the update view (:meth:`updated`); from 2.75 the server is shown
+        whole, exactly as ``GET /servers/{id}`` shows it, so a client reads one shape.
+        """
+        if self.version.at_least("2.75"):
+            return self.detail(instance, show=True)
+        return self.updated(instance)
 
     def updated(self, instance: Instance) -> dict[str, Any]:
         """The answer to ``PUT /servers/{id}`` below 2.75: the base view, without the

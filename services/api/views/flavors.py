@@ -1,4 +1,5 @@
-"""Flavor bodies at a microversion: ``description`` from 2.55, ``extra_specs`` from 2.61."""
+"""Flavor bodies at a microversion: ``description`` from 2.55, ``extra_specs`` from 2.61,
+``swap`` always an integer from 2.75."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def flavor_detail(flavor: Flavor, version: APIVersion, links: Links) -> dict[str
             "OS-FLV-EXT-DATA:ephemeral": flavor.ephemeral_gb,
             "OS-FLV-DISABLED:disabled": flavor.disabled,
             "os-flavor-access:is_public": flavor.is_public,
-            # Before 2.75 the compute API writes "no swap" as an empty string.
-            "swap": flavor.swap or "",
+            # Before 2.75 the compute API writes "no swap" as an empty string, from
+            # 2.75 as 0, so the field is always an integer.
+            "swap": flavor.swap if flavor.swap or version.at_least("2.75") else "",
             "rxtx_factor": flavor.rxtx_factor,
         }
     )

@@ -59,9 +59,12 @@ def hypervisor_view(state: HostState, version: APIVersion, *, detail: bool) -> d
     return body
 
 
-def with_servers(body: dict[str, Any], servers: Sequence[Instance]) -> dict[str, Any]:
-    """``body`` with the servers on the hypervisor, when it has any (as Nova before 2.75)."""
-    if servers:
+def with_servers(
+    body: dict[str, Any], servers: Sequence[Instance], version: APIVersion
+) -> dict[str, Any]:
+    """``body`` with the servers on the hypervisor: below 2.75 only when it has any, from
+    2.75 always (an empty list for none), so a client need not test for the key."""
+    if servers or version.at_least("2.75"):
         body["servers"] = [{"name": instance_name(i), "uuid": str(i.uuid)} for i in servers]
     return body
 
