@@ -74,6 +74,16 @@ async def event_has_details(w: World, v: str) -> bool:
     return "details" in await action_event(w, v, ADMIN)
 
 
+async def extra_spec_status(w: World, v: str) -> int:
+    body = {"extra_specs": {"hw:cpu_policy": "sometimes"}}
+    return (await w.post("flavors/1/os-extra_specs", v, body)).status_code
+
+
+async def hypervisor_detail_has(w: World, v: str, key: str) -> bool:
+    found = (await w.get("os-hypervisors/detail", v)).json()["hypervisors"]
+    return all(key in h for h in found)
+
+
 LATE_CASES = [
     Case(
         "2.75",
@@ -114,6 +124,14 @@ LATE_CASES = [
         1,
     ),
     Case("2.84", "details in action events", event_has_details, True, False),
+    Case("2.86", "extra specs checked", extra_spec_status, 400, 200),
+    Case(
+        "2.88",
+        "hypervisors without statistics",
+        lambda w, v: hypervisor_detail_has(w, v, "vcpus"),
+        False,
+        True,
+    ),
 ]
 
 
@@ -215,6 +233,41 @@ async def test_failed_event_details_say_why_and_members_never_see_them(world: Wo
     assert shown["events"][0]["details"] == "host on fire"
     listed = (await world.get(base, "2.84")).json()["instanceActions"]
     assert all("details" not in action for action in listed)
+
+
+async def test_known_extra_specs_are_kept_and_unknown_namespaces_unchecked(world: World) -> None:
+    good = {"hw:cpu_policy": "dedicated", "hw:numa_nodes": 1, "keel:rack": "r1"}
+    made = await world.post("flavors/1/os-extra_specs", "2.86", {"extra_specs": good})
+    assert made.status_code == 200, made.text
+    assert made.json()["extra_specs"]["hw:numa_nodes"] == "1"
+    typo = await world.client.put(
+        "/v2.1/flavors/1/os-extra_specs/hw:cpu_polcy",
+        headers={**ADMIN, **_at("2.86")},
+        json={"hw:cpu_polcy": "dedicated"},
+    )
+    assert typo.status_code == 400
+    assert "'hw:cpu_polcy' does not appear to be a valid extra spec" in world.message(typo)
+    listed = (await world.get("flavors/1/os-extra_specs", "2.86")).json()["extra_specs"]
+    assert "hw:cpu_polcy" not in listed
+    assert listed["keel:rack"] == "r1"
+
+
+async def test_hypervisor_statistics_and_uptime_routes_are_gone_from_2_88(world: World) -> None:
+    node = (await world.get("os-hypervisors", "2.87")).json()["hypervisors"][0]["id"]
+    assert await status_of_get(world, "2.87", "os-hypervisors/statistics") == 200
+    assert await status_of_get(world, "2.88", "os-hypervisors/statistics") == 404
+    assert await status_of_get(world, "2.88", f"os-hypervisors/{node}/uptime") == 404
+    shown = (await world.get(f"os-hypervisors/{node}?with_servers=true", "2.88")).json()
+    hypervisor = shown["hypervisor"]
+    # The stand-in hosts have no agent to ask: their uptime is unknown, not an error.
+    assert hypervisor["uptime"] is None
+    assert hypervisor["servers"] == []
+    assert "cpu_info" not in hypervisor
+    assert "service" in hypervisor
+    older = (await world.get(f"os-hypervisors/{node}", "2.87")).json()["hypervisor"]
+    assert "uptime" not in older
+    assert "servers" not in older
+    assert older["cpu_info"] == {}
 
 
 def guide_table() -> dict[str, str]:
