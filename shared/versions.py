@@ -69,6 +69,10 @@ History:
 * 22 (``uphaul``) — late moves build nothing: conductor 1.13 (``check_move``: a
   destination asks whether the move still waits for its copy there before it builds
   one, and again after, as a build asks ``check_build``).
+* 23 (``vang``) — guest host names: compute 1.12 (the instance a build or rebuild
+  carries gains the ``hostname`` the server keeps, asked for from compute API 2.90);
+  conductors end an evacuation recorded ``end_stopped`` (compute API 2.95) with the
+  server stopped, which keel-api asks for only once every conductor is of this release.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.10", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.11", conductor="1.12", scheduler="1.3"),
     ReleaseApis(compute="1.11", conductor="1.13", scheduler="1.3"),
+    ReleaseApis(compute="1.12", conductor="1.13", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -150,6 +155,7 @@ RELEASE_NAMES: dict[str, int] = {
     "sheave": 20,
     "thimble": 21,
     "uphaul": 22,
+    "vang": 23,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -5,8 +5,9 @@ otherwise (the private key is in the create answer, and only there). ``type`` (`
 or ``x509``) exists from 2.2, which also answers create with 201 and delete with 204;
 from 2.10 an admin may act on another user's key pairs with ``user_id``; from 2.35 the
 list pages with ``limit`` and ``marker``. Names are 1-255 letters, digits, spaces,
-``_`` and ``-``. Creating one counts against the ``key_pairs`` quota of the caller's
-project, per user.
+``_`` and ``-`` (from 2.92 ``@`` and ``.`` too). From 2.92 keel no longer generates key
+pairs: a create must carry the ``public_key`` to import, as in Nova. Creating one counts
+against the ``key_pairs`` quota of the caller's project, per user.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from shared.objects.key_pair import KeyPair, KeyPairType
 router = APIRouter(prefix="/v2.1/os-keypairs")
 
 NAME_CHARACTERS = frozenset("_- " + string.digits + string.ascii_letters)
+#: What names may hold from 2.92, which also stops generating key pairs.
+NAME_CHARACTERS_2_92 = NAME_CHARACTERS | {"@", "."}
+IMPORT_ONLY_VERSION = "2.92"
 MAX_NAME = 255
 
 
@@ -56,16 +60,19 @@ class NewKeyPairBody(BaseModel):
     keypair: NewKeyPair
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, version: APIVersion) -> str:
     if not 1 <= len(name) <= MAX_NAME:
         raise BadRequest(
             "Keypair data is invalid: Keypair name must be string and between 1 and 255 "
             "characters long"
         )
-    if name != name.strip() or not set(name) <= NAME_CHARACTERS:
+    newer = version.at_least(IMPORT_ONLY_VERSION)
+    allowed = NAME_CHARACTERS_2_92 if newer else NAME_CHARACTERS
+    if name != name.strip() or not set(name) <= allowed:
         raise BadRequest(
             f"Invalid input for field/attribute name. Value: {name}. Only expected characters: "
-            "letters, digits, spaces, '_' and '-', with no leading or trailing space."
+            f"letters, digits, spaces, '_'{', @, .' if newer else ''} and '-', with no "
+            "leading or trailing space."
         )
     return name
 
@@ -131,7 +138,12 @@ async def create(
 ) -> Response:
     new = body.keypair
     check_fields(new, version)
-    name, user_id = check_name(new.name), owner(ctx, version, new.user_id)
+    if new.public_key is None and version.at_least(IMPORT_ONLY_VERSION):
+        raise BadRequest(
+            "Invalid input for field/attribute keypair. 'public_key' is a required property: "
+            f"key pairs are imported, not generated, from microversion {IMPORT_ONLY_VERSION}."
+        )
+    name, user_id = check_name(new.name, version), owner(ctx, version, new.user_id)
     key_type = new.type or KeyPairType.SSH
     public, fingerprint, private = await _material(new, key_type, user_id)
     async with pool.acquire() as conn, conn.transaction():

@@ -8,8 +8,8 @@ dropped, except where Nova drops it too:
   (2.5), ``tags``/``tags-any``/``not-tags``/``not-tags-any`` (2.26), ``changes-before``
   (2.66), ``locked`` (2.73) and, from 2.83, ``availability_zone``, ``config_drive``,
   ``key_name``, ``created_at``, ``launched_at``, ``terminated_at``, ``power_state``,
-  ``task_state``, ``vm_state``, ``progress`` and ``user_id``; Nova ignores their other
-  filters, and so does keel.
+  ``task_state``, ``vm_state``, ``progress`` and ``user_id``, from 2.90 ``hostname``;
+  Nova ignores their other filters, and so does keel.
 * Admins may use every filter of :data:`EXACT` and :data:`REGEX` and ``deleted``; the
   joined-table filters (``metadata``, ``security_groups``...) and names starting with
   ``_`` are a 400. Names Nova does not know are ignored below 2.75 and a 400 from 2.75.
@@ -150,6 +150,8 @@ def member_filters(version: APIVersion) -> frozenset[str]:
         allowed.add("locked")
     if version.at_least("2.83"):
         allowed |= MEMBER_FILTERS_2_83
+    if version.at_least("2.90"):
+        allowed.add("hostname")
     return frozenset(allowed)
 
 

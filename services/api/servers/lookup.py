@@ -18,7 +18,14 @@ from services.api.http.microversion import APIVersion
 from services.api.servers.forwards import with_forwards
 from services.api.servers.views import ServerView
 from shared.context import RequestContext
-from shared.db import compute_nodes, fixed_ips, instances, placement, server_groups
+from shared.db import (
+    compute_nodes,
+    fixed_ips,
+    instances,
+    placement,
+    request_specs,
+    server_groups,
+)
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
@@ -89,6 +96,11 @@ async def server_view(
         groups=(
             await server_groups.of_instances(conn, [instance.uuid for instance in shown])
             if version.at_least("2.71") and len(shown) == 1
+            else {}
+        ),
+        asked=(
+            await request_specs.asked(conn, [instance.uuid for instance in shown])
+            if version.at_least("2.96")
             else {}
         ),
     )

@@ -3,7 +3,8 @@
 The answer is Nova's update view below 2.75: the server without its extended attributes
 (no ``OS-EXT-*`` keys, key name, security groups or admin fields); from 2.75 the whole
 server, as ``GET /servers/{id}`` shows it. The body may also set
-``accessIPv4`` / ``accessIPv6``; anything else in it is a 400.
+``accessIPv4`` / ``accessIPv6`` and, from 2.90, the guest's ``hostname`` (what the
+metadata service tells the guest from then on); anything else in it is a 400.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from services.api.servers.fields import (
     ServerName,
     unexpected,
 )
+from services.api.servers.hostname import checked_hostname
 from services.api.servers.lookup import find_instance, server_view
 from shared.db import server_fields
 
@@ -39,6 +41,8 @@ class ServerUpdate(BaseModel):
     description: Description = None
     access_ip_v4: AccessIPv4 = Field(default=None, alias="accessIPv4")
     access_ip_v6: AccessIPv6 = Field(default=None, alias="accessIPv6")
+    #: The guest's host name (2.90): see :mod:`services.api.servers.hostname`.
+    hostname: Any = None
 
 
 class ServerUpdateBody(BaseModel):
@@ -64,6 +68,9 @@ async def update_server(
         raise unexpected("description", "2.19")
     if "name" in change.model_fields_set and change.name is None:
         raise BadRequest("Invalid input for field/attribute server.name: it must be a string.")
+    hostname = None
+    if "hostname" in change.model_fields_set:
+        hostname = checked_hostname(change.hostname, version)
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
         updated = await server_fields.update(
@@ -74,6 +81,7 @@ async def update_server(
             set_description=describe,
             access_ip_v4=change.access_ip_v4,
             access_ip_v6=change.access_ip_v6,
+            hostname=hostname,
         )
         view = await server_view(
             conn,

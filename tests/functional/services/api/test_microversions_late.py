@@ -17,14 +17,15 @@ import pytest
 
 from services.api.http.microversion import MAX_VERSION
 from shared.context import RequestContext
-from shared.db import instance_actions
+from shared.db import instance_actions, instances
 from tests.docs import page
-from tests.functional.services.api.conftest import ADMIN, MEMBER
+from tests.functional.services.api.conftest import ADMIN, MEMBER, add_compute, place_on
 from tests.functional.services.api.test_microversions import (
     CASES,
     Case,
     World,
     count,
+    has,
     previous,
     status_of_get,
     world,
@@ -84,6 +85,42 @@ async def hypervisor_detail_has(w: World, v: str, key: str) -> bool:
     return all(key in h for h in found)
 
 
+async def keypair_generated_status(w: World, v: str) -> int:
+    body = {"keypair": {"name": f"gen-{v.replace('.', '-')}"}}
+    return (await w.post("os-keypairs", v, body, MEMBER)).status_code
+
+
+async def evacuation_ends_stopped(w: World, v: str) -> bool:
+    """Whether an evacuation asked for at ``v`` is recorded to end stopped (the evacuation
+    itself is tested in test_evacuate_fenced and the conductor's test_evacuate_stopped)."""
+    async with w.pool.acquire() as conn:
+        placed = (await instances.get(conn, UUID(w.server_id))).host is not None
+    if not placed:
+        # Run the probe on a host forced down (no fence armed: evacuable at once).
+        _, node = await add_compute(w.pool, "evacuated")
+        await place_on(w.pool, w.server_id, node)
+        async with w.pool.acquire() as conn:
+            await instances.set_active(conn, UUID(w.server_id))
+            await conn.execute("UPDATE services SET forced_down = true WHERE host = 'evacuated'")
+    answer = await w.post(f"servers/{w.server_id}/action", v, {"evacuate": {}})
+    assert answer.status_code == 200, answer.text
+    async with w.pool.acquire() as conn:
+        stopped: bool = await conn.fetchval(
+            "SELECT end_stopped FROM migrations WHERE instance_uuid = $1 "
+            "ORDER BY created_at DESC LIMIT 1",
+            UUID(w.server_id),
+        )
+        # Ready for the next evacuation of the probe.
+        await conn.execute(
+            "UPDATE instances SET task_state = NULL WHERE uuid = $1", UUID(w.server_id)
+        )
+    return stopped
+
+
+async def image_has_properties(w: World, v: str) -> bool:
+    return "properties" in (await w.server(v))["image"]
+
+
 LATE_CASES = [
     Case(
         "2.75",
@@ -131,6 +168,37 @@ LATE_CASES = [
         lambda w, v: hypervisor_detail_has(w, v, "vcpus"),
         False,
         True,
+    ),
+    Case(
+        "2.90",
+        "hostname on create",
+        lambda w, v: w.create(v, hostname="web-1"),
+        202,
+        400,
+    ),
+    Case("2.92", "key pairs are imported only", keypair_generated_status, 400, 201),
+    Case("2.95", "evacuated servers end stopped", evacuation_ends_stopped, True, False),
+    Case(
+        "2.96",
+        "the pinned zone in servers",
+        lambda w, v: has(w, v, "pinned_availability_zone"),
+        True,
+        False,
+    ),
+    Case("2.98", "image properties in servers", image_has_properties, True, False),
+    Case(
+        "2.100",
+        "scheduler hints in servers",
+        lambda w, v: has(w, v, "scheduler_hints"),
+        True,
+        False,
+    ),
+    Case(
+        "2.94",
+        "a fully qualified hostname",
+        lambda w, v: w.create(v, hostname="web-1.example.org"),
+        202,
+        400,
     ),
 ]
 
