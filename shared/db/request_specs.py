@@ -34,6 +34,30 @@ async def create(
     )
 
 
+async def lock_pinned_zone(conn: Connection, instance_uuid: UUID) -> tuple[bool, str | None]:
+    """Lock the server's spec (in a transaction) and read the zone it pins the server to:
+    ``(False, None)`` for a server without a spec."""
+    row = await conn.fetchrow(
+        """SELECT spec->>'availability_zone' AS zone FROM request_specs
+            WHERE instance_uuid = $1 FOR UPDATE""",
+        instance_uuid,
+    )
+    return (False, None) if row is None else (True, row["zone"])
+
+
+async def set_pinned_zone(conn: Connection, instance_uuid: UUID, zone: str | None) -> None:
+    """Pin the server to ``zone`` for its later moves, or unpin it (``None``)."""
+    await conn.execute(
+        """UPDATE request_specs
+              SET spec = jsonb_set(spec, '{availability_zone}',
+                                   COALESCE(to_jsonb($2::text), 'null'::jsonb)),
+                  updated_at = now()
+            WHERE instance_uuid = $1""",
+        instance_uuid,
+        zone,
+    )
+
+
 @dataclass(frozen=True)
 class Asked:
     """What a server's create asked for that the compute API shows: the zone it pinned

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Response
 
 from services.api.http.auth import AdminContext, Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
@@ -66,7 +67,7 @@ def _no_such_key(flavor_id: str, key: str) -> ItemNotFound:
     return ItemNotFound(f"Flavor {flavor_id} has no extra specs with key {key}.")
 
 
-@router.get("/{flavor_id}/os-extra_specs")
+@router.get("/{flavor_id}/os-extra_specs", dependencies=[NO_QUERY_FROM_2_102])
 async def list_extra_specs(flavor_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
     async with pool.acquire() as conn:
         flavor = await visible_flavor(conn, ctx, flavor_id)
@@ -91,7 +92,7 @@ async def add_extra_specs(
     return {"extra_specs": specs}
 
 
-@router.get("/{flavor_id}/os-extra_specs/{key}")
+@router.get("/{flavor_id}/os-extra_specs/{key}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_extra_spec(flavor_id: str, key: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
     async with pool.acquire() as conn:
         flavor = await visible_flavor(conn, ctx, flavor_id)

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from uuid import UUID
 
 import asyncpg
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from services.api.http.auth import AdminContext
 from services.api.http.deps import AppSettings, Compute, DbPool, RequestLinks, Version
@@ -27,7 +27,7 @@ from services.api.http.faults import BadRequest, Fault, ItemNotFound, ServiceUna
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker, page_request
-from services.api.http.query import boolean
+from services.api.http.query import boolean, refuse_unknown
 from services.api.views.hypervisors import (
     NO_STATISTICS_VERSION,
     hypervisor_id,
@@ -59,12 +59,22 @@ class HypervisorQuery:
     with_servers: str | None = None
 
 
+#: The query parameters of the lists and of a hypervisor shown, from 2.53, where Nova's
+#: schemas refuse any other.
+LIST_QUERY = frozenset({"hypervisor_hostname_pattern", "limit", "marker", "with_servers"})
+SHOW_QUERY = frozenset({"with_servers"})
+
+
 def hypervisor_query(
+    request: Request,
+    version: Version,
+    *,
     hypervisor_hostname_pattern: Q = None,
     limit: Q = None,
     marker: Q = None,
     with_servers: Q = None,
 ) -> HypervisorQuery:
+    refuse_unknown(request.query_params, LIST_QUERY, version, since="2.53")
     return HypervisorQuery(hypervisor_hostname_pattern, limit, marker, with_servers)
 
 
@@ -292,6 +302,7 @@ async def hypervisor_servers(
 @router.get("/{hypervisor}")
 async def show_hypervisor(
     hypervisor: str,
+    request: Request,
     *,
     pool: DbPool,
     ctx: AdminContext,
@@ -301,6 +312,7 @@ async def show_hypervisor(
     with_servers: Q = None,
 ) -> dict[str, Any]:
     """One hypervisor in detail; from 2.53 with its servers if ``with_servers`` says so."""
+    refuse_unknown(request.query_params, SHOW_QUERY, version, since="2.53")
     state = await _find(pool, hypervisor, version, settings.service_down_time)
     [uptime] = await uptimes(compute, ctx, [state], version)
     body = hypervisor_view(state, version, detail=True, uptime=uptime)

@@ -20,6 +20,7 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 
 from services.api.http.auth import AdminContext
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.links import Links
@@ -131,7 +132,7 @@ async def list_migrations(
     return body
 
 
-@router.get("/servers/{server_id}/migrations")
+@router.get("/servers/{server_id}/migrations", dependencies=[NO_QUERY_FROM_2_102])
 async def server_migrations(
     server_id: str, *, pool: DbPool, ctx: AdminContext, version: Version
 ) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from services.api.http.auth import AdminContext, Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool, Keystone, Version
 from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.microversion import APIVersion
@@ -199,7 +200,7 @@ def quota_set(limits: dict[str, int], version: APIVersion) -> dict[str, Any]:
     return {name: limits.get(name, -1) for name in resources_at(version)}
 
 
-@router.get("/{project_id}/defaults")
+@router.get("/{project_id}/defaults", dependencies=[NO_QUERY_FROM_2_102])
 async def show_defaults(
     project_id: str,
     *,

@@ -22,6 +22,7 @@ from uuid import UUID
 from fastapi import APIRouter, Request, Response
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
@@ -185,7 +186,7 @@ def _number(value: str | None, name: str) -> int | None:
     return int(value)
 
 
-@router.get("/{group_id}")
+@router.get("/{group_id}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_group(group_id: str, pool: DbPool, ctx: Context, version: Version) -> dict[str, Any]:
     async with pool.acquire() as conn:
         group = await find_group(conn, ctx, group_id)

@@ -24,6 +24,7 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
@@ -144,7 +145,7 @@ async def list_actions(
     return {"instanceActions": [_action(action, version) for action in found]}
 
 
-@router.get("/{server_id}/os-instance-actions/{request_id}")
+@router.get("/{server_id}/os-instance-actions/{request_id}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_action(
     server_id: str, request_id: str, *, pool: DbPool, ctx: Context, version: Version
 ) -> dict[str, Any]:

@@ -56,6 +56,22 @@ async def host_service(pool: asyncpg.Pool, instance: Instance, down_time: float)
     return None if host is None else host.service
 
 
+async def zone_of(conn: Connection, instance: Instance, down_time: float) -> str:
+    """The zone the server is in, as its view shows it: its node's once placed, before
+    that the one its create asked for (``""`` for none)."""
+    states = await compute_nodes.host_states_on(
+        conn, down_time, [instance.host] if instance.host else []
+    )
+    for state in states:
+        placed_here = (state.node.host, state.node.hypervisor_hostname) == (
+            instance.host,
+            instance.node,
+        )
+        if placed_here and state.node.availability_zone is not None:
+            return state.node.availability_zone
+    return instance.availability_zone or ""
+
+
 def host_status(service: Service) -> str:
     if service.forced_down:
         return "DOWN"

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, Version
 from services.api.http.faults import ItemNotFound
 from services.api.servers.lookup import find_instance
@@ -23,7 +24,7 @@ router = APIRouter(prefix="/v2.1/servers")
 TOPOLOGY_VERSION = "2.78"
 
 
-@router.get("/{server_id}/topology")
+@router.get("/{server_id}/topology", dependencies=[NO_QUERY_FROM_2_102])
 async def show_topology(
     server_id: str, pool: DbPool, ctx: Context, version: Version
 ) -> dict[str, Any]:

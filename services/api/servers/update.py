@@ -4,7 +4,9 @@ The answer is Nova's update view below 2.75: the server without its extended att
 (no ``OS-EXT-*`` keys, key name, security groups or admin fields); from 2.75 the whole
 server, as ``GET /servers/{id}`` shows it. The body may also set
 ``accessIPv4`` / ``accessIPv6`` and, from 2.90, the guest's ``hostname`` (what the
-metadata service tells the guest from then on); anything else in it is a 400.
+metadata service tells the guest from then on) and, from 2.104, the server's
+``pinned_availability_zone`` (:mod:`services.api.servers.pinned_zone`); anything else in
+it is a 400.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from services.api.servers.fields import (
 )
 from services.api.servers.hostname import checked_hostname
 from services.api.servers.lookup import find_instance, server_view
+from services.api.servers.pinned_zone import checked_zone, repin
 from shared.db import server_fields
 
 LOG = logging.getLogger(__name__)
@@ -43,6 +46,8 @@ class ServerUpdate(BaseModel):
     access_ip_v6: AccessIPv6 = Field(default=None, alias="accessIPv6")
     #: The guest's host name (2.90): see :mod:`services.api.servers.hostname`.
     hostname: Any = None
+    #: Unpin or re-pin the server's zone (2.104): see :mod:`services.api.servers.pinned_zone`.
+    pinned_availability_zone: Any = None
 
 
 class ServerUpdateBody(BaseModel):
@@ -71,8 +76,12 @@ async def update_server(
     hostname = None
     if "hostname" in change.model_fields_set:
         hostname = checked_hostname(change.hostname, version)
-    async with pool.acquire() as conn:
+    repinning = "pinned_availability_zone" in change.model_fields_set
+    zone = checked_zone(change.pinned_availability_zone, version) if repinning else None
+    async with pool.acquire() as conn, conn.transaction():
         instance = await find_instance(conn, ctx, server_id)
+        if repinning:
+            await repin(conn, instance, zone, down_time=settings.service_down_time)
         updated = await server_fields.update(
             conn,
             instance.uuid,

@@ -25,6 +25,7 @@ from tests.functional.services.api.test_microversions import (
     Case,
     World,
     count,
+    flavor_has,
     has,
     previous,
     status_of_get,
@@ -121,6 +122,14 @@ async def image_has_properties(w: World, v: str) -> bool:
     return "properties" in (await w.server(v))["image"]
 
 
+async def unpin_status(w: World, v: str) -> int:
+    body = {"server": {"pinned_availability_zone": None}}
+    answer = await w.client.put(
+        f"/v2.1/servers/{w.server_id}", headers={**MEMBER, **_at(v)}, json=body
+    )
+    return answer.status_code
+
+
 LATE_CASES = [
     Case(
         "2.75",
@@ -193,6 +202,21 @@ LATE_CASES = [
         True,
         False,
     ),
+    Case(
+        "2.102",
+        "flavors without rxtx_factor",
+        lambda w, v: flavor_has(w, v, "rxtx_factor"),
+        False,
+        True,
+    ),
+    Case(
+        "2.102",
+        "every route refuses unknown query parameters",
+        lambda w, v: status_of_get(w, v, f"servers/{w.server_id}?bogus=1", MEMBER),
+        400,
+        200,
+    ),
+    Case("2.104", "unpinning a server's zone", unpin_status, 200, 400),
     Case(
         "2.94",
         "a fully qualified hostname",
@@ -270,6 +294,14 @@ async def test_instance_actions_and_migrations_refuse_unknown_names_from_their_p
     assert await status_of_get(world, "2.59", "os-migrations?bogus=1") == 400
     assert await status_of_get(world, "2.66", "os-migrations?changes-before=2000-01-01") == 200
     assert await status_of_get(world, "2.65", "os-migrations?changes-before=2000-01-01") == 400
+
+
+async def test_hypervisors_refuse_unknown_names_from_2_53(world: World) -> None:
+    assert await status_of_get(world, "2.52", "os-hypervisors?bogus=1") == 200
+    assert await status_of_get(world, "2.53", "os-hypervisors/detail?bogus=1") == 400
+    node = (await world.get("os-hypervisors", "2.53")).json()["hypervisors"][0]["id"]
+    assert await status_of_get(world, "2.53", f"os-hypervisors/{node}?with_servers=1") == 200
+    assert await status_of_get(world, "2.53", f"os-hypervisors/{node}?bogus=1") == 400
 
 
 async def test_members_filter_by_vm_state_from_2_83(world: World) -> None:

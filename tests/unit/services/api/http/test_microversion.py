@@ -10,7 +10,7 @@ from services.api.http.microversion import MAX_VERSION, MIN_VERSION, APIVersion
 
 
 def test_max_version_is_2_73() -> None:
-    assert str(MAX_VERSION) == "2.100"
+    assert str(MAX_VERSION) == "2.104"
     assert str(MIN_VERSION) == "2.1"
 
 
