@@ -16,9 +16,8 @@ dropped, except where Nova drops it too:
 
 ``sort_key``/``sort_dir`` are validated: an unknown key or direction is a 400; the keys
 Nova accepts but ignores below 2.75 (``id``, ``vcpus``...) are ignored there (a 400 from
-2.75), and ``host``/``node`` are
-ignored for members. ``changes-since``/``changes-before`` include deleted servers
-unless ``deleted`` says otherwise.
+2.75), and ``host``/``node`` are ignored for members. ``changes-since``/``changes-before``
+include deleted servers unless ``deleted`` says otherwise.
 """
 
 from __future__ import annotations
