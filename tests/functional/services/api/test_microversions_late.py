@@ -9,6 +9,7 @@ tested here and there.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 from uuid import UUID
@@ -314,6 +315,8 @@ async def test_a_topology_is_empty_and_only_for_the_servers_owner(world: World) 
     path = f"servers/{world.server_id}/topology"
     shown = await world.get(path, "2.78", MEMBER)
     assert shown.json() == {"nodes": [], "pagesize_kb": None}
+    twice = await asyncio.gather(world.get(path, "2.78", MEMBER), world.get(path, "2.78", MEMBER))
+    assert [answer.json() for answer in twice] == [shown.json()] * 2
     other = await world.get(path, "2.78", {"X-Auth-Token": "other-token"})
     assert other.status_code == 404
     assert (await world.get("servers/no-such-server/topology", "2.78")).status_code == 404
