@@ -23,12 +23,12 @@ import binascii
 import hashlib
 import hmac
 import json
-import re
 from typing import Any
 from uuid import UUID
 
 from pydantic import Field
 
+from shared import hostnames
 from shared.objects.base import KeelModel
 from shared.objects.network import FixedIp
 
@@ -57,6 +57,9 @@ class GuestInfo(KeelModel):
     #: The user data as the user gave it: base64.
     user_data: str | None = None
     addresses: list[FixedIp] = Field(default_factory=list)
+    #: The host name the server keeps (2.90); ``None`` for a server created before keel
+    #: kept one, whose host name is made from its name.
+    hostname: str | None = None
 
 
 def signature(secret: str, instance_id: str) -> str:
@@ -66,11 +69,13 @@ def signature(secret: str, instance_id: str) -> str:
 
 
 def hostname(name: str, instance_uuid: UUID) -> str:
-    """The guest's host name from the server's name, as Nova makes it: lower case, letters,
-    digits, ``-`` and ``.`` only, at most 63 characters; ``server-<uuid>`` if none is left."""
-    text = re.sub(r"[ _]", "-", name.lower())
-    text = re.sub(r"[^a-z0-9.-]", "", text)[:63].strip(".-")
-    return text or f"server-{instance_uuid}"
+    """The guest's host name from the server's name (:func:`shared.hostnames.from_name`)."""
+    return hostnames.from_name(name, instance_uuid)
+
+
+def guest_hostname(info: GuestInfo) -> str:
+    """The host name the server keeps, or for an older server one made from its name."""
+    return info.hostname or hostname(info.name, info.uuid)
 
 
 def user_data_bytes(info: GuestInfo) -> bytes | None:
@@ -99,7 +104,7 @@ def meta_data(info: GuestInfo) -> dict[str, Any]:
         "meta": dict(info.metadata),
         "public_keys": public_keys,
         "keys": keys,
-        "hostname": hostname(info.name, info.uuid),
+        "hostname": guest_hostname(info),
         "name": info.name,
         "launch_index": info.launch_index,
         "availability_zone": info.availability_zone,
@@ -145,7 +150,7 @@ def network_data(info: GuestInfo) -> dict[str, Any]:
 
 def ec2_meta_data(info: GuestInfo) -> dict[str, Any]:
     """The EC2 ``meta-data`` tree (nested dicts; leaves are text)."""
-    name = hostname(info.name, info.uuid)
+    name = guest_hostname(info)
     first = next((fixed.address for fixed in info.addresses if fixed.version == 4), "")
     tree: dict[str, Any] = {
         "ami-id": "ami-00000000",

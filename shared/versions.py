@@ -76,6 +76,10 @@ History:
 * 24 (``whipping``) — soft delete: compute 1.13 (``soft_delete_instance``,
   ``restore_instance``: power a soft-deleted server's guest off, or on again), conductor
   1.15 (``instance_action_result`` reports ``soft_delete`` and ``restore``).
+* 25 (``xebec``) — guest host names: compute 1.14 (the instance a build or rebuild
+  carries gains the ``hostname`` the server keeps, asked for from compute API 2.90);
+  conductors end an evacuation recorded ``end_stopped`` (compute API 2.95) with the
+  server stopped, which keel-api asks for only once every conductor is of this release.
 """
 
 from __future__ import annotations
@@ -127,6 +131,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.11", conductor="1.13", scheduler="1.3"),
     ReleaseApis(compute="1.12", conductor="1.14", scheduler="1.3"),
     ReleaseApis(compute="1.13", conductor="1.15", scheduler="1.3"),
+    ReleaseApis(compute="1.14", conductor="1.15", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -161,6 +166,7 @@ RELEASE_NAMES: dict[str, int] = {
     "uphaul": 22,
     "vang": 23,
     "whipping": 24,
+    "xebec": 25,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -11,7 +11,7 @@ numbers PostgreSQL cannot store) before a route sees it.
 from __future__ import annotations
 
 import asyncpg
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 from services.api import identity, ops
 from services.api.http import faults, openapi
@@ -52,6 +52,7 @@ from services.api.servers import password as server_password
 from services.api.servers import routes as servers
 from services.api.servers import security_groups as server_security_groups
 from services.api.servers import tags as server_tags
+from services.api.servers import topology as server_topology
 from services.api.servers import update as server_update
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
@@ -59,6 +60,43 @@ from services.scheduler.rpcapi import RPC_VERSION as SCHEDULER_RPC_VERSION
 from shared.config import Settings
 from shared.rpc.client import CapSource
 from shared.version_pins import Pins
+
+#: The routers every keel-api serves, in order, each with its path prefix (identity and
+#: the operator's page are added after them).
+_ROUTERS: tuple[tuple[APIRouter, str], ...] = (
+    (openapi.router, ""),
+    (versions.router, ""),
+    (servers.router, ""),
+    (server_actions.router, ""),
+    (instance_actions.router, ""),
+    (os_migrations.router, ""),
+    (server_update.router, ""),
+    (server_metadata.router, ""),
+    (server_tags.router, ""),
+    (server_ips.router, ""),
+    (server_security_groups.router, ""),
+    (server_password.router, ""),
+    (server_diagnostics.router, ""),
+    (server_topology.router, ""),
+    (flavors.router, ""),
+    (flavor_extra_specs.router, ""),
+    (flavor_access.router, ""),
+    (os_services.router, ""),
+    (hypervisors.router, ""),
+    (host_tasks.router, ""),
+    (aggregates.router, ""),
+    (availability_zones.router, ""),
+    (keypairs.router, ""),
+    (quota_sets.router, ""),
+    (server_groups.router, ""),
+    (limits.router, ""),
+    (usage.router, ""),
+    (image_proxy.router, ""),
+    (images.router, "/image/v2"),
+    (image_data.router, "/image/v2"),
+    (image_schemas.router, "/image/v2"),
+    (image_data.download_router, ""),
+)
 
 
 def create_app(
@@ -100,37 +138,8 @@ def create_app(
     app.add_middleware(InputGuard, max_body_bytes=settings.api.max_body_bytes)
     app.add_middleware(ApiMiddleware)
     app.add_middleware(OpsHeaders)
-    app.include_router(openapi.router)
-    app.include_router(versions.router)
-    app.include_router(servers.router)
-    app.include_router(server_actions.router)
-    app.include_router(instance_actions.router)
-    app.include_router(os_migrations.router)
-    app.include_router(server_update.router)
-    app.include_router(server_metadata.router)
-    app.include_router(server_tags.router)
-    app.include_router(server_ips.router)
-    app.include_router(server_security_groups.router)
-    app.include_router(server_password.router)
-    app.include_router(server_diagnostics.router)
-    app.include_router(flavors.router)
-    app.include_router(flavor_extra_specs.router)
-    app.include_router(flavor_access.router)
-    app.include_router(os_services.router)
-    app.include_router(hypervisors.router)
-    app.include_router(host_tasks.router)
-    app.include_router(aggregates.router)
-    app.include_router(availability_zones.router)
-    app.include_router(keypairs.router)
-    app.include_router(quota_sets.router)
-    app.include_router(server_groups.router)
-    app.include_router(limits.router)
-    app.include_router(usage.router)
-    app.include_router(image_proxy.router)
-    app.include_router(images.router, prefix="/image/v2")
-    app.include_router(image_data.router, prefix="/image/v2")
-    app.include_router(image_schemas.router, prefix="/image/v2")
-    app.include_router(image_data.download_router)
+    for router, prefix in _ROUTERS:
+        app.include_router(router, prefix=prefix)
     if keystone is None:
         app.include_router(identity.router())
     app.include_router(network_routes.router)

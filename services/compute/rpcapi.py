@@ -49,6 +49,10 @@ Compute RPC API history:
 * 1.13 — soft_delete_instance and restore_instance (casts): power the guest of a server
   deleted with soft delete on off, or that of a restored one on again; the agent reports
   each as a ``soft_delete`` or ``restore`` result (conductor 1.15).
+* 1.14 — the guest's host name: the instance build_and_run_instance, rebuild_instance
+  and rebuild_guest carry gains ``hostname`` (asked for at create or update time from
+  compute API 2.90, or made from the server's name). Left out for an older agent, which
+  makes the host name of a config drive from ``display_name``.
 """
 
 from __future__ import annotations
@@ -102,6 +106,11 @@ IN_PLACE = "1.9"
 #: The version whose agents are told what a guest reads at first boot (config drives).
 GUEST_DATA = "1.11"
 
+#: The version whose agents are told the guest's host name.
+GUEST_HOSTNAME = "1.14"
+#: What a 1.11 agent does not know of a build or rebuild: the guest's host name.
+HOSTNAME_EXCLUDE: Exclude = {"instance": {"hostname"}}
+
 #: What a 1.0 agent does not know of a build: the guest's boot-time data.
 BUILD_1_0_EXCLUDE: Exclude = {"instance": {"addresses", "metadata", "user_data", "boot"}}
 #: What an agent before 1.5 does not know of a build or rebuild: the image downloads.
@@ -111,7 +120,7 @@ SOURCE_DISK_EXCLUDE: Exclude = {"source_disk"}
 #: What an agent before 1.11 does not know of a build or rebuild: the guest's data for
 #: its config drive, and its networks' ranges.
 _GUEST_DATA_FIELDS = ("project_id", "availability_zone", "launch_index", "key_name",
-                      "key_data", "config_drive")  # fmt: skip
+                      "key_data", "config_drive", "hostname")  # fmt: skip
 _GUEST_DATA_INSTANCE: dict[str, Any] = {
     **dict.fromkeys(_GUEST_DATA_FIELDS, True),
     "addresses": {"__all__": {"cidr"}},
@@ -211,6 +220,10 @@ class InstanceSpec(KeelModel):
     key_data: str | None = None
     #: The user asked for a config drive (``--config-drive true``).
     config_drive: bool = False
+    #: The host name the server keeps (microversion 2.90); ``None`` for a server created
+    #: before keel kept one: the guest's is then made from ``display_name``. Agents that
+    #: do not know the field make it from the name, as they did.
+    hostname: str | None = None
 
 
 class BuildAndRunInstance(KeelModel):
@@ -391,8 +404,13 @@ class ComputeAPI:
     ) -> None:
         req = BuildAndRunInstance(instance=instance)
         client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version(GUEST_HOSTNAME):
+            await client.cast(ctx, "build_and_run_instance", req, version=GUEST_HOSTNAME)
+            return
         if await client.can_send_version(GUEST_DATA):
-            await client.cast(ctx, "build_and_run_instance", req, version=GUEST_DATA)
+            await client.cast(
+                ctx, "build_and_run_instance", req, version=GUEST_DATA, exclude=HOSTNAME_EXCLUDE
+            )
             return
         if await client.can_send_version("1.5"):
             await client.cast(
@@ -452,7 +470,11 @@ class ComputeAPI:
         self, ctx: RequestContext, service_uuid: UUID, spec: InstanceSpec, *, powered_off: bool
     ) -> None:
         req = RebuildGuest(instance=spec, powered_off=powered_off)
-        await self._cast_since(ctx, service_uuid, "rebuild_guest", req)
+        client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version(GUEST_HOSTNAME):
+            await client.cast(ctx, "rebuild_guest", req, version=GUEST_HOSTNAME)
+            return
+        await self._cast_since(ctx, service_uuid, "rebuild_guest", req, HOSTNAME_EXCLUDE)
 
     async def stop_instance(
         self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
@@ -495,8 +517,13 @@ class ComputeAPI:
             in_place=in_place,
         )
         client = self.client.for_topic(topic_for(service_uuid))
+        if await client.can_send_version(GUEST_HOSTNAME):
+            await client.cast(ctx, "rebuild_instance", req, version=GUEST_HOSTNAME)
+            return
         if await client.can_send_version(GUEST_DATA):
-            await client.cast(ctx, "rebuild_instance", req, version=GUEST_DATA)
+            await client.cast(
+                ctx, "rebuild_instance", req, version=GUEST_DATA, exclude=HOSTNAME_EXCLUDE
+            )
             return
         older = _with_guest_data_excluded(None)
         if in_place:

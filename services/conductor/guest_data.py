@@ -23,6 +23,7 @@ def guest_data(instance: Instance) -> dict[str, Any]:
         "key_name": instance.key_name,
         "key_data": instance.key_data,
         "config_drive": instance.config_drive,
+        "hostname": instance.hostname,
     }
 
 

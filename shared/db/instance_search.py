@@ -57,7 +57,10 @@ _NOTHING = "NULL::text"
 FIELDS: Mapping[str, Column] = {
     "uuid": Column("i.uuid::text", "i.uuid"),
     "display_name": Column("i.display_name", "i.display_name"),
-    "hostname": Column("i.display_name", "i.display_name"),
+    # Servers created before keel kept host names have theirs made from their name.
+    "hostname": Column(
+        "COALESCE(i.hostname, i.display_name)", "COALESCE(i.hostname, i.display_name)"
+    ),
     "display_description": Column("i.description", "COALESCE(i.description, '')"),
     "project_id": Column("i.project_id", "i.project_id"),
     "user_id": Column("i.user_id", "i.user_id"),

@@ -36,12 +36,16 @@ async def create(
     reservation_id: str | None = None,
     launch_index: int = 0,
     config_drive: bool = False,
+    hostname: str | None = None,
+    image_properties: dict[str, str] | None = None,
 ) -> Instance:
     row = await conn.fetchrow(
         """INSERT INTO instances (uuid, project_id, user_id, display_name, vm_state,
                                   task_state, flavor, image_ref, availability_zone,
-                                  reservation_id, launch_index, config_drive)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING *""",
+                                  reservation_id, launch_index, config_drive, hostname,
+                                  image_properties)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+        RETURNING *""",
         instance_uuid,
         project_id,
         user_id,
@@ -54,6 +58,8 @@ async def create(
         reservation_id,
         launch_index,
         config_drive,
+        hostname,
+        image_properties or {},
     )
     assert row is not None
     return Instance.from_row(row)

@@ -69,6 +69,7 @@ async def record(
     flavors: tuple[FlavorSnapshot, FlavorSnapshot] | None = None,
     check: Callable[[Connection], Awaitable[None]] | None = None,
     then: Callable[[Connection, Migration], Awaitable[None]] | None = None,
+    end_stopped: bool = False,
 ) -> Migration | None:
     """Record a move of ``kind`` of the instance from ``source``; ``None`` if the instance
     has a task or left the kind's movable states meanwhile (nothing written).
@@ -76,7 +77,8 @@ async def record(
     ``flavors``: a resize's old and new flavor. ``check`` runs first in the same
     transaction (a quota check); what it raises refuses the move, nothing written.
     ``then`` runs last in it, with the new record (a host task links its item to the
-    move); what it raises refuses the move too.
+    move); what it raises refuses the move too. ``end_stopped``: an evacuation that ends
+    with the server stopped (compute microversion 2.95).
     """
 
     async def write(conn: Connection) -> Migration | None:
@@ -99,6 +101,7 @@ async def record(
             dest_host=target,
             old_flavor=old,
             new_flavor=new,
+            end_stopped=end_stopped,
         )
         if then is not None:
             await then(conn, migration)

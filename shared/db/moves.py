@@ -36,14 +36,15 @@ async def create(
     dest_host: str | None = None,
     old_flavor: FlavorSnapshot | None = None,
     new_flavor: FlavorSnapshot | None = None,
+    end_stopped: bool = False,
 ) -> Migration:
     row = await conn.fetchrow(
         """INSERT INTO migrations (uuid, instance_uuid, migration_type, status,
                                    source_compute, source_node, source_compute_id,
                                    dest_host, user_id, project_id, updated_at,
-                                   old_flavor, new_flavor, source_token)
+                                   old_flavor, new_flavor, source_token, end_stopped)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $11, $12,
-                   (SELECT copy_token FROM instances WHERE uuid = $2)) RETURNING *""",
+                   (SELECT copy_token FROM instances WHERE uuid = $2), $13) RETURNING *""",
         uuid.uuid4(),
         instance_uuid,
         migration_type,
@@ -56,6 +57,7 @@ async def create(
         ctx.project_id,
         None if old_flavor is None else old_flavor.model_dump(mode="json"),
         None if new_flavor is None else new_flavor.model_dump(mode="json"),
+        end_stopped,
     )
     assert row is not None
     return Migration.from_row(row)

@@ -26,6 +26,8 @@ REBUILDABLE = (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR)
 #: The columns a rebuild may change, in the order :class:`RebuildChange` holds them.
 _COLUMNS = (
     "image_ref",
+    "image_properties",
+    "hostname",
     "display_name",
     "metadata",
     "description",
@@ -45,9 +47,13 @@ class Unclaimed(Exception):
 
 @dataclass(frozen=True)
 class RebuildChange:
-    """What a rebuild sets; only the fields in ``given`` change (``image_ref`` always)."""
+    """What a rebuild sets; only the fields in ``given`` change (the image and what the
+    server keeps of its properties always)."""
 
     image_ref: str
+    #: What the server keeps of the new image's properties (shown from 2.98).
+    image_properties: dict[str, str] | None = None
+    hostname: str | None = None
     display_name: str | None = None
     metadata: dict[str, str] | None = None
     description: str | None = None
@@ -59,7 +65,7 @@ class RebuildChange:
     given: frozenset[str] = frozenset()
 
     def values(self) -> dict[str, Any]:
-        wanted = {"image_ref", *self.given}
+        wanted = {"image_ref", "image_properties", *self.given}
         return {column: getattr(self, column) for column in _COLUMNS if column in wanted}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from uuid import UUID
 
 from shared.db.pool import Connection
@@ -19,12 +21,62 @@ def _stored(spec: RequestSpec) -> dict[str, object]:
     return data
 
 
-async def create(conn: Connection, spec: RequestSpec) -> None:
+async def create(
+    conn: Connection, spec: RequestSpec, *, scheduler_hints: dict[str, list[str]] | None = None
+) -> None:
+    """Keep the spec, and the scheduler hints the create asked with (shown from compute
+    microversion 2.100; kept beside the spec, which the scheduler is sent without them)."""
     await conn.execute(
-        "INSERT INTO request_specs (instance_uuid, spec) VALUES ($1, $2)",
+        "INSERT INTO request_specs (instance_uuid, spec, scheduler_hints) VALUES ($1, $2, $3)",
         spec.instance_uuid,
         _stored(spec),
+        scheduler_hints or {},
     )
+
+
+async def lock_pinned_zone(conn: Connection, instance_uuid: UUID) -> tuple[bool, str | None]:
+    """Lock the server's spec (in a transaction) and read the zone it pins the server to:
+    ``(False, None)`` for a server without a spec."""
+    row = await conn.fetchrow(
+        """SELECT spec->>'availability_zone' AS zone FROM request_specs
+            WHERE instance_uuid = $1 FOR UPDATE""",
+        instance_uuid,
+    )
+    return (False, None) if row is None else (True, row["zone"])
+
+
+async def set_pinned_zone(conn: Connection, instance_uuid: UUID, zone: str | None) -> None:
+    """Pin the server to ``zone`` for its later moves, or unpin it (``None``)."""
+    await conn.execute(
+        """UPDATE request_specs
+              SET spec = jsonb_set(spec, '{availability_zone}',
+                                   COALESCE(to_jsonb($2::text), 'null'::jsonb)),
+                  updated_at = now()
+            WHERE instance_uuid = $1""",
+        instance_uuid,
+        zone,
+    )
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a server's create asked for that the compute API shows: the zone it pinned
+    (2.96) and its scheduler hints (2.100)."""
+
+    zone: str | None
+    scheduler_hints: dict[str, list[str]]
+
+
+async def asked(conn: Connection, instance_uuids: Sequence[UUID]) -> dict[UUID, Asked]:
+    """What each server's create asked for; servers without a spec are left out."""
+    rows = await conn.fetch(
+        """SELECT instance_uuid, spec->>'availability_zone' AS zone, scheduler_hints
+             FROM request_specs WHERE instance_uuid = ANY($1::uuid[])""",
+        list(instance_uuids),
+    )
+    return {
+        row["instance_uuid"]: Asked(row["zone"], dict(row["scheduler_hints"] or {})) for row in rows
+    }
 
 
 async def get(conn: Connection, instance_uuid: UUID) -> RequestSpec:

@@ -104,17 +104,19 @@ async def update(
     set_description: bool = False,
     access_ip_v4: str | None = None,
     access_ip_v6: str | None = None,
+    hostname: str | None = None,
 ) -> Instance:
-    """Rename, describe (``set_description`` to change the description) and/or set the
-    access addresses (each changed only when given)."""
+    """Rename, describe (``set_description`` to change the description), set the access
+    addresses and/or the host name (each changed only when given)."""
     instance = await _update(
         conn,
         instance_uuid,
         "display_name = COALESCE($3, display_name), "
         "description = CASE WHEN $4 THEN $5 ELSE description END, "
         "access_ip_v4 = COALESCE($6, access_ip_v4), "
-        "access_ip_v6 = COALESCE($7, access_ip_v6)",
-        [name, set_description, description, access_ip_v4, access_ip_v6],
+        "access_ip_v6 = COALESCE($7, access_ip_v6), "
+        "hostname = COALESCE($8, hostname)",
+        [name, set_description, description, access_ip_v4, access_ip_v6, hostname],
         states=None,
         action="update",
     )

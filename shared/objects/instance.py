@@ -8,6 +8,7 @@ from uuid import UUID
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
+from shared import hostnames
 from shared.objects.base import KeelModel
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.server_group import GroupPlacement
@@ -56,6 +57,12 @@ class Instance(KeelModel):
     key_data: str | None = None
     #: The user asked for a config drive.
     config_drive: bool = False
+    #: The guest's host name, as asked for or made from the name at create time;
+    #: ``None`` on servers created before keel kept it (see :attr:`guest_hostname`).
+    hostname: str | None = None
+    #: The standard properties of its image when it was created (see
+    #: :mod:`shared.image_properties`); empty on servers created before keel kept them.
+    image_properties: dict[str, str] = Field(default_factory=dict)
     #: The addresses its owner says it is reached at (``accessIPv4`` / ``accessIPv6``).
     access_ip_v4: str | None = None
     access_ip_v6: str | None = None
@@ -70,6 +77,12 @@ class Instance(KeelModel):
     #: When a DELETE with soft delete on made it SOFT_DELETED (``None`` in any other
     #: state): the reclaim sweep deletes it for good once the interval has passed.
     soft_deleted_at: datetime | None = None
+
+    @property
+    def guest_hostname(self) -> str:
+        """The host name the guest is given and the API shows: the one kept, or for a
+        server created before keel kept one, made from its name as it was then."""
+        return self.hostname or hostnames.from_name(self.display_name, self.uuid)
 
 
 class RequestedDestination(KeelModel):

@@ -78,6 +78,9 @@ class Migration(KeelModel):
     source_off_at: datetime | None = None
     #: The token of the copy the move started from: what a revert makes current again.
     source_token: UUID | None = None
+    #: An evacuation that ends with the server stopped on its new host whatever its state
+    #: before (asked for at compute microversion 2.95 or later).
+    end_stopped: bool = False
 
     @property
     def in_place(self) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 #: The compute microversions keel-api answers.
 MIN_MICROVERSION = "2.1"
-MAX_MICROVERSION = "2.74"
+MAX_MICROVERSION = "2.104"
 
 #: Tempest's [compute-feature-enabled] flags for what keel serves and lacks.
 FEATURES: dict[str, bool] = {

@@ -64,7 +64,7 @@ class APIVersion:
 
 MIN_VERSION = APIVersion(2, 1)
 #: The newest microversion keel-api answers; advertised by version discovery.
-MAX_VERSION = APIVersion(2, 74)
+MAX_VERSION = APIVersion(2, 104)
 
 
 def _compute_entry(values: Iterable[str]) -> str | None:

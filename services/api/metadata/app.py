@@ -84,6 +84,7 @@ async def guest_of(request: Request, settings: MetadataSettings, pool: asyncpg.P
         metadata=instance.metadata,
         user_data=instance.user_data,
         addresses=addresses,
+        hostname=instance.hostname,
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from services.api.http.auth import AdminContext
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, ConflictingRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
@@ -158,7 +159,7 @@ async def _set_zone(conn: Connection, found: Aggregate, zone: str | None) -> Non
     await aggregates.sync_zones(conn, found.service_ids)
 
 
-@router.get("")
+@router.get("", dependencies=[NO_QUERY_FROM_2_102])
 async def list_aggregates(pool: DbPool, ctx: AdminContext, version: Version) -> dict[str, Any]:
     async with pool.acquire() as conn:
         found = await aggregates.list_aggregates(conn)
@@ -182,7 +183,7 @@ async def create_aggregate(
     return {"aggregate": aggregate_view(made, version, full=False)}
 
 
-@router.get("/{aggregate_id}")
+@router.get("/{aggregate_id}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_aggregate(
     aggregate_id: str, pool: DbPool, ctx: AdminContext, version: Version
 ) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from services.api.http.auth import AdminContext, Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool
 from services.api.views.os_services import INTERNAL_ZONE, service_zone
 from services.api.views.timestamps import naive_isotime
@@ -42,7 +43,7 @@ def _zone(name: str, available: bool, hosts: dict[str, Any] | None = None) -> di
     return {"zoneName": name, "zoneState": {"available": available}, "hosts": hosts}
 
 
-@router.get("")
+@router.get("", dependencies=[NO_QUERY_FROM_2_102])
 async def list_zones(pool: DbPool, ctx: Context, settings: AppSettings) -> dict[str, Any]:
     async with pool.acquire() as conn:
         zoned = await _zoned_services(conn, settings.service_down_time)
@@ -66,7 +67,7 @@ def _hosts(zone: str, zoned: list[tuple[str, Service]]) -> dict[str, Any]:
     return hosts
 
 
-@router.get("/detail")
+@router.get("/detail", dependencies=[NO_QUERY_FROM_2_102])
 async def list_zones_detail(
     pool: DbPool, ctx: AdminContext, settings: AppSettings
 ) -> dict[str, Any]:

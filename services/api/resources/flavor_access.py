@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 
 from services.api.http.auth import AdminContext
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, Version
 from services.api.http.faults import BadRequest, ConflictingRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
@@ -41,7 +42,7 @@ async def _listing(conn: Connection, flavor: Flavor) -> dict[str, Any]:
     }
 
 
-@router.get("/{flavor_id}/os-flavor-access")
+@router.get("/{flavor_id}/os-flavor-access", dependencies=[NO_QUERY_FROM_2_102])
 async def list_access(flavor_id: str, pool: DbPool, ctx: AdminContext) -> dict[str, Any]:
     async with pool.acquire() as conn:
         flavor = await _flavor(conn, flavor_id)

@@ -4,8 +4,9 @@ Extra specs: :mod:`services.api.resources.flavor_extra_specs`.
 
 Members see public flavors and the private ones whose access list holds their project
 (:mod:`services.api.resources.flavor_access`). Admins see those too unless they pass
-``is_public`` (``true``, ``false`` or ``none`` for all). ``minRam``/``minDisk`` and
-``limit``/``marker`` narrow the list.
+``is_public`` (``true``, ``false`` or ``none`` for all). ``minRam``/``minDisk``,
+``limit``/``marker`` and, from 2.102, ``name`` (a regular expression) narrow the list;
+``sort_key``/``sort_dir`` order it (by flavor id, ascending, unless they say otherwise).
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import asyncpg
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.datastructures import QueryParams
 
 from services.api.http.auth import AdminContext, Context
 from services.api.http.bounds import Int4, PositiveInt4
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.links import Links
+from services.api.http.microversion import APIVersion
 from services.api.http.paging import next_marker, page_request, take_page
+from services.api.http.query import refuse_unknown
 from services.api.views.flavors import flavor_detail, flavor_summary
 from shared.context import RequestContext
 from shared.db import flavors as flavors_db
@@ -66,6 +71,14 @@ def _minimum(name: str, value: str | None) -> int:
         raise BadRequest(f"Invalid {name} filter [{value}]") from None
 
 
+def _name_matches(pattern: str, name: str) -> bool:
+    """Nova's ``name`` filter: a regular expression found anywhere in the name."""
+    try:
+        return re.search(pattern, name) is not None
+    except re.error as exc:
+        raise BadRequest(f"Invalid regular expression in the name filter: {exc}") from None
+
+
 async def may_use(conn: Connection, ctx: RequestContext, flavor: Flavor) -> bool:
     """Public flavors are everyone's; private ones are for admins and the projects on
     their access list (``os-flavor-access``)."""
@@ -94,16 +107,76 @@ class FlavorQuery:
     min_disk: str | None
     limit: str | None
     marker: str | None
+    #: A regular expression the names must match (2.102).
+    name: str | None = None
+    #: What to sort by and which way (``None``: by flavor id, ascending, as stored).
+    sort_key: str | None = None
+    descending: bool = False
+
+
+#: The query parameters of the flavor lists; others are a 400 from 2.75.
+KNOWN_QUERY = frozenset(
+    {"is_public", "minRam", "minDisk", "limit", "marker", "sort_key", "sort_dir"}
+)
+#: From this microversion the lists filter by ``name`` and flavors have no
+#: ``rxtx_factor`` (in bodies, on create) or ``OS-FLV-DISABLED:disabled``.
+NO_RXTX_VERSION = "2.102"
+#: What the lists may be sorted by (``rxtx_factor`` until 2.102).
+SORT_KEYS = frozenset(
+    {
+        "created_at", "description", "disabled", "ephemeral_gb", "flavorid", "id",
+        "is_public", "memory_mb", "name", "root_gb", "rxtx_factor", "swap", "updated_at",
+        "vcpu_weight", "vcpus",
+    }
+)  # fmt: skip
 
 
 def flavor_query(
+    request: Request,
+    version: Version,
+    *,
     is_public: Q = None,
     min_ram: Annotated[str | None, Query(alias="minRam")] = None,
     min_disk: Annotated[str | None, Query(alias="minDisk")] = None,
     limit: Q = None,
     marker: Q = None,
 ) -> FlavorQuery:
-    return FlavorQuery(is_public, min_ram, min_disk, limit, marker)
+    named = version.at_least(NO_RXTX_VERSION)
+    refuse_unknown(request.query_params, KNOWN_QUERY | {"name"} if named else KNOWN_QUERY, version)
+    name = request.query_params.get("name") if named else None
+    sort_key, descending = _sort(request.query_params, version)
+    return FlavorQuery(is_public, min_ram, min_disk, limit, marker, name, sort_key, descending)
+
+
+def _sort(params: QueryParams, version: APIVersion) -> tuple[str | None, bool]:
+    """``sort_key``/``sort_dir`` as Nova reads them: each value checked, the last used."""
+    valid = SORT_KEYS - {"rxtx_factor"} if version.at_least(NO_RXTX_VERSION) else SORT_KEYS
+    for key in params.getlist("sort_key"):
+        if key not in valid:
+            raise BadRequest(
+                f"Invalid input for query parameters sort_key. Value: {key}. '{key}' is not "
+                f"one of {sorted(valid)}"
+            )
+    for direction in params.getlist("sort_dir"):
+        if direction not in ("asc", "desc"):
+            raise BadRequest(
+                f"Invalid input for query parameters sort_dir. Value: {direction}. "
+                f"'{direction}' is not one of ['asc', 'desc']"
+            )
+    return params.get("sort_key"), params.get("sort_dir") == "desc"
+
+
+def _sorted(found: list[Flavor], key: str, descending: bool) -> list[Flavor]:
+    """Sorted by ``key`` (``vcpu_weight``, which keel flavors do not have, keeps the order);
+    unset values first, as they sort in Nova's database."""
+
+    def value(flavor: Flavor) -> tuple[bool, Any]:
+        found_value = getattr(flavor, key, None)
+        return (found_value is not None, found_value)
+
+    if key == "vcpu_weight":
+        return found
+    return sorted(found, key=value, reverse=descending)
 
 
 Filters = Annotated[FlavorQuery, Depends(flavor_query)]
@@ -120,6 +193,10 @@ async def _list(
     async with pool.acquire() as conn:
         found = await flavors_db.list_flavors(conn, is_public=public, project_id=ctx.project_id)
     found = [f for f in found if f.memory_mb >= least_ram and f.root_gb >= least_disk]
+    if query.name is not None:
+        found = [f for f in found if _name_matches(query.name, f.name)]
+    if query.sort_key is not None:
+        found = _sorted(found, query.sort_key, query.descending)
     page = take_page(found, paging, key=lambda f: f.flavorid)
     after = next_marker(page, paging, key=lambda f: f.flavorid)
     if after is None:
@@ -145,7 +222,7 @@ async def list_flavors_detail(
     return {"flavors": [flavor_detail(f, version, links) for f in page], **extra}
 
 
-@router.get("/{flavor_id}")
+@router.get("/{flavor_id}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_flavor(
     flavor_id: str, pool: DbPool, ctx: Context, version: Version, links: RequestLinks
 ) -> dict[str, Any]:
@@ -203,6 +280,11 @@ async def create_flavor(
     new = body.flavor
     if new.description is not None and not version.at_least("2.55"):
         raise BadRequest("Flavor descriptions need microversion 2.55 or later.")
+    if "rxtx_factor" in new.model_fields_set and version.at_least(NO_RXTX_VERSION):
+        raise BadRequest(
+            "Invalid input for field/attribute flavor. Additional properties are not allowed "
+            f"('rxtx_factor' was unexpected): it was removed in microversion {NO_RXTX_VERSION}."
+        )
     async with pool.acquire() as conn:
         flavor = await flavors_db.create(
             conn,

@@ -4,18 +4,22 @@ Ids are integers below microversion 2.53 and node UUIDs from 2.53, where the lis
 also be narrowed with ``hypervisor_hostname_pattern`` (a substring of the node name)
 and show each node's servers with ``with_servers=true``. Below 2.53 the same is asked
 with ``/os-hypervisors/{pattern}/search`` and ``/os-hypervisors/{pattern}/servers``.
-``/os-hypervisors/statistics`` sums the nodes of enabled compute services.
+``/os-hypervisors/statistics`` sums the nodes of enabled compute services. From 2.88 the
+detail shows each host's uptime instead of capacity figures, and ``statistics`` and
+``{id}/uptime`` are gone (404).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlencode
 from uuid import UUID
 
 import asyncpg
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from services.api.http.auth import AdminContext
 from services.api.http.deps import AppSettings, Compute, DbPool, RequestLinks, Version
@@ -23,19 +27,24 @@ from services.api.http.faults import BadRequest, Fault, ItemNotFound, ServiceUna
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker, page_request
-from services.api.http.query import boolean
+from services.api.http.query import boolean, refuse_unknown
 from services.api.views.hypervisors import (
+    NO_STATISTICS_VERSION,
     hypervisor_id,
     hypervisor_view,
     statistics_view,
-    with_servers,
 )
+from services.api.views.hypervisors import with_servers as add_servers
+from services.compute.rpcapi import ComputeAPI
 from shared.config import Settings
+from shared.context import RequestContext
 from shared.db import compute_nodes, placement
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound, MessagingError, ServiceTooOld, Unroutable
 from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance
+
+LOG = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v2.1/os-hypervisors")
 
@@ -50,12 +59,22 @@ class HypervisorQuery:
     with_servers: str | None = None
 
 
+#: The query parameters of the lists and of a hypervisor shown, from 2.53, where Nova's
+#: schemas refuse any other.
+LIST_QUERY = frozenset({"hypervisor_hostname_pattern", "limit", "marker", "with_servers"})
+SHOW_QUERY = frozenset({"with_servers"})
+
+
 def hypervisor_query(
+    request: Request,
+    version: Version,
+    *,
     hypervisor_hostname_pattern: Q = None,
     limit: Q = None,
     marker: Q = None,
     with_servers: Q = None,
 ) -> HypervisorQuery:
+    refuse_unknown(request.query_params, LIST_QUERY, version, since="2.53")
     return HypervisorQuery(hypervisor_hostname_pattern, limit, marker, with_servers)
 
 
@@ -97,6 +116,27 @@ async def _after(conn: Connection, marker: str | None, version: APIVersion) -> i
 Filters = Annotated[HypervisorQuery, Depends(hypervisor_query)]
 
 
+async def uptime_of(compute: ComputeAPI, ctx: RequestContext, state: HostState) -> str | None:
+    """The host's uptime as its agent reads it, or ``None`` when the agent cannot say
+    (its service is down, it is gone, too old, or does not answer), as Nova shows it."""
+    if not state.service.is_up:
+        return None
+    try:
+        return await compute.get_host_uptime(ctx, state.service.uuid)
+    except (ServiceTooOld, Unroutable, MessagingError) as exc:
+        LOG.info("no uptime for hypervisor %s: %s", state.node.uuid, exc)
+        return None
+
+
+async def uptimes(
+    compute: ComputeAPI, ctx: RequestContext, states: list[HostState], version: APIVersion
+) -> list[str | None]:
+    """Each host's uptime for a detail at ``version`` (asked all at once; none below 2.88)."""
+    if not version.at_least(NO_STATISTICS_VERSION):
+        return [None] * len(states)
+    return list(await asyncio.gather(*(uptime_of(compute, ctx, s) for s in states)))
+
+
 async def _list(
     pool: asyncpg.Pool,
     *,
@@ -106,7 +146,9 @@ async def _list(
     links: Links,
     path: str,
     detail: bool,
+    answer: tuple[ComputeAPI, RequestContext] | None = None,
 ) -> dict[str, Any]:
+    """A page of hypervisors; ``answer``: who asks their agents for uptimes (a detail)."""
     servers = wants_servers(query, version)
     pattern = query.pattern if version.at_least("2.53") else None
     # Paging arrived in 2.33: before it, limit and marker are ignored (as Nova does).
@@ -120,11 +162,14 @@ async def _list(
         )
         if not page and pattern is not None and after is None:
             raise ItemNotFound(f"No hypervisor matching '{pattern}' could be found.")
-        views = [hypervisor_view(s, version, detail=detail) for s in page]
-        if servers:
-            views = [
-                with_servers(v, await servers_on(conn, s)) for v, s in zip(views, page, strict=True)
-            ]
+        on = [await servers_on(conn, s) for s in page] if servers else []
+    times = await uptimes(*answer, page, version) if answer and detail else [None] * len(page)
+    views = [
+        hypervisor_view(s, version, detail=detail, uptime=t)
+        for s, t in zip(page, times, strict=True)
+    ]
+    if servers:
+        views = [add_servers(v, held, version) for v, held in zip(views, on, strict=True)]
     body: dict[str, Any] = {"hypervisors": views}
 
     def key(state: HostState) -> str:
@@ -167,6 +212,7 @@ async def list_hypervisors_detail(
     settings: AppSettings,
     links: RequestLinks,
     query: Filters,
+    compute: Compute,
 ) -> dict[str, Any]:
     return await _list(
         pool,
@@ -176,6 +222,7 @@ async def list_hypervisors_detail(
         links=links,
         path="os-hypervisors/detail",
         detail=True,
+        answer=(compute, ctx),
     )
 
 
@@ -204,10 +251,17 @@ async def _find(
         raise not_found from None
 
 
+def before_2_88(version: APIVersion) -> None:
+    """``statistics`` and ``{id}/uptime`` are gone from 2.88 (404), as in Nova."""
+    if version.at_least(NO_STATISTICS_VERSION):
+        raise ItemNotFound("The resource could not be found.")
+
+
 @router.get("/statistics")
 async def show_statistics(
     pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
 ) -> dict[str, Any]:
+    before_2_88(version)
     async with pool.acquire() as conn:
         totals = await compute_nodes.enabled_totals(conn)
     return statistics_view(totals)
@@ -237,7 +291,9 @@ async def hypervisor_servers(
     async with pool.acquire() as conn:
         states = await matching(conn, settings.service_down_time, pattern)
         views = [
-            with_servers(hypervisor_view(s, version, detail=False), await servers_on(conn, s))
+            add_servers(
+                hypervisor_view(s, version, detail=False), await servers_on(conn, s), version
+            )
             for s in states
         ]
     return {"hypervisors": views}
@@ -245,10 +301,25 @@ async def hypervisor_servers(
 
 @router.get("/{hypervisor}")
 async def show_hypervisor(
-    hypervisor: str, pool: DbPool, ctx: AdminContext, version: Version, settings: AppSettings
+    hypervisor: str,
+    request: Request,
+    *,
+    pool: DbPool,
+    ctx: AdminContext,
+    version: Version,
+    settings: AppSettings,
+    compute: Compute,
+    with_servers: Q = None,
 ) -> dict[str, Any]:
+    """One hypervisor in detail; from 2.53 with its servers if ``with_servers`` says so."""
+    refuse_unknown(request.query_params, SHOW_QUERY, version, since="2.53")
     state = await _find(pool, hypervisor, version, settings.service_down_time)
-    return {"hypervisor": hypervisor_view(state, version, detail=True)}
+    [uptime] = await uptimes(compute, ctx, [state], version)
+    body = hypervisor_view(state, version, detail=True, uptime=uptime)
+    if wants_servers(HypervisorQuery(None, None, None, with_servers), version):
+        async with pool.acquire() as conn:
+            body = add_servers(body, await servers_on(conn, state), version)
+    return {"hypervisor": body}
 
 
 @router.get("/{hypervisor}/uptime")
@@ -264,7 +335,9 @@ async def show_uptime(
     """The hypervisor's host uptime, as its agent reads it (compute RPC 1.7).
 
     A host whose agent is down is a 400, as in Nova; an agent too old to tell is 501.
+    Gone from 2.88, where the detail shows the uptime.
     """
+    before_2_88(version)
     state = await _find(pool, hypervisor, version, settings.service_down_time)
     service = state.service
     if not service.is_up:

@@ -5,8 +5,9 @@ otherwise (the private key is in the create answer, and only there). ``type`` (`
 or ``x509``) exists from 2.2, which also answers create with 201 and delete with 204;
 from 2.10 an admin may act on another user's key pairs with ``user_id``; from 2.35 the
 list pages with ``limit`` and ``marker``. Names are 1-255 letters, digits, spaces,
-``_`` and ``-``. Creating one counts against the ``key_pairs`` quota of the caller's
-project, per user.
+``_`` and ``-`` (from 2.92 ``@`` and ``.`` too). From 2.92 keel no longer generates key
+pairs: a create must carry the ``public_key`` to import, as in Nova. Creating one counts
+against the ``key_pairs`` quota of the caller's project, per user.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from services.api.http.deps import AppSettings, DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ConflictingRequest, Forbidden, ItemNotFound
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import marker_not_found, next_marker, page_request
+from services.api.http.query import refuse_unknown
 from services.api.resources import key_material
 from services.api.resources.quotas import check_new_key_pair
 from services.api.views.timestamps import naive_isotime
@@ -37,6 +39,9 @@ from shared.objects.key_pair import KeyPair, KeyPairType
 router = APIRouter(prefix="/v2.1/os-keypairs")
 
 NAME_CHARACTERS = frozenset("_- " + string.digits + string.ascii_letters)
+#: What names may hold from 2.92, which also stops generating key pairs.
+NAME_CHARACTERS_2_92 = NAME_CHARACTERS | {"@", "."}
+IMPORT_ONLY_VERSION = "2.92"
 MAX_NAME = 255
 
 
@@ -55,16 +60,19 @@ class NewKeyPairBody(BaseModel):
     keypair: NewKeyPair
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, version: APIVersion) -> str:
     if not 1 <= len(name) <= MAX_NAME:
         raise BadRequest(
             "Keypair data is invalid: Keypair name must be string and between 1 and 255 "
             "characters long"
         )
-    if name != name.strip() or not set(name) <= NAME_CHARACTERS:
+    newer = version.at_least(IMPORT_ONLY_VERSION)
+    allowed = NAME_CHARACTERS_2_92 if newer else NAME_CHARACTERS
+    if name != name.strip() or not set(name) <= allowed:
         raise BadRequest(
             f"Invalid input for field/attribute name. Value: {name}. Only expected characters: "
-            "letters, digits, spaces, '_' and '-', with no leading or trailing space."
+            f"letters, digits, spaces, '_'{', @, .' if newer else ''} and '-', with no "
+            "leading or trailing space."
         )
     return name
 
@@ -130,7 +138,12 @@ async def create(
 ) -> Response:
     new = body.keypair
     check_fields(new, version)
-    name, user_id = check_name(new.name), owner(ctx, version, new.user_id)
+    if new.public_key is None and version.at_least(IMPORT_ONLY_VERSION):
+        raise BadRequest(
+            "Invalid input for field/attribute keypair. 'public_key' is a required property: "
+            f"key pairs are imported, not generated, from microversion {IMPORT_ONLY_VERSION}."
+        )
+    name, user_id = check_name(new.name, version), owner(ctx, version, new.user_id)
     key_type = new.type or KeyPairType.SSH
     public, fingerprint, private = await _material(new, key_type, user_id)
     async with pool.acquire() as conn, conn.transaction():
@@ -158,6 +171,7 @@ async def list_keypairs(
     request: Request, pool: DbPool, ctx: Context, version: Version, links: RequestLinks
 ) -> dict[str, Any]:
     params = request.query_params
+    refuse_unknown(params, {"user_id", "limit", "marker"}, version)
     user_id = owner(ctx, version, params.get("user_id"))
     paging = page_request(params.get("limit"), params.get("marker"))
     if not version.at_least("2.35"):
@@ -194,6 +208,7 @@ async def _find(pool: asyncpg.Pool, user_id: str, name: str) -> KeyPair:
 async def show(
     name: str, request: Request, pool: DbPool, ctx: Context, version: Version
 ) -> dict[str, Any]:
+    refuse_unknown(request.query_params, {"user_id"}, version)
     user_id = owner(ctx, version, request.query_params.get("user_id"))
     key = await _find(pool, user_id, name)
     return {"keypair": keypair_body(key, version, full=True)}
@@ -203,6 +218,7 @@ async def show(
 async def delete(
     name: str, request: Request, pool: DbPool, ctx: Context, version: Version
 ) -> Response:
+    refuse_unknown(request.query_params, {"user_id"}, version)
     user_id = owner(ctx, version, request.query_params.get("user_id"))
     try:
         async with pool.acquire() as conn:

@@ -16,6 +16,7 @@ from services.api.http.auth import Context
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import Forbidden
 from services.api.http.microversion import APIVersion
+from services.api.http.query import refuse_unknown
 from services.api.resources.quotas import project_limits
 from shared.db import quotas, server_groups
 from shared.db.quotas import ProjectUsage
@@ -62,6 +63,7 @@ def absolute(
 async def show_limits(
     request: Request, ctx: Context, pool: DbPool, settings: AppSettings, version: Version
 ) -> dict[str, Any]:
+    refuse_unknown(request.query_params, {"tenant_id"}, version)
     project_id = request.query_params.get("tenant_id") or ctx.project_id or ""
     if project_id != ctx.project_id and not ctx.is_admin:
         raise Forbidden(

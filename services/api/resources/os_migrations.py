@@ -5,7 +5,7 @@ Admins list every move, evacuations included, told apart by ``migration_type`` f
 ``instance_uuid``, ``migration_type``, ``source_compute``; from 2.59 ``changes-since``
 and paging by ``limit``/``marker`` (a migration's uuid), with ``uuid`` shown; from 2.66
 ``changes-before``; from 2.80 ``user_id`` and ``project_id``, shown as well. Other
-query parameters are ignored, as Nova ignores them.
+query parameters are ignored below 2.59 and a 400 from 2.59, as in Nova.
 
 ``GET /servers/{id}/migrations`` lists a server's *live* migrations in progress, as in
 Nova; keel has no live migration, so that list is always empty.
@@ -20,12 +20,13 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 
 from services.api.http.auth import AdminContext
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import page_request
-from services.api.http.query import timestamp
+from services.api.http.query import refuse_unknown, timestamp
 from services.api.views.timestamps import naive_isotime
 from shared.db import instances, moves
 from shared.db.moves import MigrationQuery
@@ -69,8 +70,20 @@ def _uuid(name: str, value: str | None) -> UUID | None:
         raise BadRequest(f"Invalid input for query parameters {name}: not a UUID.") from None
 
 
+def known_names(version: APIVersion) -> set[str]:
+    """The query parameters of the list at ``version``; from 2.59 others are a 400."""
+    names = {"hidden", "host", "instance_uuid", "source_compute", "status", "migration_type"}
+    names |= {"limit", "marker", "changes-since"}
+    if version.at_least("2.66"):
+        names.add("changes-before")
+    if version.at_least("2.80"):
+        names |= {"user_id", "project_id"}
+    return names
+
+
 def _query(request: Request, version: APIVersion) -> MigrationQuery:
     params = request.query_params
+    refuse_unknown(params, known_names(version), version, since="2.59")
     since = params.get("changes-since") if version.at_least("2.59") else None
     until = params.get("changes-before") if version.at_least("2.66") else None
     query = MigrationQuery(
@@ -119,7 +132,7 @@ async def list_migrations(
     return body
 
 
-@router.get("/servers/{server_id}/migrations")
+@router.get("/servers/{server_id}/migrations", dependencies=[NO_QUERY_FROM_2_102])
 async def server_migrations(
     server_id: str, *, pool: DbPool, ctx: AdminContext, version: Version
 ) -> dict[str, Any]:

@@ -20,13 +20,14 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 import asyncpg
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.http.auth import AdminContext
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
+from services.api.http.query import refuse_unknown
 from services.api.resources.os_services_legacy import legacy_update, parse_body
 from services.api.servers.moves import refuse_up_with_unconfirmed_evacuations
 from services.api.views.os_services import service_view, service_zone
@@ -52,6 +53,7 @@ async def _with_zones(
 
 @router.get("")
 async def list_services(
+    request: Request,
     pool: DbPool,
     *,
     ctx: AdminContext,
@@ -60,6 +62,7 @@ async def list_services(
     host: Annotated[str | None, Query()] = None,
     binary: Annotated[str | None, Query()] = None,
 ) -> dict[str, Any]:
+    refuse_unknown(request.query_params, {"host", "binary"}, version)
     down_time = settings.service_down_time
     async with pool.acquire() as conn:
         found, zones = await _with_zones(

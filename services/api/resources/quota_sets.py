@@ -22,9 +22,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from services.api.http.auth import AdminContext, Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool, Keystone, Version
 from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.microversion import APIVersion
+from services.api.http.query import refuse_unknown
 from services.api.keystone.tokens import KeystoneTokens
 from services.api.resources.quotas import defaults, project_limits, user_limits
 from shared.config import Settings
@@ -62,8 +64,11 @@ def resources_at(version: APIVersion) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def user_of(request: Request) -> str | None:
-    """The ``user_id`` query parameter: whose limits within the project, if anyone's."""
+def user_of(request: Request, version: APIVersion) -> str | None:
+    """The ``user_id`` query parameter: whose limits within the project, if anyone's.
+
+    It is the only parameter these routes take; another is a 400 from 2.75."""
+    refuse_unknown(request.query_params, {"user_id"}, version)
     user_id = request.query_params.get("user_id")
     if user_id is None:
         return None
@@ -195,7 +200,7 @@ def quota_set(limits: dict[str, int], version: APIVersion) -> dict[str, Any]:
     return {name: limits.get(name, -1) for name in resources_at(version)}
 
 
-@router.get("/{project_id}/defaults")
+@router.get("/{project_id}/defaults", dependencies=[NO_QUERY_FROM_2_102])
 async def show_defaults(
     project_id: str,
     *,
@@ -221,7 +226,7 @@ async def show_detail(
     version: Version,
     keystone: Keystone,
 ) -> dict[str, Any]:
-    user_id = user_of(request)
+    user_id = user_of(request, version)
     may_read(ctx, project_id)
     async with pool.acquire() as conn:
         await known_project(conn, settings, project_id, keystone)
@@ -245,7 +250,7 @@ async def show(
     version: Version,
     keystone: Keystone,
 ) -> dict[str, Any]:
-    user_id = user_of(request)
+    user_id = user_of(request, version)
     may_read(ctx, project_id)
     async with pool.acquire() as conn:
         await known_project(conn, settings, project_id, keystone)
@@ -264,7 +269,7 @@ async def update(
     version: Version,
     keystone: Keystone,
 ) -> dict[str, Any]:
-    user_id = user_of(request)
+    user_id = user_of(request, version)
     values, force = parse_update(await json_body(request), version)
     values = {name: limit for name, limit in values.items() if name not in _NETWORK}
     async with pool.acquire() as conn, conn.transaction():
@@ -292,9 +297,10 @@ async def revert(
     ctx: AdminContext,
     pool: DbPool,
     settings: AppSettings,
+    version: Version,
     keystone: Keystone,
 ) -> Response:
-    user_id = user_of(request)
+    user_id = user_of(request, version)
     async with pool.acquire() as conn:
         await known_project(conn, settings, project_id, keystone)
         if user_id is None:

@@ -22,10 +22,11 @@ from uuid import UUID
 from fastapi import APIRouter, Request, Response
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
-from services.api.http.query import boolean
+from services.api.http.query import boolean, refuse_unknown
 from services.api.resources.quotas import check_new_server_group
 from shared.context import RequestContext
 from shared.db import server_groups
@@ -167,6 +168,7 @@ async def list_groups(
     request: Request, pool: DbPool, ctx: Context, version: Version
 ) -> dict[str, Any]:
     params = request.query_params
+    refuse_unknown(params, {"all_projects", "limit", "offset"}, version)
     every = ctx.is_admin and boolean("all_projects", params.get("all_projects", "false"))
     limit, offset = _number(params.get("limit"), "limit"), _number(params.get("offset"), "offset")
     async with pool.acquire() as conn:
@@ -184,7 +186,7 @@ def _number(value: str | None, name: str) -> int | None:
     return int(value)
 
 
-@router.get("/{group_id}")
+@router.get("/{group_id}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_group(group_id: str, pool: DbPool, ctx: Context, version: Version) -> dict[str, Any]:
     async with pool.acquire() as conn:
         group = await find_group(conn, ctx, group_id)

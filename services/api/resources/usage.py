@@ -28,6 +28,7 @@ from services.api.http.deps import DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.links import Links
 from services.api.http.paging import PageRequest, marker_not_found, next_marker, page_request
+from services.api.http.query import refuse_unknown
 from services.api.views.timestamps import naive_isotime
 from shared.db import usage
 from shared.exceptions import InstanceNotFound
@@ -158,6 +159,7 @@ def _links(request: Request, links: Links, path: str, marker: str | None) -> lis
 async def list_usage(
     request: Request, ctx: AdminContext, pool: DbPool, version: Version, links: RequestLinks
 ) -> dict[str, Any]:
+    refuse_unknown(request.query_params, {"start", "end", "detailed", "limit", "marker"}, version)
     period = Period.from_request(request, version.at_least(PAGING_VERSION))
     found = await _instances(pool, period, None)
     body: dict[str, Any] = {"tenant_usages": summarise(found, period)}
@@ -181,6 +183,7 @@ async def show_usage(
         raise Forbidden(
             "Policy doesn't allow reading another project's usage: it needs the admin role."
         )
+    refuse_unknown(request.query_params, {"start", "end", "limit", "marker"}, version)
     period = Period.from_request(request, version.at_least(PAGING_VERSION))
     period = dataclasses.replace(period, detailed=True)
     found = await _instances(pool, period, project_id)

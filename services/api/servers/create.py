@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -44,9 +44,11 @@ from services.api.resources.flavors import may_use
 from services.api.servers import group_hint, publish, requested_destination
 from services.api.servers import keys as server_keys
 from services.api.servers.fields import PreparedFields, ServerFields
+from services.api.servers.hostname import checked_hostname
 from services.api.servers.lookup import last_segment
 from services.api.servers.requested_destination import ZoneRequest, parse_zone
 from services.conductor.rpcapi import DESTINATION_VERSION, ConductorAPI
+from shared import hostnames, image_properties
 from shared.config import QuotaSettings
 from shared.context import RequestContext
 from shared.db import (
@@ -124,6 +126,8 @@ class NewServer(ServerFields):
     hypervisor_hostname: str | None = Field(
         default=None, min_length=1, max_length=255, pattern=HOSTNAME_PATTERN
     )
+    #: The guest's host name (microversion 2.90): see :mod:`services.api.servers.hostname`.
+    hostname: Any = None
 
     @field_validator("flavor_ref", mode="before")
     @classmethod
@@ -163,6 +167,15 @@ def counts(server: NewServer, fields: PreparedFields) -> tuple[int, int]:
     if most > 1 and any(wanted.fixed_ip for wanted in fields.addresses):
         raise BadRequest("Unable to launch multiple instances with a single configured fixed IP.")
     return least, most
+
+
+def kept_hints(hints: dict[str, Any]) -> dict[str, list[str]]:
+    """The scheduler hints as a server keeps them, as Nova keeps them: each a list of
+    strings (a single value becomes a list of one)."""
+    return {
+        name: [str(item) for item in (value if isinstance(value, list) else [value])]
+        for name, value in hints.items()
+    }
 
 
 def new_reservation_id() -> str:
@@ -259,10 +272,18 @@ class Batch:
     reservation_id: str
     #: The UUIDs chosen before the transaction, one per server it may create.
     uuids: tuple[UUID, ...]
+    #: The host name asked for (2.90; one server only), else each is made from its name.
+    hostname: str | None = None
+    #: The scheduler hints asked with, as each server keeps them (shown from 2.100).
+    hints: dict[str, list[str]] = field(default_factory=dict)
 
     def name(self, base: str, count: int, index: int) -> str:
         """Nova's names: the name as given for one server, ``NAME-1``, ``NAME-2``... else."""
         return base if count == 1 else f"{base}-{index + 1}"
+
+    def hostname_of(self, name: str, instance_uuid: UUID) -> str:
+        """The host name the server keeps: the one asked for, or made from its name."""
+        return self.hostname or hostnames.from_name(name, instance_uuid)
 
 
 async def _record(
@@ -294,12 +315,15 @@ async def _record(
     )
     created = []
     for index, instance_uuid in enumerate(batch.uuids[:count]):
+        name = batch.name(server.name, count, index)
         instance = await instances.create(
             conn,
             instance_uuid=instance_uuid,
             project_id=project_id,
             user_id=user_id,
-            display_name=batch.name(server.name, count, index),
+            display_name=name,
+            hostname=batch.hostname_of(name, instance_uuid),
+            image_properties=image_properties.kept(image.properties),
             flavor=snapshot,
             image_ref=str(image.id),
             availability_zone=request.zone,
@@ -316,7 +340,7 @@ async def _record(
             image_ref=str(image.id),
             availability_zone=request.zone,
         )
-        await request_specs.create(conn, spec)
+        await request_specs.create(conn, spec, scheduler_hints=batch.hints)
         await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
         await server_keys.record_key(conn, instance, key)
         created.append(instance)
@@ -404,6 +428,11 @@ async def create_server(
 ) -> list[Instance]:
     """Record the servers and ask the conductor to build each; see the module docstring."""
     least, most = counts(server, fields)
+    hostname = None
+    if "hostname" in server.model_fields_set:
+        hostname = checked_hostname(server.hostname, version)
+        if most > 1:
+            raise BadRequest("Unable to allocate a single hostname to multiple instances")
     async with pool.acquire() as conn:
         flavor, image, request = await _validate(
             conn, ctx, server, policy=policy, version=version, hints=hints or {}
@@ -412,7 +441,14 @@ async def create_server(
     if destination is not None and not await conductor.can_take_destinations():
         raise _conductor_too_old(await conductor.client.cap())
 
-    batch = Batch(least, most, new_reservation_id(), tuple(uuid.uuid4() for _ in range(most)))
+    batch = Batch(
+        least,
+        most,
+        new_reservation_id(),
+        tuple(uuid.uuid4() for _ in range(most)),
+        hostname=hostname,
+        hints=kept_hints(hints or {}),
+    )
     committing = False
 
     async def record(conn: Connection) -> list[Instance]:

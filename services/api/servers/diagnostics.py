@@ -19,6 +19,7 @@ import asyncpg
 from fastapi import APIRouter
 
 from services.api.http.auth import AdminContext
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, Compute, DbPool, Version
 from services.api.http.faults import ConflictingRequest, ItemNotFound, ServiceUnavailable
 from services.api.http.microversion import APIVersion
@@ -108,7 +109,7 @@ def diagnostics_view(found: GuestDiagnostics, version: APIVersion) -> dict[str, 
     return standard_view(found) if version.at_least(STANDARD_VERSION) else legacy_view(found)
 
 
-@router.get("/{server_id}/diagnostics")
+@router.get("/{server_id}/diagnostics", dependencies=[NO_QUERY_FROM_2_102])
 async def show_diagnostics(
     server_id: str,
     *,

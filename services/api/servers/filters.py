@@ -1,4 +1,4 @@
-"""The server list's query string, read as Nova reads it (microversions 2.1 to 2.74).
+"""The server list's query string, read as Nova reads it.
 
 Every filter Nova documents is honoured or refused with a 400; none is silently
 dropped, except where Nova drops it too:
@@ -6,15 +6,18 @@ dropped, except where Nova drops it too:
 * Members may use only ``name``, ``status``, ``image``, ``flavor``, ``ip``,
   ``changes-since``, ``reservation_id`` and ``all_tenants`` (refused with 403), ``ip6``
   (2.5), ``tags``/``tags-any``/``not-tags``/``not-tags-any`` (2.26), ``changes-before``
-  (2.66) and ``locked`` (2.73); Nova ignores their other filters, and so does keel.
+  (2.66), ``locked`` (2.73) and, from 2.83, ``availability_zone``, ``config_drive``,
+  ``key_name``, ``created_at``, ``launched_at``, ``terminated_at``, ``power_state``,
+  ``task_state``, ``vm_state``, ``progress`` and ``user_id``, from 2.90 ``hostname``;
+  Nova ignores their other filters, and so does keel.
 * Admins may use every filter of :data:`EXACT` and :data:`REGEX` and ``deleted``; the
   joined-table filters (``metadata``, ``security_groups``...) and names starting with
-  ``_`` are a 400. Names Nova does not know are ignored, as in Nova before 2.75.
+  ``_`` are a 400. Names Nova does not know are ignored below 2.75 and a 400 from 2.75.
 
 ``sort_key``/``sort_dir`` are validated: an unknown key or direction is a 400; the keys
-Nova accepts but ignores (``id``, ``vcpus``...) are ignored, and ``host``/``node`` are
-ignored for members. ``changes-since``/``changes-before`` include deleted servers
-unless ``deleted`` says otherwise.
+Nova accepts but ignores below 2.75 (``id``, ``vcpus``...) are ignored there (a 400 from
+2.75), and ``host``/``node`` are ignored for members. ``changes-since``/``changes-before``
+include deleted servers unless ``deleted`` says otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from starlette.datastructures import QueryParams
 from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import MAX_LIMIT, PageRequest, marker_not_found, page_request
-from services.api.http.query import boolean, timestamp
+from services.api.http.query import boolean, refuse_unknown, timestamp
 from services.api.servers.lookup import last_segment
 from services.api.servers.views import STATUS_FILTERS, TASK_STATUS_FILTERS
 from shared.context import RequestContext
@@ -107,6 +110,31 @@ IGNORED_SORT_KEYS = frozenset(
 ADMIN_SORT_KEYS = frozenset({"host", "node"})
 
 
+#: Names Nova's list schema knows besides the filters above (some only to refuse them).
+OTHER_KNOWN = frozenset(
+    {"project_id", "tenant_id", "status", "all_tenants", "soft_deleted", "deleted", "ip", "ip6"}
+)
+OTHER_KNOWN_SINCE = {"changes-since": "2.1", "changes-before": "2.66", "locked": "2.73"}
+
+
+def known_names(version: APIVersion) -> frozenset[str]:
+    """Every query parameter of the server lists at ``version`` (2.75 refuses others)."""
+    names = set(EXACT) | set(REGEX) | JOINED | PAGING | OTHER_KNOWN
+    names |= {name for name, since in OTHER_KNOWN_SINCE.items() if version.at_least(since)}
+    if version.at_least("2.26"):
+        names.update(TAG_FILTERS)
+    return frozenset(names)
+
+
+#: The filters members may use from 2.83 on as well.
+MEMBER_FILTERS_2_83 = frozenset(
+    {
+        "availability_zone", "config_drive", "key_name", "created_at", "launched_at",
+        "terminated_at", "power_state", "task_state", "vm_state", "progress", "user_id",
+    }
+)  # fmt: skip
+
+
 def member_filters(version: APIVersion) -> frozenset[str]:
     """The filters Nova lets a member use at ``version``."""
     allowed = {"reservation_id", "name", "status", "image", "flavor", "ip"}
@@ -119,6 +147,10 @@ def member_filters(version: APIVersion) -> frozenset[str]:
         allowed.add("changes-before")
     if version.at_least("2.73"):
         allowed.add("locked")
+    if version.at_least("2.83"):
+        allowed |= MEMBER_FILTERS_2_83
+    if version.at_least("2.90"):
+        allowed.add("hostname")
     return frozenset(allowed)
 
 
@@ -149,7 +181,8 @@ def states_for(statuses: list[str], version: APIVersion) -> tuple[list[str], lis
 def _check_sort_keys(keys: list[str], dirs: list[str], version: APIVersion) -> frozenset[str]:
     """400 for an unknown key or direction; the keys to ignore at ``version``."""
     valid = SORT_KEYS | ({"locked"} if version.at_least("2.73") else set())
-    ignored = IGNORED_SORT_KEYS - valid
+    # From 2.75 the keys Nova used to accept and ignore are refused like unknown ones.
+    ignored = frozenset() if version.at_least("2.75") else IGNORED_SORT_KEYS - valid
     for key in keys:
         if key not in valid | ignored:
             raise BadRequest(
@@ -191,6 +224,10 @@ def sort_order(
 
 def _given(params: QueryParams, ctx: RequestContext, version: APIVersion) -> dict[str, str]:
     """The filters the caller may use (the last value of each); 400 for forbidden names."""
+    # Names starting with "_" pass Nova's schema, to be refused as filters below.
+    refuse_unknown(
+        (key for key in params.keys() if not key.startswith("_")), known_names(version), version
+    )
     given = {key: params.getlist(key)[-1] for key in params.keys() if key not in PAGING}
     if not ctx.is_admin:
         allowed = member_filters(version)

@@ -10,7 +10,8 @@ Microversions: from 2.21 the actions of a deleted server are shown too; events a
 shown to admins, and from 2.51 to their owners as well (never a traceback: keel keeps
 none); from 2.58 actions have ``updated_at`` and the list pages with ``limit``,
 ``marker`` (a request id) and ``changes-since`` (2.66: ``changes-before``); from 2.62
-events carry ``host`` (admins) and ``hostId``.
+events carry ``host`` (admins) and ``hostId``; from 2.84 admins see each event's
+``details``: why it failed, or null.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
 from services.api.http.paging import page_request
-from services.api.http.query import timestamp
+from services.api.http.query import refuse_unknown, timestamp
 from services.api.servers.views import host_id
 from services.api.views.timestamps import naive_isotime
 from shared.context import RequestContext
@@ -84,6 +86,10 @@ def _event(
         event["hostId"] = host_id(instance.project_id, instance.host)
         if ctx.is_admin:
             event["host"] = instance.host or ""
+    if version.at_least("2.84") and ctx.is_admin:
+        # Why the event failed, as the server's fault says it; admins only, since it
+        # may name the deployment's insides.
+        event["details"] = action.message if action.result == "Error" else None
     return event
 
 
@@ -101,6 +107,13 @@ def _window(request: Request, version: APIVersion) -> _Window:
     params = request.query_params
     if not version.at_least("2.58"):
         return _Window()
+    known = {"limit", "marker", "changes-since"}
+    refuse_unknown(
+        params,
+        known | {"changes-before"} if version.at_least("2.66") else known,
+        version,
+        since="2.58",
+    )
     paging = page_request(params.get("limit"), params.get("marker"))
     since_text = params.get("changes-since")
     until_text = params.get("changes-before") if version.at_least("2.66") else None
@@ -132,7 +145,7 @@ async def list_actions(
     return {"instanceActions": [_action(action, version) for action in found]}
 
 
-@router.get("/{server_id}/os-instance-actions/{request_id}")
+@router.get("/{server_id}/os-instance-actions/{request_id}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_action(
     server_id: str, request_id: str, *, pool: DbPool, ctx: Context, version: Version
 ) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool
 from services.api.http.faults import ItemNotFound
 from services.api.servers.forwards import with_forwards
@@ -31,14 +32,14 @@ async def _addresses(
     return addresses_body(shown, extended=False)
 
 
-@router.get("/{server_id}/ips")
+@router.get("/{server_id}/ips", dependencies=[NO_QUERY_FROM_2_102])
 async def list_ips(
     server_id: str, pool: DbPool, ctx: Context, settings: AppSettings
 ) -> dict[str, Any]:
     return {"addresses": await _addresses(pool, ctx, server_id, settings.network.forward_name)}
 
 
-@router.get("/{server_id}/ips/{network}")
+@router.get("/{server_id}/ips/{network}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_ips(
     server_id: str, network: str, pool: DbPool, ctx: Context, settings: AppSettings
 ) -> dict[str, Any]:

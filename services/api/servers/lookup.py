@@ -18,7 +18,14 @@ from services.api.http.microversion import APIVersion
 from services.api.servers.forwards import with_forwards
 from services.api.servers.views import ServerView
 from shared.context import RequestContext
-from shared.db import compute_nodes, fixed_ips, instances, placement, server_groups
+from shared.db import (
+    compute_nodes,
+    fixed_ips,
+    instances,
+    placement,
+    request_specs,
+    server_groups,
+)
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance
@@ -47,6 +54,22 @@ async def host_service(pool: asyncpg.Pool, instance: Instance, down_time: float)
     async with pool.acquire() as conn:
         host = await placement.host_of(conn, instance, down_time)
     return None if host is None else host.service
+
+
+async def zone_of(conn: Connection, instance: Instance, down_time: float) -> str:
+    """The zone the server is in, as its view shows it: its node's once placed, before
+    that the one its create asked for (``""`` for none)."""
+    states = await compute_nodes.host_states_on(
+        conn, down_time, [instance.host] if instance.host else []
+    )
+    for state in states:
+        placed_here = (state.node.host, state.node.hypervisor_hostname) == (
+            instance.host,
+            instance.node,
+        )
+        if placed_here and state.node.availability_zone is not None:
+            return state.node.availability_zone
+    return instance.availability_zone or ""
 
 
 def host_status(service: Service) -> str:
@@ -89,6 +112,11 @@ async def server_view(
         groups=(
             await server_groups.of_instances(conn, [instance.uuid for instance in shown])
             if version.at_least("2.71") and len(shown) == 1
+            else {}
+        ),
+        asked=(
+            await request_specs.asked(conn, [instance.uuid for instance in shown])
+            if version.at_least("2.96")
             else {}
         ),
     )

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import AppSettings, DbPool
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.resources.quotas import check_metadata_items, project_limits
@@ -56,7 +57,7 @@ def not_found_item() -> ItemNotFound:
     return ItemNotFound("Metadata item was not found")
 
 
-@router.get("/{server_id}/metadata")
+@router.get("/{server_id}/metadata", dependencies=[NO_QUERY_FROM_2_102])
 async def show_metadata(server_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
@@ -108,7 +109,7 @@ async def replace_metadata(
     return {"metadata": dict(changed.metadata)}
 
 
-@router.get("/{server_id}/metadata/{key}")
+@router.get("/{server_id}/metadata/{key}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_metadata_item(
     server_id: str, key: str, pool: DbPool, ctx: Context
 ) -> dict[str, Any]:

@@ -278,11 +278,13 @@ async def start_move(
     target: str | None,
     flavors: tuple[FlavorSnapshot, FlavorSnapshot] | None = None,
     check: Callable[[Connection], Awaitable[None]] | None = None,
+    end_stopped: bool = False,
 ) -> None:
     """Check, record and cast a move of ``kind``; 503 (withdrawn) if it cannot be cast.
 
     ``flavors`` and ``check``: a resize's old and new flavor, and its quota check (run in
-    the transaction that records the move).
+    the transaction that records the move). ``end_stopped``: an evacuation that ends
+    with the server stopped (2.95).
     """
     action = kind.action
     _check_state(instance, action, kind.movable)
@@ -304,6 +306,7 @@ async def start_move(
         target=target,
         flavors=flavors,
         check=check,
+        end_stopped=end_stopped,
     )
     if migration is None:
         raise ConflictingRequest(
@@ -335,6 +338,29 @@ async def start_move(
     )
 
 
+#: From this microversion an evacuated server ends stopped on its new host.
+EVACUATE_STOPPED_VERSION = "2.95"
+#: The first release whose conductors stop a server an evacuation asked to end stopped.
+EVACUATE_STOPPED_RELEASE = 25
+
+
+async def _check_conductors_end_stopped(pool: asyncpg.Pool, down_time: float) -> None:
+    """400 while an older conductor, which would start the evacuated server, still runs
+    (as Nova refuses 2.95 until every compute is new enough)."""
+    async with pool.acquire() as conn:
+        old = await services.older_than(
+            conn, Binary.CONDUCTOR.value, EVACUATE_STOPPED_RELEASE, down_time
+        )
+    if old:
+        raise BadRequest(
+            "Starting with microversion 2.95, evacuate API will stop instance on destination. "
+            "To evacuate before upgrades are complete please use an older microversion. "
+            f"Required release for keel-conductor: {release_name(EVACUATE_STOPPED_RELEASE)}; "
+            "still older: "
+            + ", ".join(f"{s.host} (release {release_name(s.version)})" for s in old)
+        )
+
+
 async def evacuate(
     pool: asyncpg.Pool,
     conductor: ConductorAPI,
@@ -349,6 +375,9 @@ async def evacuate(
     if not ctx.is_admin:
         raise Forbidden("Policy doesn't allow os_compute_api:os-evacuate to be performed.")
     target = evacuation_target(value, version)
+    end_stopped = version.at_least(EVACUATE_STOPPED_VERSION)
+    if end_stopped:
+        await _check_conductors_end_stopped(pool, settings.service_down_time)
     await start_move(
         pool,
         conductor,
@@ -358,6 +387,7 @@ async def evacuate(
         ctx=ctx,
         instance=instance,
         target=target,
+        end_stopped=end_stopped,
     )
     if version.at_least("2.14"):
         return Response(status_code=200)

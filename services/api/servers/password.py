@@ -13,13 +13,14 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool
 from services.api.servers.lookup import find_instance
 
 router = APIRouter(prefix="/v2.1/servers")
 
 
-@router.get("/{server_id}/os-server-password")
+@router.get("/{server_id}/os-server-password", dependencies=[NO_QUERY_FROM_2_102])
 async def show_password(server_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
     async with pool.acquire() as conn:
         await find_instance(conn, ctx, server_id)

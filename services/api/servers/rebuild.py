@@ -5,8 +5,9 @@ As in Nova: the server must be ACTIVE, SHUTOFF or ERROR with no task (409 otherw
 not locked (409, unless the caller is an admin), and the image usable and fit for the
 server's flavor (400). The request may also rename the server, replace its metadata,
 set its access addresses and admin password, from 2.19 its description, from 2.54 its
-key pair (``null`` removes it) and from 2.57 its user data (``null`` removes it); a
-field the request's microversion does not have is a 400.
+key pair (``null`` removes it), from 2.57 its user data (``null`` removes it) and from
+2.90 its host name (fully qualified from 2.94); a field the request's microversion does
+not have is a 400. The server keeps the new image's properties (shown from 2.98).
 
 keel-api writes the new image and fields with the task ``rebuild_spawning`` (status
 REBUILD) in one compare-and-swap, and casts ``rebuild_guest`` (compute RPC 1.12) to the
@@ -51,6 +52,7 @@ from services.api.servers.fields import (
     new_password,
     unexpected,
 )
+from services.api.servers.hostname import checked_hostname
 from services.api.servers.keys import find_key
 from services.api.servers.lookup import host_service, server_view
 from services.api.servers.power import refuse_while_a_stray_copy_may_run, too_old
@@ -58,6 +60,7 @@ from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.boot_images import BootImages
 from services.conductor.guest_data import instance_spec
 from services.conductor.rpcapi import ACTION_RESULT_SINCE, ConductorAPI, PowerAction
+from shared import image_properties
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import fixed_ips, instance_actions, rebuilds
@@ -100,6 +103,8 @@ class RebuildRequest(BaseModel):
     key_name: str | None = Field(default=None, min_length=1, max_length=255)
     user_data: UserData = None
     trusted_image_certificates: list[Any] | None = None
+    #: Checked by :func:`~services.api.servers.hostname.checked_hostname` (2.90, 2.94).
+    hostname: Any = None
 
 
 def parse(value: Any, version: APIVersion) -> RebuildRequest:
@@ -131,6 +136,8 @@ def parse(value: Any, version: APIVersion) -> RebuildRequest:
             "keel does not verify image signatures: trusted_image_certificates must be "
             "empty or null."
         )
+    if "hostname" in given:
+        request.hostname = checked_hostname(request.hostname, version, where="rebuild")
     if request.preserve_ephemeral:
         raise BadRequest(
             "keel's drivers do not keep ephemeral disks across a rebuild: "
@@ -164,7 +171,14 @@ async def _change(
         fields["key_data"] = None if key is None else key.public_key
     if "user_data" in given:
         fields["user_data"] = request.user_data
-    return RebuildChange(image_ref=str(image.id), given=frozenset(fields), **fields)
+    if "hostname" in given:
+        fields["hostname"] = request.hostname
+    return RebuildChange(
+        image_ref=str(image.id),
+        image_properties=image_properties.kept(image.properties),
+        given=frozenset(fields),
+        **fields,
+    )
 
 
 async def _check_caps(

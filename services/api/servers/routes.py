@@ -14,6 +14,7 @@ import asyncpg
 from fastapi import APIRouter, Request, Response
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import (
     AppPolicy,
     AppSettings,
@@ -163,7 +164,7 @@ async def list_servers_detail(
     )
 
 
-@router.get("/{server_id}")
+@router.get("/{server_id}", dependencies=[NO_QUERY_FROM_2_102])
 async def show_server(
     server_id: str,
     *,

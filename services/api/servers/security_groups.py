@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool
 from services.api.network.views import DEFAULT_SECURITY_GROUP, security_group_id
 from services.api.servers.lookup import find_instance
@@ -34,7 +35,7 @@ def default_group(project_id: str) -> dict[str, Any]:
     }
 
 
-@router.get("/{server_id}/os-security-groups")
+@router.get("/{server_id}/os-security-groups", dependencies=[NO_QUERY_FROM_2_102])
 async def list_server_security_groups(server_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)

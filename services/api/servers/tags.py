@@ -16,6 +16,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from services.api.http.auth import Context
+from services.api.http.closed_query import NO_QUERY_FROM_2_102
 from services.api.http.deps import DbPool, RequestLinks, Version
 from services.api.http.faults import BadRequest, ItemNotFound
 from services.api.http.microversion import APIVersion
@@ -59,7 +60,7 @@ def tag_not_found(tag: str) -> ItemNotFound:
     return ItemNotFound(f"Tag '{tag}' could not be found.")
 
 
-@router.get("/{server_id}/tags")
+@router.get("/{server_id}/tags", dependencies=[NO_QUERY_FROM_2_102])
 async def list_tags(server_id: str, pool: DbPool, ctx: Context, version: Version) -> dict[str, Any]:
     require_tags(version)
     async with pool.acquire() as conn:
@@ -88,7 +89,12 @@ async def delete_tags(server_id: str, pool: DbPool, ctx: Context, version: Versi
     return Response(status_code=204)
 
 
-@router.get("/{server_id}/tags/{tag}", status_code=204, response_class=Response)
+@router.get(
+    "/{server_id}/tags/{tag}",
+    status_code=204,
+    response_class=Response,
+    dependencies=[NO_QUERY_FROM_2_102],
+)
 async def check_tag_exists(
     server_id: str, tag: str, pool: DbPool, ctx: Context, version: Version
 ) -> Response:

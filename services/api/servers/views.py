@@ -1,10 +1,12 @@
 """Server bodies: the summary of a list, the detail at a microversion, the create answer.
 
 What the client reads most: ``status`` (from the vm state), ``image`` (an object, or
-``""`` for none, never null) and ``flavor`` (``{"id", "links"}`` below 2.47, the
-embedded flavor from 2.47). Fields an admin sees and a member does not: the
-``OS-EXT-SRV-ATTR:*`` placement details, ``host_status`` (from 2.16) and the details of
-a 500 fault.
+``""`` for none, never null; from 2.98 with the image ``properties`` the server kept)
+and ``flavor`` (``{"id", "links"}`` below 2.47, the embedded flavor from 2.47). From 2.96
+servers show the zone their create pinned them to, from 2.100 its scheduler hints.
+Fields an admin sees and a member does not: the ``OS-EXT-SRV-ATTR:*`` placement details
+(but the host name, everyone's from 2.90), ``host_status`` (from 2.16) and the details
+of a 500 fault.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from uuid import UUID
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.views.timestamps import isotime, naive_isotime
+from shared.db.request_specs import Asked
 from shared.objects.instance import Instance
 from shared.objects.network import FixedIp
 from shared.objects.states import TaskState, VmState
@@ -123,8 +126,8 @@ def addresses_body(
     return body
 
 
-#: What Nova's answer to ``PUT /servers/{id}`` leaves out below 2.75 (it shows all of
-#: the server only from 2.75, a microversion keel does not reach).
+#: What Nova's answer to ``PUT /servers/{id}`` leaves out below 2.75 (from 2.75 it shows
+#: all of the server).
 _NOT_IN_UPDATE = (
     "key_name",
     "config_drive",
@@ -154,6 +157,9 @@ class ServerView:
     addresses: Mapping[UUID, Sequence[FixedIp]] = field(default_factory=dict)
     #: instance → the server group it is in (read for 2.71 and later only).
     groups: Mapping[UUID, UUID] = field(default_factory=dict)
+    #: instance → what its create asked for: the zone it is pinned to and its scheduler
+    #: hints (read for 2.96 and later only).
+    asked: Mapping[UUID, Asked] = field(default_factory=dict)
 
     def availability_zone(self, instance: Instance) -> str:
         """The zone of the node the server is on; before that, the zone it asked for."""
@@ -175,10 +181,13 @@ class ServerView:
         if not instance.image_ref:
             return ""
         ref = instance.image_ref
-        return {
+        image: dict[str, Any] = {
             "id": ref,
             "links": [{"rel": "bookmark", "href": self.links.bookmark("images", ref)}],
         }
+        if self.version.at_least("2.98"):
+            image["properties"] = dict(instance.image_properties)
+        return image
 
     def flavor(self, instance: Instance) -> dict[str, Any]:
         flavor = instance.flavor
@@ -218,8 +227,21 @@ class ServerView:
             body["progress"] = _PROGRESS[body["status"]]
         if self.is_admin:
             body.update(self._admin_fields(instance))
+        elif self.version.at_least("2.90"):
+            # From 2.90 everyone sees the host name, not only admins.
+            body["OS-EXT-SRV-ATTR:hostname"] = instance.guest_hostname
         body.update(self._versioned_fields(instance, show=show))
         return body
+
+    def changed(self, instance: Instance) -> dict[str, Any]:
+        """The answer to ``PUT /servers/{id}`` (and to a rebuild) at this microversion.
+
+        Below 2.75 it is the update view (:meth:`updated`); from 2.75 the server is shown
+        whole, exactly as ``GET /servers/{id}`` shows it, so a client reads one shape.
+        """
+        if self.version.at_least("2.75"):
+            return self.detail(instance, show=True)
+        return self.updated(instance)
 
     def updated(self, instance: Instance) -> dict[str, Any]:
         """The answer to ``PUT /servers/{id}`` below 2.75: the base view, without the
@@ -238,14 +260,14 @@ class ServerView:
 
     def rebuilt(self, instance: Instance) -> dict[str, Any]:
         """The answer to a rebuild (without its ``adminPass``): below 2.75 the update view
-        with the key pair's name (2.54); from 2.75 the server as a show answers it; from
-        2.57 the user data as well."""
+        with the key pair's name (2.54); from 2.75 the server as a show answers it, but
+        for the admin's ``OS-EXT-SRV-ATTR:user_data`` (as in Nova); from 2.57 the user
+        data as ``user_data``."""
+        body = self.changed(instance)
         if self.version.at_least("2.75"):
-            body = self.detail(instance, show=True)
-        else:
-            body = self.updated(instance)
-            if self.version.at_least("2.54"):
-                body["key_name"] = instance.key_name
+            body.pop("OS-EXT-SRV-ATTR:user_data", None)
+        elif self.version.at_least("2.54"):
+            body["key_name"] = instance.key_name
         if self.version.at_least("2.57"):
             body["user_data"] = instance.user_data
         return body
@@ -289,7 +311,7 @@ class ServerView:
                 {
                     "OS-EXT-SRV-ATTR:reservation_id": instance.reservation_id or "",
                     "OS-EXT-SRV-ATTR:launch_index": instance.launch_index,
-                    "OS-EXT-SRV-ATTR:hostname": instance.display_name,
+                    "OS-EXT-SRV-ATTR:hostname": instance.guest_hostname,
                     "OS-EXT-SRV-ATTR:kernel_id": "",
                     "OS-EXT-SRV-ATTR:ramdisk_id": "",
                     "OS-EXT-SRV-ATTR:root_device_name": None,
@@ -317,4 +339,9 @@ class ServerView:
             fields["server_groups"] = [] if group is None else [str(group)]
         if self.version.at_least("2.73"):
             fields["locked_reason"] = instance.locked_reason
+        asked = self.asked.get(instance.uuid)
+        if self.version.at_least("2.96"):
+            fields["pinned_availability_zone"] = None if asked is None else asked.zone
+        if self.version.at_least("2.100"):
+            fields["scheduler_hints"] = {} if asked is None else dict(asked.scheduler_hints)
         return fields

@@ -123,7 +123,8 @@ async def _arrived(pool: asyncpg.Pool, kind: MoveKind, migration: Migration) -> 
         if instance is None or instance.deleted_at is not None:
             await _end(conn, migration, MigrationStatus.CANCELLED)
             return _Arrival.DELETED
-        stopped = instance.vm_state == VmState.STOPPED
+        # An evacuation asked for at 2.95 or later was built powered off: it ends stopped.
+        stopped = instance.vm_state == VmState.STOPPED or migration.end_stopped
         if kind is EVACUATION:
             vm_state = VmState.STOPPED if stopped else VmState.ACTIVE
             status = MigrationStatus.DONE

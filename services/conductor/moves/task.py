@@ -331,7 +331,10 @@ class MoveTask(TaskBase):
                 destination.service.uuid,
                 spec,
                 self.migration_uuid,
-                powered_off=instance.vm_state == VmState.STOPPED,
+                powered_off=(
+                    instance.vm_state == VmState.STOPPED
+                    or (self.migration is not None and self.migration.end_stopped)
+                ),
                 source_disk=None if in_place else source_disk,
                 in_place=in_place,
             )

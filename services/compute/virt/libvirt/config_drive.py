@@ -38,6 +38,7 @@ def guest_info(spec: InstanceSpec) -> GuestInfo:
         metadata=spec.metadata,
         user_data=spec.user_data,
         addresses=spec.addresses,
+        hostname=spec.hostname,
     )
 
 

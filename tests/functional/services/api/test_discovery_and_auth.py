@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from services.api.http.microversion import MAX_VERSION
 from tests.functional.services.api.conftest import ADMIN, MEMBER, at
 
 pytestmark = pytest.mark.functional
@@ -23,7 +24,7 @@ async def test_discovery_needs_no_token(client: httpx.AsyncClient) -> None:
     for path in ("/v2.1", "/v2.1/"):
         version = (await client.get(path)).json()["version"]
         assert version["status"] == "CURRENT"
-        assert (version["version"], version["min_version"]) == ("2.74", "2.1")
+        assert (version["version"], version["min_version"]) == (str(MAX_VERSION), "2.1")
         assert version["links"][0] == {"rel": "self", "href": "http://keel.test/v2.1/"}
     image = await client.get("/image/")
     assert image.json()["versions"][0]["links"][0]["href"] == "http://keel.test/image/v2/"
@@ -49,13 +50,13 @@ async def test_microversion_negotiation(client: httpx.AsyncClient) -> None:
     none = await client.get("/v2.1/flavors", headers=ADMIN)
     assert none.headers["OpenStack-API-Version"] == "compute 2.1"
     latest = await client.get("/v2.1/flavors", headers=at("latest"))
-    assert latest.headers["X-OpenStack-Nova-API-Version"] == "2.74"
+    assert latest.headers["X-OpenStack-Nova-API-Version"] == str(MAX_VERSION)
     legacy = await client.get(
         "/v2.1/flavors", headers={**ADMIN, "X-OpenStack-Nova-API-Version": "2.55"}
     )
     assert legacy.headers["OpenStack-API-Version"] == "compute 2.55"
     assert "description" in legacy.json()["flavors"][0]
-    too_new = await client.get("/v2.1/flavors", headers=at("2.75"))
+    too_new = await client.get("/v2.1/flavors", headers=at(f"2.{MAX_VERSION.minor + 1}"))
     assert too_new.status_code == 406
     assert too_new.json()["notAcceptable"]["code"] == 406
     malformed = await client.get("/v2.1/flavors", headers=at("2.a"))

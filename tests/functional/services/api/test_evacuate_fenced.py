@@ -16,7 +16,7 @@ import pytest
 
 from shared.config import FencingSettings, Settings
 from shared.context import RequestContext
-from shared.db import compute_nodes, instances, move_requests, moves
+from shared.db import compute_nodes, instances, move_requests, moves, services
 from shared.exceptions import MessagingTimeout
 from shared.objects.migration import EVACUATION, MigrationStatus
 from shared.objects.states import TaskState
@@ -231,3 +231,58 @@ async def test_a_move_whose_cast_fails_is_withdrawn_unless_a_conductor_took_it(
         MigrationStatus.PRE_MIGRATING,
         TaskState.REBUILDING,
     )
+
+
+async def end_stopped_of(pool: asyncpg.Pool, server_id: str) -> list[bool]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT end_stopped FROM migrations WHERE instance_uuid = $1", UUID(server_id)
+        )
+    return [row["end_stopped"] for row in rows]
+
+
+@pytest.mark.parametrize(("version", "stopped"), [("2.94", False), ("2.95", True)])
+async def test_from_2_95_an_evacuation_is_recorded_to_end_stopped(
+    client: httpx.AsyncClient,
+    db_pool: asyncpg.Pool,
+    world: dict[str, str],
+    *,
+    version: str,
+    stopped: bool,
+) -> None:
+    """The conductor then builds the new copy powered off and ends the server SHUTOFF
+    (tests/functional/services/conductor/test_evacuate_stopped.py)."""
+    server = world["cut"]
+    await agent_left(db_pool, "cut", silent=FENCE + MARGIN + 1)
+    answer = await client.post(
+        f"/v2.1/servers/{server}/action", headers=at(version), json={"evacuate": {}}
+    )
+    assert answer.status_code == 200, answer.text
+    assert await end_stopped_of(db_pool, server) == [stopped]
+
+
+async def test_a_2_95_evacuation_waits_for_every_conductor_to_stop_servers(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, world: dict[str, str]
+) -> None:
+    """An older conductor would start the evacuated server: 2.95 is refused meanwhile, as
+    Nova refuses it until every compute is new enough; 2.94 is not."""
+    server = world["cut"]
+    await agent_left(db_pool, "cut", silent=FENCE + MARGIN + 1)
+    async with db_pool.acquire() as conn:
+        old = await services.get_or_create(
+            conn,
+            host="conductor-1",
+            binary="keel-conductor",
+            topic="conductor",
+            version=22,
+            down_time=60,
+        )
+        await services.heartbeat(conn, old.uuid, 22)
+    refused = await client.post(
+        f"/v2.1/servers/{server}/action", headers=at("2.95"), json={"evacuate": {}}
+    )
+    assert refused.status_code == 400
+    message = refused.json()["badRequest"]["message"]
+    assert "conductor-1 (release uphaul)" in message
+    assert await moves_of(db_pool, server) == 0
+    assert (await evacuate(client, server)).status_code == 200

@@ -118,6 +118,23 @@ async def test_bad_names_are_400(client: httpx.AsyncClient, name: str) -> None:
     assert (await create(client, name, public_key=PUBLIC_KEY)).status_code == 400
 
 
+async def test_from_2_92_names_may_hold_at_and_dot_and_keys_are_imported_only(
+    client: httpx.AsyncClient,
+) -> None:
+    name = "me@desk.example"
+    assert (await create(client, name, version="2.91", public_key=PUBLIC_KEY)).status_code == 400
+    made = await create(client, name, version="2.92", public_key=PUBLIC_KEY)
+    assert made.status_code == 201, made.text
+    assert made.json()["keypair"]["name"] == name
+    assert "private_key" not in made.json()["keypair"]
+    generated = await create(client, "gen", version="2.92")
+    assert generated.status_code == 400
+    assert "'public_key' is a required property" in generated.json()["badRequest"]["message"]
+    assert (await create(client, "gen", version="2.91")).status_code == 201
+    for bad in ("a/b", "x" * 256, " lead"):
+        assert (await create(client, bad, version="2.92", public_key=PUBLIC_KEY)).status_code == 400
+
+
 async def test_duplicate_name_is_409_per_user(client: httpx.AsyncClient) -> None:
     assert (await create(client, "dup", public_key=PUBLIC_KEY)).status_code == 201
     again = await create(client, "dup", public_key=PUBLIC_KEY)

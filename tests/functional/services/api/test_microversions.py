@@ -2,13 +2,12 @@
 
 Each case names a microversion, a probe (a request and what to observe in its answer)
 and what is observed at that version and just below it. The guide's microversion table
-(docs/microversions.md) lists the same versions as honoured; the last test checks the two
-agree.
+(docs/microversions.md) lists the same versions as honoured; test_microversions_late,
+which holds the versions from 2.75 on, checks the two agree.
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,13 +18,12 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api.http.microversion import MAX_VERSION, APIVersion
+from services.api.http.microversion import APIVersion
 from services.api.servers.diagnostics import diagnostics_view
 from services.compute.rpcapi import GuestDiagnostics
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
-from tests.docs import page
 from tests.functional.services.api.conftest import (
     ADMIN,
     MEMBER,
@@ -440,23 +438,3 @@ async def test_network_tags_work_at_2_32_only_until_2_42(world: World) -> None:
     assert await network_tag_status(world, "2.32") == 202
     assert await network_tag_status(world, "2.33") == 400
     assert await network_tag_status(world, "2.41") == 400
-
-
-def guide_table() -> dict[str, str]:
-    """The guide's microversion table (docs/microversions.md): version → its status column."""
-    rows: dict[str, str] = {}
-    for line in page("microversions.md").splitlines():
-        match = re.match(r"^\| (2\.\d+) \| ([^|]+) \|", line)
-        if match:
-            rows[match[1]] = match[2].strip()
-    return rows
-
-
-def test_the_guide_lists_every_microversion_and_what_is_tested_as_honoured() -> None:
-    rows = guide_table()
-    every = [f"2.{minor}" for minor in range(1, MAX_VERSION.minor + 1)]
-    assert list(rows) == every
-    assert set(rows.values()) <= {"honoured", "not applicable"}
-    honoured = {version for version, status in rows.items() if status == "honoured"}
-    tested = {case.version for case in CASES} | {"2.1"}
-    assert honoured == tested

@@ -55,12 +55,15 @@ class StandInMover(StandInCompute):
         self.reverted: list[FinishRevert] = []
         #: The source disk each rebuild carried.
         self.source_disks: list[GuestDisk | None] = []
+        #: Whether each rebuild asked for the guest powered off.
+        self.powered_off: list[bool] = []
         #: When set, rebuilds report this failure.
         self.rebuild_fails: str | None = None
 
     async def rebuild_instance(self, ctx: RequestContext, req: RebuildInstance) -> None:
         self.rebuilt.append(req.instance.uuid)
         self.source_disks.append(req.source_disk)
+        self.powered_off.append(req.powered_off)
         await self.conductor.move_result(
             ctx,
             req.migration_uuid,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from services.api.app import create_app
+from services.api.http.microversion import MAX_VERSION
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import AuthSettings, Settings, TokenInfo
@@ -60,7 +61,7 @@ async def test_root_lists_the_compute_versions(client: httpx.AsyncClient) -> Non
     assert legacy["links"][0] == {"rel": "self", "href": "http://keel.test/v2/"}
     assert version["id"] == "v2.1"
     assert version["status"] == "CURRENT"
-    assert version["version"] == "2.74"
+    assert version["version"] == str(MAX_VERSION)
     assert version["min_version"] == "2.1"
     assert version["links"][0] == {"rel": "self", "href": "http://keel.test/v2.1/"}
 
@@ -71,7 +72,11 @@ async def test_compute_version_document(client: httpx.AsyncClient, path: str) ->
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     version = response.json()["version"]
-    assert (version["id"], version["version"], version["min_version"]) == ("v2.1", "2.74", "2.1")
+    assert (version["id"], version["version"], version["min_version"]) == (
+        "v2.1",
+        str(MAX_VERSION),
+        "2.1",
+    )
     assert response.headers["OpenStack-API-Version"] == "compute 2.1"
 
 
@@ -107,10 +112,10 @@ async def test_members_get_403_on_admin_routes(
 
 
 async def test_unsupported_microversion_is_406(client: httpx.AsyncClient) -> None:
-    headers = {**ADMIN, "OpenStack-API-Version": "compute 2.75"}
+    headers = {**ADMIN, "OpenStack-API-Version": f"compute 2.{MAX_VERSION.minor + 1}"}
     response = await client.get("/v2.1/servers", headers=headers)
     assert response.status_code == 406
-    assert "maximum is 2.74" in response.json()["notAcceptable"]["message"]
+    assert f"maximum is {MAX_VERSION}" in response.json()["notAcceptable"]["message"]
 
 
 async def test_malformed_microversion_is_400(client: httpx.AsyncClient) -> None:
@@ -122,8 +127,8 @@ async def test_malformed_microversion_is_400(client: httpx.AsyncClient) -> None:
 
 async def test_responses_name_the_microversion(client: httpx.AsyncClient) -> None:
     response = await client.get("/v2.1/", headers={"OpenStack-API-Version": "compute latest"})
-    assert response.headers["OpenStack-API-Version"] == "compute 2.74"
-    assert response.headers["X-OpenStack-Nova-API-Version"] == "2.74"
+    assert response.headers["OpenStack-API-Version"] == f"compute {MAX_VERSION}"
+    assert response.headers["X-OpenStack-Nova-API-Version"] == str(MAX_VERSION)
     assert "OpenStack-API-Version" in response.headers["Vary"]
 
 

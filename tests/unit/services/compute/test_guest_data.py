@@ -1,5 +1,6 @@
-"""What a guest is told at first boot reaches the agent (compute 1.11), and older agents
-are sent the older message; the config drive's files are made from it."""
+"""What a guest is told at first boot reaches the agent (compute 1.11; its host name
+1.12), and older agents are sent the older message; the config drive's files are made
+from it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ NETWORK = uuid.UUID("5d0c1a44-2f0e-4f6b-9a51-6b65656c0001")
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOh5qvBHxVgNrkTq6DnSmJNm5GsmPDjQgGZ2mT3TKDh8 me@desk"
 
 
-def told(name: str = "Web_01.example") -> InstanceSpec:
+def told(name: str = "Web_01.example", hostname: str | None = None) -> InstanceSpec:
     address = FixedIp(
         network_id=NETWORK,
         network_name="private",
@@ -38,6 +39,7 @@ def told(name: str = "Web_01.example") -> InstanceSpec:
             "config_drive": True,
             "project_id": "team",
             "user_data": base64.b64encode(b"#!/bin/sh\necho hi\n").decode(),
+            "hostname": hostname,
         }
     )
 
@@ -47,7 +49,7 @@ async def _built_as(tmp_path: Path, cap: str | None) -> dict[str, object]:
         compute = rig.compute
         if cap is not None:
             compute = ComputeAPI(rig.compute.client.transport, version_cap=cap)
-        spec = told()
+        spec = told(hostname="web-01.example.org")
         await compute.build_and_run_instance(RequestContext(), rig.service_uuid, spec)
         await eventually(lambda: bool(rig.conductor.results_for(spec.uuid)))
         written: dict[str, object] = json.loads((rig.guest_dir(spec) / "metadata.json").read_text())
@@ -63,6 +65,15 @@ async def test_an_agent_of_1_10_is_told_the_key_the_drive_and_the_networks_range
     assert written["config_drive"] is True
     assert written["project_id"] == "team"
     assert written["addresses"][0]["cidr"] == "10.0.0.0/16"  # type: ignore[index]
+    assert written["hostname"] == "web-01.example.org"
+
+
+async def test_an_agent_of_1_11_is_told_all_but_the_host_name(tmp_path: Path) -> None:
+    written = await _built_as(tmp_path, "1.11")
+
+    assert written["key_data"] == KEY
+    assert written["config_drive"] is True
+    assert written["hostname"] is None
 
 
 async def test_an_older_agent_is_sent_the_build_without_them(tmp_path: Path) -> None:
@@ -71,6 +82,7 @@ async def test_an_older_agent_is_sent_the_build_without_them(tmp_path: Path) -> 
     assert written["key_data"] is None
     assert written["config_drive"] is False
     assert written["project_id"] == ""
+    assert written["hostname"] is None
     assert written["addresses"][0]["cidr"] is None  # type: ignore[index]
     assert written["addresses"][0]["address"] == "10.0.3.7"  # type: ignore[index]
 
@@ -96,6 +108,13 @@ def test_the_config_drive_has_openstacks_layout_and_the_ec2_part() -> None:
     assert network["links"][0]["ethernet_mac_address"] == spec.addresses[0].mac
     assert ec2["local-ipv4"] == "10.0.3.7"
     assert ec2["public-keys"] == {"0": {"openssh-key": KEY}}
+
+
+def test_the_config_drive_tells_the_kept_host_name_or_one_made_from_the_name() -> None:
+    kept = config_drive_files(guest_info(told(hostname="web-01.example.org")))
+    assert json.loads(kept["openstack/latest/meta_data.json"])["hostname"] == "web-01.example.org"
+    made = config_drive_files(guest_info(told()))
+    assert json.loads(made["openstack/latest/meta_data.json"])["hostname"] == "web-01.example"
 
 
 def test_host_names_are_made_as_nova_makes_them() -> None:

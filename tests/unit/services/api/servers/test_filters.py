@@ -101,3 +101,25 @@ def test_values_that_cannot_be_read_are_refused() -> None:
 def test_unknown_status_before_2_38_matches_nothing() -> None:
     search, _ = server_search(QueryParams("status=sleeping"), ADMIN, APIVersion(2, 37))
     assert search.nothing
+
+
+def test_unknown_names_and_once_ignored_sort_keys_are_refused_from_2_75() -> None:
+    before, at_2_75 = APIVersion(2, 74), APIVersion(2, 75)
+    server_search(QueryParams("bogus=1&sort_key=vcpus"), MEMBER, before)
+    assert refused("bogus=1", MEMBER, at_2_75) == 400
+    assert refused("sort_key=vcpus", ADMIN, at_2_75) == 400
+    # Names Nova's schema knows pass, members' admin-only filters are still ignored.
+    server_search(QueryParams("host=h1&soft_deleted=true&_secret=1"), MEMBER, at_2_75)
+    assert refused("_secret=1", ADMIN, at_2_75) == 400
+
+
+def test_members_may_use_more_filters_from_2_83_and_hostname_from_2_90() -> None:
+    below, _ = server_search(QueryParams("vm_state=active&hostname=^db"), MEMBER, APIVersion(2, 82))
+    assert "vm_state" not in below.exact
+    opened, _ = server_search(
+        QueryParams("vm_state=active&hostname=^db"), MEMBER, APIVersion(2, 83)
+    )
+    assert opened.exact["vm_state"] == ["active"]
+    assert "hostname" not in opened.regex
+    named, _ = server_search(QueryParams("hostname=^db"), MEMBER, APIVersion(2, 90))
+    assert named.regex == {"hostname": "^db"}

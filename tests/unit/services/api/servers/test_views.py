@@ -16,9 +16,10 @@ from services.api.servers.views import (
     created_body,
     server_status,
 )
+from shared.db.request_specs import Asked
 from shared.objects.instance import InstanceFault
 from shared.objects.network import FixedIp, mac_address
-from tests.unit.services.api.factories import CREATED, instance
+from tests.unit.services.api.factories import CREATED, INSTANCE_UUID, instance
 
 LINKS = Links("http://api.example:8774/")
 NETWORK_ID = uuid.UUID("0e0e0e0e-0000-4000-8000-000000000001")
@@ -151,6 +152,8 @@ def test_fault_is_shown_only_in_error() -> None:
         ("tags", "2.26"),
         ("trusted_image_certificates", "2.63"),
         ("locked_reason", "2.73"),
+        ("pinned_availability_zone", "2.96"),
+        ("scheduler_hints", "2.100"),
     ],
 )
 def test_versioned_fields_appear_at_their_version(field: str, first: str) -> None:
@@ -167,7 +170,7 @@ def test_server_groups_only_on_show_from_2_71() -> None:
 
 
 def test_every_version_gives_the_fields_the_client_reads() -> None:
-    for minor in range(1, 74):
+    for minor in range(1, 101):
         body = view(f"2.{minor}", admin=True).detail(instance(), show=True)
         for key in ("id", "name", "status", "image", "flavor", "links", "created"):
             assert body[key] is not None
@@ -228,3 +231,39 @@ def test_task_statuses_select_the_vm_states_their_task_shows_on() -> None:
     assert set(STATUS_FILTERS["REBOOT"]) == {"active", "stopped", "error", "resized"}
     assert TASK_STATUS_FILTERS["RESIZE"] == ("resize_prep", "resize_migrating")
     assert TASK_STATUS_FILTERS["REVERT_RESIZE"] == ("resize_reverting",)
+
+
+def test_an_update_is_answered_with_the_whole_server_from_2_75() -> None:
+    placed = instance(vm_state="active", task_state=None)
+    below = view("2.74").changed(placed)
+    assert "OS-EXT-STS:vm_state" not in below
+    assert "key_name" not in below
+    whole = view("2.75").changed(placed)
+    assert whole == view("2.75").detail(placed, show=True)
+    assert whole["server_groups"] == []
+
+
+def test_the_host_name_is_everyones_from_2_90_and_the_kept_one() -> None:
+    named = instance(display_name="Web Server", hostname="db-1.example")
+    assert "OS-EXT-SRV-ATTR:hostname" not in view("2.89").detail(named)
+    assert view("2.90").detail(named)["OS-EXT-SRV-ATTR:hostname"] == "db-1.example"
+    assert view("2.3", admin=True).detail(named)["OS-EXT-SRV-ATTR:hostname"] == "db-1.example"
+    older = instance(display_name="Web Server")
+    assert view("2.90").detail(older)["OS-EXT-SRV-ATTR:hostname"] == "web-server"
+
+
+def test_what_the_create_asked_for_is_shown_from_its_version() -> None:
+    asked = {
+        INSTANCE_UUID: Asked(zone="az-1", scheduler_hints={"group": ["g"]}),
+    }
+    kept = instance(image_properties={"os_distro": "cirros"})
+    body = view("2.100", asked=asked).detail(kept)
+    assert body["pinned_availability_zone"] == "az-1"
+    assert body["scheduler_hints"] == {"group": ["g"]}
+    assert body["image"]["properties"] == {"os_distro": "cirros"}
+    assert "properties" not in view("2.97").detail(kept)["image"]
+    assert view("2.98").detail(kept)["image"]["properties"] == {"os_distro": "cirros"}
+    unasked = view("2.100").detail(kept)
+    assert unasked["pinned_availability_zone"] is None
+    assert unasked["scheduler_hints"] == {}
+    assert view("2.98").detail(instance(image_ref=""))["image"] == ""

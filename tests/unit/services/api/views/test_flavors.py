@@ -45,3 +45,8 @@ def test_description_from_2_55_and_extra_specs_from_2_61() -> None:
     assert flavor_summary(flavor(), APIVersion(2, 55), LINKS)["description"] == "small"
     at_61 = flavor_detail(flavor(), APIVersion(2, 61), LINKS)
     assert at_61["extra_specs"] == {"hw:cpu_policy": "shared"}
+
+
+def test_no_swap_is_0_from_2_75() -> None:
+    assert flavor_detail(flavor(), APIVersion(2, 74), LINKS)["swap"] == ""
+    assert flavor_detail(flavor(), APIVersion(2, 75), LINKS)["swap"] == 0
