@@ -26,6 +26,7 @@ from shared.context import RequestContext
 from shared.db import instance_actions, instances
 from tests.functional.services.api.conftest import (
     ADMIN,
+    IMAGE_ID,
     MEMBER,
     Recorder,
     add_compute,
@@ -108,6 +109,13 @@ async def keypair_status(w: World, v: str) -> int:
 async def keypair_for_user(w: World, v: str) -> int:
     body = {"keypair": {"name": f"k-{uuid.uuid4().hex[:6]}", "user_id": "alice"}}
     return (await w.post("os-keypairs", v, body)).status_code
+
+
+async def rebuild_with_key_status(w: World, v: str) -> int:
+    """A rebuild naming a key pair: read from 2.54 (then refused only for the server's
+    state), an unknown field below (400)."""
+    body = {"rebuild": {"imageRef": str(IMAGE_ID), "key_name": "k1"}}
+    return (await w.post(f"servers/{w.server_id}/action", v, body, MEMBER)).status_code
 
 
 async def has(w: World, v: str, key: str, headers: dict[str, str] = ADMIN) -> bool:
@@ -372,6 +380,7 @@ CASES = [
     Case("2.51", "action events for members", member_sees_events, True, False),
     Case("2.52", "tags on create", tags_on_create, 202, 400),
     Case("2.53", "service ids are UUIDs", service_id_type, "str", "int"),
+    Case("2.54", "rebuild takes key_name", rebuild_with_key_status, 409, 400),
     Case("2.55", "flavor description", lambda w, v: flavor_has(w, v, "description"), True, False),
     Case("2.56", "migrate to a host", migrate_host_named, True, False),
     Case("2.57", "personality gone", personality_status, 400, 202),

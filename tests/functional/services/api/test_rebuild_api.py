@@ -118,6 +118,12 @@ async def test_a_rebuild_records_the_new_image_and_fields_and_answers_the_server
         ("2.54", {"key_name"}, {"user_data", "OS-EXT-STS:vm_state"}),
         ("2.57", {"key_name", "user_data"}, {"OS-EXT-STS:vm_state"}),
         ("2.74", {"locked_reason", "user_data"}, {"OS-EXT-AZ:availability_zone"}),
+        ("2.75", {"OS-EXT-STS:vm_state", "user_data", "server_groups"}, set()),
+        (
+            "2.100",
+            {"pinned_availability_zone", "scheduler_hints", "OS-EXT-SRV-ATTR:hostname"},
+            set(),
+        ),
     ],
 )
 async def test_the_answer_has_the_fields_of_its_microversion(
@@ -320,3 +326,27 @@ async def test_a_server_holding_no_claim_on_its_host_is_not_rebuilt(
     recorded = await row(db_pool, server_id)
     assert (recorded.vm_state, recorded.task_state) == ("error", None)
     assert recorded.image_ref != str(ALT_IMAGE)
+
+
+async def test_from_2_90_a_rebuild_sets_the_host_name_and_admins_see_no_raw_user_data(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agents: StandInAgents
+) -> None:
+    server_id = await active_server(client, db_pool, agents, "rb-api-hostname")
+    early = await rebuild(
+        client, server_id, {"imageRef": str(ALT_IMAGE), "hostname": "db-1"}, headers=at("2.89")
+    )
+    assert early.status_code == 400, early.text
+
+    answer = await rebuild(
+        client,
+        server_id,
+        {"imageRef": str(ALT_IMAGE), "hostname": "db-1"},
+        headers=at("2.90", ADMIN),
+    )
+
+    assert answer.status_code == 202, answer.text
+    server = answer.json()["server"]
+    assert server["OS-EXT-SRV-ATTR:hostname"] == "db-1"
+    assert "OS-EXT-SRV-ATTR:user_data" not in server
+    assert "user_data" in server
+    assert (await row(db_pool, server_id)).hostname == "db-1"
