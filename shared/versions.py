@@ -188,6 +188,11 @@ TAKING_REQUESTS_VERSION = 17
 #: only such a host counts as fenced without an operator.
 HOST_FENCE_VERSION = 18
 
+#: The first release whose agents say which copy a guest is (copy tokens, conductor RPC
+#: 1.12): an older agent cannot tell its build check whether a guest it has is the
+#: server's current copy.
+COPY_TOKENS_VERSION = 18
+
 
 def apis_for(service_version: int) -> ReleaseApis:
     """The RPC API versions spoken by ``service_version``; unknown versions are an error."""

@@ -38,6 +38,7 @@ from shared.db import (
 from shared.db.pool import Connection
 from shared.objects.instance import Instance
 from shared.objects.states import PowerState, TaskState, VmState
+from shared.versions import COPY_TOKENS_VERSION
 
 LOG = logging.getLogger(__name__)
 
@@ -181,6 +182,9 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
     """Whether the agent of node ``req.compute_node_uuid`` should build the instance."""
     async with pool.acquire() as conn:
         node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
+        agent_version = await conn.fetchval(
+            "SELECT version FROM services WHERE id = $1", node.service_id
+        )
         instance = await instances.find(conn, req.instance_uuid)
         if instance is None or instance.deleted_at is not None:
             return BuildCheck(verdict=BuildVerdict.ABANDON, reason="the instance was deleted")
@@ -209,6 +213,16 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
             return BuildCheck(
                 verdict=BuildVerdict.BUILD,
                 reason="the build was put in ERROR, but this guest is the server's current copy",
+            )
+        if req.guest is None and (agent_version or 0) < COPY_TOKENS_VERSION:
+            # An agent of a release before copy tokens cannot say whether a guest it has
+            # is the server's copy (another delivery's, whose success is on its way and
+            # makes the server ACTIVE again): such a guest is left, never removed here.
+            return BuildCheck(
+                verdict=BuildVerdict.LEAVE,
+                reason="the build already failed or ran out of time; a guest of it here "
+                "is left for its own result (this agent's release cannot say which "
+                "copy it is)",
             )
         return BuildCheck(
             verdict=BuildVerdict.ABANDON,

@@ -663,3 +663,27 @@ def test_a_soft_deleted_server_is_reclaimed_past_its_interval(
     s.deliver_all()
     assert m.state_of(0)[0] == "deleted"
     m.teardown()
+
+
+def test_finding_27_an_old_agents_repeated_build_leaves_the_copy_a_twin_made(
+    m: KeelMachine,
+) -> None:
+    """Finding 27 (the search, seed 4256826766): agents of a release before copy tokens; a
+    build delivered three times to A. The first failed (the server went to ERROR, its
+    claim released); the second made the guest and reported success; the third asked its
+    build check, was told to abandon the build, and removed the guest the second had made
+    — whose success then made the server ACTIVE with no guest. Such an agent cannot say
+    which copy its guest is, so its check now leaves the guest for its own result."""
+    s = Steps(m)
+    s.upgrade_under_way(16)
+    s.create(on=A)
+    s.delete_service(A)
+    s.duplicate(0)
+    s.deliver(0, lose_ack=True)
+    s.database_outage(count=3, who="scheduler")
+    s.fail_next(A, "spawn")
+    s.create(on=A)
+    s.duplicate(4)
+    s.delete_service(B)
+    s.deliver_all()
+    m.teardown()  # I3: the server's current copy is never removed; I2: it has one

@@ -23,6 +23,7 @@ from shared.db import allocations, compute_nodes, instance_actions, instances
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Instance, RequestedDestination
 from shared.rpc.amqp import AmqpTransport
+from shared.versions import COPY_TOKENS_VERSION
 from tests.functional.services.conductor.stand_in import (
     SMALL,
     StandInCompute,
@@ -336,6 +337,42 @@ async def test_a_guest_carrying_the_current_token_is_adopted_never_abandoned(
     instance = await settled(db_pool, instance_uuid, "active")
     assert await held(db_pool, instance_uuid) == 1
     assert instance.copy_token == token
+
+
+async def test_an_agent_too_old_to_name_its_copy_is_told_to_leave_a_failed_builds_guest(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 27: an agent of a release before copy tokens asks about a build that failed
+    (ERROR): it cannot say whether a guest it has is another delivery's, whose success is
+    on its way, so it is told to leave it — never to remove it. An agent that names no
+    guest at today's release is still told to abandon the build."""
+    registration = await register(conductor, "old-agent-host")
+    agent = StandInCompute(conductor)
+    agent.report = False
+    await serve_stand_in(agent_transport, registration, agent)
+    instance_uuid = await create_instance(db_pool)
+    await conductor.build_instances(RequestContext(), instance_uuid)
+    await until(lambda: _sent(agent, instance_uuid))
+    ctx = RequestContext()
+    await conductor.instance_build_result(ctx, instance_uuid, success=False, message="failed")
+    await settled(db_pool, instance_uuid, "error")
+    current = await conductor.check_build(ctx, instance_uuid, registration.node_uuid)
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services SET version = $2
+                WHERE id = (SELECT service_id FROM compute_nodes WHERE uuid = $1)""",
+            registration.node_uuid,
+            COPY_TOKENS_VERSION - 1,
+        )
+
+    checks = await asyncio.gather(
+        conductor.check_build(ctx, instance_uuid, registration.node_uuid),
+        conductor.check_build(ctx, instance_uuid, registration.node_uuid),
+    )
+
+    assert current is not None
+    assert current.verdict is BuildVerdict.ABANDON
+    assert [c.verdict if c else None for c in checks] == [BuildVerdict.LEAVE] * 2
 
 
 async def test_a_build_result_for_a_copy_that_is_not_current_changes_nothing(
