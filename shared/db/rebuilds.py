@@ -10,7 +10,7 @@ nothing changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -52,7 +52,7 @@ class RebuildChange:
 
     image_ref: str
     #: What the server keeps of the new image's properties (shown from 2.98).
-    image_properties: dict[str, str] | None = None
+    image_properties: dict[str, str] = field(default_factory=dict)
     hostname: str | None = None
     display_name: str | None = None
     metadata: dict[str, str] | None = None
