@@ -7,7 +7,6 @@ which every rule runs its coroutines to completion.
 
 from __future__ import annotations
 
-import gc
 import inspect
 import types
 from collections.abc import Callable, Iterator
@@ -79,20 +78,9 @@ def model(
     pool = loop.run(scratch_pool(database_url))
     world = World(pool, base_settings(database_url, tmp_path), tmp_path)
     loop.run(world.prepare())
-    # Everything made so far (modules, keel's application, Hypothesis's strategies) lives
-    # as long as the test: out of the collector's sight, its full collections only walk
-    # what examples make. They were a tenth of the search's time.
-    # An example makes many short-lived objects: the young generation is collected less
-    # often, and the old one rarely.
-    thresholds = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 50, 50)
     try:
         yield world, loop
     finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
         loop.run(world.close())
         loop.run(pool.close())
         loop.close()
