@@ -7,16 +7,61 @@ which every rule runs its coroutines to completion.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import inspect
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tenacity
 
 from services.api.servers import publish
+from shared.rpc import server
 from tests.model.machine import KeelMachine
 from tests.model.runtime import Loop, LoopClock
-from tests.model.world import World, base_settings, scratch_pool
+from tests.model.scratch import scratch_pool
+from tests.model.world import World, base_settings
+
+
+def routes_once_per_class(
+    read: Callable[[object], dict[str, Any]],
+) -> Callable[[object], dict[str, Any]]:
+    """keel's reading of an RPC endpoint's routes (``shared.rpc.server._routes``), done once
+    per endpoint class: the model starts an agent's RPC server some ten times an example,
+    and resolving the type hints of every method of its endpoint each time was a tenth of
+    an example's time. The routes of another instance of the class are the same methods,
+    bound to it (an endpoint whose instance carries coroutine functions of its own, or
+    whose routes are not the class's methods, is read anew each time)."""
+    known: dict[type, dict[str, tuple[Any, Any]]] = {}
+
+    def own_coroutines(endpoint: object) -> bool:
+        return any(
+            inspect.iscoroutinefunction(v) for v in getattr(endpoint, "__dict__", {}).values()
+        )
+
+    def routes(endpoint: object) -> dict[str, Any]:
+        cls = type(endpoint)
+        if cls in known and not own_coroutines(endpoint):
+            return {
+                name: server._Route(func=types.MethodType(func, endpoint), request=request)
+                for name, (func, request) in known[cls].items()
+            }
+        found = read(endpoint)
+        methods = {
+            name: route.func.__func__
+            for name, route in found.items()
+            if isinstance(route.func, types.MethodType) and route.func.__self__ is endpoint
+        }
+        if (
+            len(methods) == len(found)
+            and not own_coroutines(endpoint)
+            and all(getattr(cls, name, None) is f for name, f in methods.items())
+        ):
+            known[cls] = {name: (methods[name], found[name].request) for name in found}
+        return found
+
+    return routes
 
 
 @pytest.fixture
@@ -33,6 +78,7 @@ def model(
     # keel-api pauses between two attempts at an unconfirmed cast; in the model no time
     # passes but what the model advances, so the pause is only a wait.
     monkeypatch.setattr(publish, "PAUSE", 0.0)
+    monkeypatch.setattr(server, "_routes", routes_once_per_class(server._routes))
     loop = Loop()
     # Retry windows count the model loop's time, in which skipped backoffs pass.
     monkeypatch.setattr(tenacity, "time", LoopClock(loop.loop))

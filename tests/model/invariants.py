@@ -80,12 +80,28 @@ class Snapshot:
     node_ids: dict[UUID, int]
     #: Nodes deleted with their service (a host gone for good).
     gone_nodes: set[int]
+    #: Rows of ``model_transitions`` recorded since the last look, oldest first.
+    transitions: list[dict[str, Any]]
 
     def moves_of(self, instance: UUID) -> list[Move]:
         return [m for m in self.moves if m.instance == instance]
 
 
-_SNAPSHOT = """
+#: I1's "usage is the sum of claims": every node whose recorded usage differs from the
+#: sum of its allocations (the rows of keel's own ``allocations.usage_drift``).
+_DRIFT = """
+SELECT n.id AS node_id,
+       n.vcpus_used, coalesce(sum(a.vcpus), 0)::int AS vcpus_allocated,
+       n.memory_mb_used, coalesce(sum(a.memory_mb), 0)::int AS memory_mb_allocated,
+       n.local_gb_used, coalesce(sum(a.local_gb), 0)::int AS local_gb_allocated
+  FROM compute_nodes n LEFT JOIN allocations a ON a.compute_node_id = n.id
+ GROUP BY n.id
+HAVING n.vcpus_used <> coalesce(sum(a.vcpus), 0)
+    OR n.memory_mb_used <> coalesce(sum(a.memory_mb), 0)
+    OR n.local_gb_used <> coalesce(sum(a.local_gb), 0)
+"""
+
+_SNAPSHOT = f"""
 SELECT
   (SELECT coalesce(json_agg(json_build_array(uuid, vm_state, task_state, compute_id,
                                              deleted_at IS NOT NULL, copy_token) ORDER BY id),
@@ -102,13 +118,18 @@ SELECT
   (SELECT coalesce(json_agg(json_build_array(compute_node_id, instance_uuid)), '[]')
      FROM orphaned_guests) AS orphans,
   (SELECT coalesce(json_agg(json_build_array(id, uuid, deleted_at IS NOT NULL)), '[]')
-     FROM compute_nodes) AS nodes
+     FROM compute_nodes) AS nodes,
+  (SELECT coalesce(json_agg(row_to_json(d) ORDER BY d.node_id), '[]') FROM ({_DRIFT}) d) AS drift,
+  (SELECT coalesce(json_agg(row_to_json(t) ORDER BY t.id), '[]')
+     FROM model_transitions t WHERE t.id > $1) AS transitions
 """
 
 
-async def snapshot(conn: Connection) -> Snapshot:
-    """The rows the invariants judge, read in one statement (one consistent view)."""
-    row = await conn.fetchrow(_SNAPSHOT)
+async def snapshot(conn: Connection, transitions_after: int = 0) -> Snapshot:
+    """The rows the invariants judge, read in one statement (one consistent view, and one
+    round trip: the model reads it after every step), with the state changes recorded
+    since transition ``transitions_after``."""
+    row = await conn.fetchrow(_SNAPSHOT, transitions_after)
     assert row is not None
     instances = [
         Row(UUID(u), vm, task, node, gone, _uuid(token))
@@ -122,10 +143,11 @@ async def snapshot(conn: Connection) -> Snapshot:
             for u, i, k, st, src, dst, tok in row["moves"]
         ],
         claims=[Claim(UUID(c), UUID(i), n) for c, i, n in row["claims"]],
-        drift=await allocation_queries.usage_drift(conn),
+        drift=[allocation_queries.UsageDrift.model_validate(d) for d in row["drift"]],
         orphans={(n, UUID(i)) for n, i in row["orphans"]},
         node_ids={UUID(u): n for n, u, _ in row["nodes"]},
         gone_nodes={n for n, _, gone in row["nodes"] if gone},
+        transitions=[{**t, "subject": UUID(t["subject"])} for t in row["transitions"]],
     )
 
 
@@ -263,10 +285,8 @@ class Observer:
                 f"I3 host {host.name} destroyed its copy of server {instance_uuid}, but {why}"
             )
 
-    async def transition_problems(self, conn: Connection) -> list[str]:
-        rows = await conn.fetch(
-            "SELECT * FROM model_transitions WHERE id > $1 ORDER BY id", self.last_transition
-        )
+    def transition_problems(self, snap: Snapshot) -> list[str]:
+        rows = snap.transitions
         if rows:
             self.last_transition = rows[-1]["id"]
         # What another transaction saw: the first old and the last new state of each
@@ -323,8 +343,8 @@ class Observer:
 
     async def after_step(self) -> list[str]:
         async with self.world.db.acquire() as conn:
-            snap = await snapshot(conn)
-            problems = await self.transition_problems(conn)
+            snap = await snapshot(conn, self.last_transition)
+        problems = self.transition_problems(snap)
         self.reset.clear()
         self.servers = snap.order
         problems += claim_problems(snap)
@@ -335,7 +355,7 @@ class Observer:
     async def at_quiescence(self) -> list[str]:
         problems = await self.after_step()
         async with self.world.db.acquire() as conn:
-            snap = await snapshot(conn)
+            snap = await snapshot(conn, self.last_transition)
         problems += quiet_problems(snap, self.world.hosts)
         return problems
 

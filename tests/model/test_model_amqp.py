@@ -24,7 +24,8 @@ from services.api.servers import publish
 from tests.model.amqp import AmqpRuntime
 from tests.model.machine import KeelMachine
 from tests.model.runtime import Loop
-from tests.model.world import World, base_settings, scratch_pool
+from tests.model.scratch import scratch_pool
+from tests.model.world import World, base_settings
 
 pytestmark = pytest.mark.functional
 

@@ -58,14 +58,12 @@ from services.scheduler.main import run_scheduler
 from shared.config import (
     AuthSettings,
     ComputeSettings,
-    DatabaseSettings,
     NetworkSettings,
     RpcSettings,
     Settings,
     TokenInfo,
 )
 from shared.db import fixed_ips, flavors, images
-from shared.db.pool import create_pool
 from shared.exceptions import KeelError
 from shared.metrics import Metrics
 from shared.runtime import Lifecycle
@@ -171,18 +169,6 @@ def base_settings(
     )
 
 
-async def scratch_pool(database_url: str) -> asyncpg.Pool:
-    """The pool every process of the model shares, on a database that need not survive a
-    crash: its commits do not wait for the disk (most of a step's time otherwise)."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        name = await conn.fetchval("SELECT current_database()")
-        await conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
-    finally:
-        await conn.close()
-    return await create_pool(database_url, DatabaseSettings(pool_max_size=30))
-
-
 class World:
     """A whole cloud in one event loop; one per test, reset for each example."""
 
@@ -214,7 +200,6 @@ class World:
         self.on_destroy: Callable[[Host, UUID, UUID | None], Awaitable[None]] | None = None
         self._stops: list[Callable[[], Awaitable[None]]] = []
         self._reset_sql = ""
-        self._shift_sql = ""
         self._state_files: dict[Path, bytes] = {}
         self._registered: dict[int, UUID | None] = {}
         self._app: Any = None
@@ -255,14 +240,20 @@ class World:
                     f'CREATE TABLE model_snapshot."{table}" AS SELECT * FROM public."{table}"'
                 )
             columns = await conn.fetch(
-                """SELECT table_name, string_agg(format('%I = %I - {shift}', column_name,
+                """SELECT table_name, string_agg(format('%I = %I - model_by', column_name,
                                                        column_name), ', ') AS sets
                      FROM information_schema.columns
                     WHERE table_schema = 'public' AND data_type = 'timestamp with time zone'
                       AND table_name <> 'model_transitions'
                     GROUP BY table_name ORDER BY table_name"""
             )
-        self._shift_sql = " ".join(f'UPDATE "{r["table_name"]}" SET {r["sets"]};' for r in columns)
+            # One function (its statements planned once a session), called in one
+            # statement: every table moves in the same transaction.
+            shifts = " ".join(f'UPDATE "{r["table_name"]}" SET {r["sets"]};' for r in columns)
+            await conn.execute(
+                "CREATE OR REPLACE FUNCTION model_shift(model_by interval) RETURNS void "
+                f"LANGUAGE plpgsql AS $$ BEGIN {shifts} END $$"
+            )
         restore = [f'DELETE FROM public."{t}";' for t in tables]
         restore += [f'INSERT INTO public."{t}" SELECT * FROM model_snapshot."{t}";' for t in tables]
         self._reset_sql = (
@@ -574,9 +565,8 @@ class World:
     async def advance(self, seconds: float) -> None:
         """Let ``seconds`` pass (see the module docstring): every stored time moves back
         and the hosts' clocks move on. Nothing runs: see :meth:`pass_time`."""
-        shift = f"interval '{float(seconds)} seconds'"
         async with self.db.acquire() as conn:
-            await conn.execute("BEGIN; " + self._shift_sql.replace("{shift}", shift) + " COMMIT;")
+            await conn.execute("SELECT model_shift(make_interval(secs => $1))", float(seconds))
         self._offset += seconds
 
     async def pass_time(self, seconds: float) -> None:

@@ -1,0 +1,86 @@
+"""The model's own shortcuts judge and run exactly what keel's code would.
+
+The per-step check reads usage against claims with a query of its own (one statement
+with everything else it reads); RPC servers in the model read their endpoint's routes
+once per class; a step that ran nothing is not checked again. Each is held here to what
+it stands for.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+
+from services.compute.manager import ComputeManager
+from shared.db import allocations
+from shared.rpc import server
+from tests.model.conftest import routes_once_per_class
+from tests.model.invariants import snapshot
+from tests.model.machine import KeelMachine
+from tests.model.script import A, Steps
+
+pytestmark = pytest.mark.functional
+
+
+def test_the_checks_drift_is_keels_own(m: KeelMachine) -> None:
+    """A node whose usage is off by one shows in the check's read as keel reports it."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+
+    async def read() -> tuple[list[allocations.UsageDrift], list[allocations.UsageDrift]]:
+        async with m.w.db.acquire() as conn:
+            await conn.execute(
+                "UPDATE compute_nodes SET vcpus_used = vcpus_used + 1, memory_mb_used = 7 "
+                "WHERE id = (SELECT min(id) FROM compute_nodes WHERE deleted_at IS NULL)"
+            )
+            snap = await snapshot(conn)
+            return snap.drift, await allocations.usage_drift(conn)
+
+    seen, keels = m.run(read())
+    assert keels, "the corrupted node drifts"
+    assert seen == keels
+    problems = m.runner.run(m.observer.after_step())
+    assert any(p.startswith("I1 usage is not the sum of claims") for p in problems), problems
+
+
+def test_routes_read_once_are_bound_to_each_endpoint() -> None:
+    """The routes of a second endpoint of a class are its own methods, with the request
+    models keel reads, not the first endpoint's."""
+    reads: list[object] = []
+
+    def keels_reading(endpoint: object) -> dict[str, Any]:
+        reads.append(endpoint)
+        return server._routes(endpoint)
+
+    read = routes_once_per_class(keels_reading)
+    first = ComputeManager.__new__(ComputeManager)
+    second = ComputeManager.__new__(ComputeManager)
+    read(first)
+    mine = read(second)
+    assert reads == [first], "the second endpoint's routes come from the first reading"
+    keels = server._routes(second)
+    assert mine
+    assert set(mine) == set(keels)
+    for name, route in mine.items():
+        assert isinstance(route.func, types.MethodType), name
+        assert route.func.__self__ is second, name
+        assert route.func.__func__ is getattr(keels[name].func, "__func__", None), name
+        assert route.request is keels[name].request, name
+
+
+def test_a_step_that_ran_nothing_is_not_checked_again(m: KeelMachine) -> None:
+    """Only a step that ran something on the world's loop is checked: a fault armed for
+    later is checked with the step that trips it."""
+    m.every_step()
+    checked = m.checked_at_run
+    m.database_outage("api", 1)  # armed only
+    m.every_step()
+    assert m.checked_at_run == checked
+    m.create(on=A)  # trips it: the API answers 503, and the step is checked
+    m.every_step()
+    assert m.checked_at_run == m.runs > checked
+    assert ("create", 503) in m.answers
+    m.teardown()
