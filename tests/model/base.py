@@ -409,14 +409,17 @@ class MachineBase(RuleBasedStateMachine):
         ]
 
     async def _waiting_on_time(self) -> bool:
-        """Whether a move ended the last round waiting on a deadline of its own: one that
-        reached ``finished`` only after that round's time passed waits for its confirm
-        window, which another round passes. (An evacuation ``done`` waits for its source's
-        agent, not for time: a host gone for good leaves it so.)"""
+        """Whether something ended the last round waiting on a deadline of its own: a move
+        that reached ``finished`` only after that round's time passed waits for its
+        confirm window, and a soft-deleted server whose reclaim could not be sent waits
+        for the next sweep; another round passes both. (An evacuation ``done`` waits for
+        its source's agent, not for time: a host gone for good leaves it so.)"""
         async with self.w.db.acquire() as conn:
             waiting: bool = await conn.fetchval(
                 """SELECT EXISTS (SELECT 1 FROM migrations
-                                   WHERE status <> ALL($1::text[]) AND status <> 'done')""",
+                                   WHERE status <> ALL($1::text[]) AND status <> 'done')
+                       OR EXISTS (SELECT 1 FROM instances
+                                   WHERE vm_state = 'soft-delete' AND deleted_at IS NULL)""",
                 list(states.TERMINAL),
             )
         return waiting

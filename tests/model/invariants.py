@@ -180,8 +180,10 @@ def claim_problems(snap: Snapshot) -> list[str]:
         if instance.deleted or instance.task == "deleting":
             continue  # a delete releases every claim of its server at its end: see quiescence
         allowed = {instance.node}
-        # The scheduler claims before the conductor records the node: one claim, anywhere.
-        placing = instance.node is None and instance.vm == "building"
+        # The scheduler claims before the conductor records the node: one claim, anywhere
+        # — also once an admin reset the server from its scheduling to ERROR, until its
+        # build is handled again and gives the claim back (checked strictly at quiescence).
+        placing = instance.node is None and instance.vm in ("building", "error")
         if placing and sum(1 for c in snap.claims if c.instance == instance.uuid) == 1:
             continue
         for move in snap.moves_of(instance.uuid):

@@ -687,3 +687,52 @@ def test_finding_27_an_old_agents_repeated_build_leaves_the_copy_a_twin_made(
     s.delete_service(B)
     s.deliver_all()
     m.teardown()  # I3: the server's current copy is never removed; I2: it has one
+
+
+def test_finding_28_a_build_cut_off_before_placement_gives_its_claim_back(
+    m: KeelMachine,
+) -> None:
+    """Finding 28 (CI's search, seed 1056835176): the scheduler claimed a node for a new
+    server and the conductor was killed before it recorded the placement; an admin reset
+    the server to ERROR; the build, delivered again, found the server not building and
+    skipped it — leaving the claim for ever (ERROR, no node, a claim). A build that finds
+    its server reset and never placed now gives that claim back."""
+    s = Steps(m)
+    s.create()
+    s.deliver(0, lose_ack=False, plan={"pause_at": 8})
+    s.kill_control("conductor")
+    for _ in range(5):
+        s.deliver_oldest()
+    s.reset_state(0, "error")
+    m.teardown()  # I1: a server that was never placed holds no claim
+
+
+def test_a_reset_during_a_builds_placement_leaves_the_claim_to_that_build(
+    m: KeelMachine,
+) -> None:
+    """The same search: between the scheduler's claim and the recorded placement an admin
+    reset the server to ERROR. The claim is the build's until it resumes, finds the server
+    reset, and gives it back (per-step I1 allows it meanwhile; quiescence does not)."""
+    s = Steps(m)
+    s.create()
+    s.deliver(0, lose_ack=False, plan={"pause_at": 8})
+    s.reset_state(0, "error")
+    m.teardown()
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_a_soft_deleted_servers_reclaim_that_could_not_be_sent_is_sent_again(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """CI's search (seed 1056835176): the reclaim's cast of a soft-deleted server failed
+    (nothing sent); the next sweep sends it again. The model's settle stopped before that
+    sweep and reported the server alive although its delete got 204; it now goes on
+    while a soft-deleted server waits for its reclaim."""
+    s = Steps(m)
+    s.create()
+    s.deliver_all()
+    s.delete(0)
+    s.deliver_all()
+    s.cast_fails(delivered=False, which="conductor")
+    assert ("delete", 204) in m.answers
+    m.teardown()  # I0: a delete answered 204 ends with the server gone

@@ -122,8 +122,30 @@ class BuildInstanceTask(TaskBase):
                 instance.task_state,
                 extra=self._log_extra,
             )
+            if not building and instance.compute_id is None:
+                await self._release_unplaced_claim()
             return None
         return instance
+
+    async def _release_unplaced_claim(self) -> None:
+        """A server no longer building (an admin reset it) that was never placed holds no
+        claim but the one a build cut off between its scheduling and its placement made:
+        give it back (idempotent, and harmless to a twin of this build still in flight,
+        which finds the server not building and gives back the same claim)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            current = await instances.find(conn, self.instance_uuid)
+            if current is None or current.compute_id is not None:
+                return
+            released = await allocations.release_consumer(conn, self.instance_uuid)
+        if released:
+            LOG.info(
+                "instance %s was never placed and is %s: released the claim its cut-off "
+                "scheduling left on %s",
+                self.instance_uuid,
+                current.vm_state,
+                ", ".join(f"node {a.compute_node_id}" for a in released),
+                extra={**self._log_extra, "decision": "placement_lost"},
+            )
 
     async def _schedule(self) -> Selection:
         async with self.pool.acquire() as conn:
