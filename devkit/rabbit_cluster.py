@@ -301,23 +301,38 @@ class RabbitCluster:
         finally:
             node.process.signal_group(signal.SIGCONT)
 
-    async def leader(self, queue: str, vhost: str = "/") -> RabbitNode:
-        """The node leading quorum queue ``queue``, asked of any node that runs."""
-        for node in self.nodes:
-            if not node.running:
-                continue
-            try:
-                output = await self.ctl(
-                    node, "list_queues", "-p", vhost, "--no-table-headers", "name", "leader"
-                )
-            except ClusterError:
-                continue
-            for line in output.splitlines():
-                name, _, leader = line.partition("\t")
-                if name == queue:
-                    return self.by_name(leader.strip())
-            raise ClusterError(f"queue {queue} not found on the cluster")
-        raise ClusterError("no node of the cluster answers")
+    async def leader(self, queue: str, vhost: str = "/", *, timeout: float = 30.0) -> RabbitNode:
+        """The node leading quorum queue ``queue``, asked of any node that runs.
+
+        Right after its leader died a queue is left out of ``list_queues`` (or shows no
+        leader) until its members have elected another: asked again until ``timeout``.
+        """
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            answered = False
+            for node in self.nodes:
+                if not node.running:
+                    continue
+                try:
+                    output = await self.ctl(
+                        node, "list_queues", "-p", vhost, "--no-table-headers", "name", "leader"
+                    )
+                except ClusterError:
+                    continue
+                answered = True
+                for line in output.splitlines():
+                    name, _, leader = line.partition("\t")
+                    if name == queue and leader.strip():
+                        try:
+                            return self.by_name(leader.strip())
+                        except ClusterError:
+                            break
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                if not answered:
+                    raise ClusterError("no node of the cluster answers")
+                raise ClusterError(f"queue {queue} not found on the cluster")
+            await asyncio.sleep(0.5)
 
     async def members(self, queue: str, vhost: str = "/") -> list[str]:
         """The nodes holding a replica of quorum queue ``queue``."""
