@@ -36,6 +36,7 @@ from shared.db import (
     rebuilds,
 )
 from shared.db.pool import Connection
+from shared.objects.compute_node import ComputeNode
 from shared.objects.instance import Instance
 from shared.objects.states import PowerState, TaskState, VmState
 from shared.versions import COPY_TOKENS_VERSION
@@ -178,13 +179,18 @@ async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
         LOG.debug("instance %s was already deleted", instance_uuid)
 
 
+async def _agent_older_than(pool: asyncpg.Pool, node: ComputeNode, version: int) -> bool:
+    """Whether the agent of ``node`` runs a release before ``version`` (asked only on the
+    rare paths that depend on it, not on every build check)."""
+    async with pool.acquire() as conn:
+        found = await conn.fetchval("SELECT version FROM services WHERE id = $1", node.service_id)
+    return (found or 0) < version
+
+
 async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
     """Whether the agent of node ``req.compute_node_uuid`` should build the instance."""
     async with pool.acquire() as conn:
         node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
-        agent_version = await conn.fetchval(
-            "SELECT version FROM services WHERE id = $1", node.service_id
-        )
         instance = await instances.find(conn, req.instance_uuid)
         if instance is None or instance.deleted_at is not None:
             return BuildCheck(verdict=BuildVerdict.ABANDON, reason="the instance was deleted")
@@ -214,7 +220,7 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
                 verdict=BuildVerdict.BUILD,
                 reason="the build was put in ERROR, but this guest is the server's current copy",
             )
-        if req.guest is None and (agent_version or 0) < COPY_TOKENS_VERSION:
+        if req.guest is None and await _agent_older_than(pool, node, COPY_TOKENS_VERSION):
             # An agent of a release before copy tokens cannot say whether a guest it has
             # is the server's copy (another delivery's, whose success is on its way and
             # makes the server ACTIVE again): such a guest is left, never removed here.
