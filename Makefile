@@ -59,7 +59,7 @@ typecheck: $(BIN)/python ## mypy --strict (what make lint checks with it)
 # tests that need the servers is one word in SERVER_TIERS (a tier run otherwise gets its
 # own `test-<tier>` rule and a word in TIERS).
 SERVER_TIERS := functional e2e ha bench
-TIERS := unit $(SERVER_TIERS) partitions tempest keystone libvirt
+TIERS := unit $(SERVER_TIERS) partitions tempest keystone clients libvirt
 # Extra pytest options for every tier, e.g. PYTEST_ARGS=-x.
 PYTEST_ARGS ?=
 
@@ -169,7 +169,8 @@ test-tempest: prerequisites $(TEMPEST_STAMP)
 	$(BIN)/python -m tests.tempest.run --venv $(TEMPEST_VENV) --concurrency $(TEMPEST_CONCURRENCY)
 
 # Stock tools nobody here wrote, driving a cloud of their own: Ansible's openstack.cloud
-# collection (bundled by the `ansible` package on PyPI), in a virtualenv of its own.
+# collection (bundled by the `ansible` package on PyPI), in a virtualenv of its own
+# (the tier `clients`).
 CLIENTS_VENV ?= .clients-venv
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 
@@ -179,7 +180,7 @@ $(CLIENTS_STAMP): tests/clients/requirements.txt
 	touch $@
 
 .PHONY: test-clients
-test-clients: prerequisites $(CLIENTS_STAMP) ## Ansible playbooks against a cloud of their own (not in make test)
+test-clients: prerequisites $(CLIENTS_STAMP) ## Ansible playbooks against a cloud of their own (installed in .clients-venv)
 	KEEL_CLIENTS_VENV=$(CLIENTS_VENV) $(BIN)/pytest tests/clients $(PYTEST_ARGS)
 
 # Keystone (from PyPI) in a virtualenv of its own, like Tempest: the keystone tier runs it
