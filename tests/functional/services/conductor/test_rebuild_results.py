@@ -15,8 +15,9 @@ import asyncpg
 import pytest
 
 from services.api.servers import rebuild
+from services.conductor import instance_events
 from services.conductor.deadlines import TaskDeadline
-from services.conductor.rpcapi import ConductorAPI, PowerAction
+from services.conductor.rpcapi import ConductorAPI, InstanceActionResult, PowerAction
 from shared.context import RequestContext
 from shared.db import instance_actions, instances, rebuilds
 from shared.db.rebuilds import RebuildChange
@@ -29,6 +30,7 @@ from tests.functional.services.conductor.stand_in import (
     until_active,
 )
 from tests.functional.services.conductor.test_migrations import host
+from tests.functional.services.conductor.test_pause_suspend_results import FailsOnce
 
 pytestmark = pytest.mark.functional
 
@@ -180,6 +182,34 @@ async def test_a_result_delivered_twice_at_once_ends_the_rebuild_once(
             before.uuid,
         )
     assert len(finished) == 1
+
+
+async def test_a_result_whose_database_call_failed_once_ends_the_rebuild_when_handled_again(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    before, _, _ = await rebuilding(db_pool, conductor, agent_transport, "rb-result-flaky")
+    result = InstanceActionResult(
+        instance_uuid=before.uuid, action=PowerAction.REBUILD, success=True
+    )
+    flaky = FailsOnce(db_pool)
+    with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+        await instance_events.record_action_result(flaky, result)  # type: ignore[arg-type]
+    assert (await shown(db_pool, before.uuid)).task_state == TaskState.REBUILD_SPAWNING
+    await instance_events.record_action_result(flaky, result)  # type: ignore[arg-type]
+    await instance_events.record_action_result(db_pool, result)
+    instance = await shown(db_pool, before.uuid)
+    assert (instance.vm_state, instance.task_state, instance.image_ref) == (
+        VmState.ACTIVE,
+        None,
+        NEW_IMAGE,
+    )
+    async with db_pool.acquire() as conn:
+        finished = await conn.fetchval(
+            """SELECT count(*) FROM instance_actions
+                WHERE instance_uuid = $1 AND action = 'rebuild' AND finish_time IS NOT NULL""",
+            before.uuid,
+        )
+    assert finished == 1
 
 
 async def test_a_withdrawn_rebuild_puts_every_field_back_and_is_never_taken(
