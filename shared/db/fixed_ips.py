@@ -91,17 +91,24 @@ async def _network_row(conn: Connection, network_id: UUID) -> Network | None:
     return None if row is None else Network.from_row(row)
 
 
+#: Addresses one statement of a pool's fill inserts: a /12 (a million addresses) in one
+#: statement can outlast the command timeout on a busy database server.
+FILL_BATCH = 65_536
+
+
 async def _fill(conn: Connection, settings: NetworkSettings) -> None:
     first, last = usable_range(settings)
     network_id = settings.network_id
-    await conn.execute(
-        """INSERT INTO fixed_ips (network_id, address)
-           SELECT $1, $2::inet + g FROM generate_series(0, $3::bigint) g
-           ON CONFLICT DO NOTHING""",
-        network_id,
-        str(first),
-        int(last) - int(first),
-    )
+    for start in range(int(first), int(last) + 1, FILL_BATCH):
+        count = min(FILL_BATCH, int(last) + 1 - start)
+        await conn.execute(
+            """INSERT INTO fixed_ips (network_id, address)
+               SELECT $1, $2::inet + g FROM generate_series(0, $3::bigint) g
+               ON CONFLICT DO NOTHING""",
+            network_id,
+            str(ipaddress.IPv4Address(start)),
+            count - 1,
+        )
     await conn.execute(
         """DELETE FROM fixed_ips
             WHERE network_id = $1 AND instance_uuid IS NULL

@@ -126,3 +126,22 @@ async def test_a_changed_cidr_refills_the_pool_and_keeps_held_addresses_until_fr
         assert [h.address for h in await fixed_ips.for_instance(conn, server)] == ["192.168.7.12"]
         assert await fixed_ips.release(conn, server) == ["192.168.7.12"]
         assert await conn.fetchval("SELECT count(*) FROM fixed_ips") == 5
+
+
+async def test_a_pool_larger_than_one_fill_statement_holds_every_usable_address_once(
+    db_pool: asyncpg.Pool,
+) -> None:
+    network = NetworkSettings(name="wide", cidr="10.64.0.0/14")  # 262,144 addresses
+    async with db_pool.acquire() as conn:
+        usage = await fixed_ips.ensure_network(conn, network)
+        ends = await conn.fetchrow(
+            """SELECT min(address)::text AS first, max(address)::text AS last,
+                      count(DISTINCT address) AS distinct_addresses
+                 FROM fixed_ips WHERE network_id = $1""",
+            network.network_id,
+        )
+    assert usage.total > fixed_ips.FILL_BATCH * 3
+    assert (usage.total, usage.free) == (262_141, 262_141)
+    assert ends is not None
+    assert (ends["first"], ends["last"]) == ("10.64.0.2/32", "10.67.255.254/32")
+    assert ends["distinct_addresses"] == usage.total
