@@ -28,8 +28,10 @@ $(CHECKOUT_PTH): | $(BIN)/python
 	touch $@
 
 # Lint and test need a virtualenv, but do not reinstall an existing one: `make install` does.
+# (The virtualenv's own rule, not `install`, whose .pth file needs this one: under
+# `make -n` nothing is made and `install` would call itself for ever.)
 $(BIN)/python:
-	$(MAKE) install
+	$(MAKE) $(STAMP)
 
 .PHONY: fmt
 fmt: $(BIN)/python ## format the code and apply safe lint fixes
