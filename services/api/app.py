@@ -42,6 +42,7 @@ from services.api.resources import (
     quota_sets,
     server_groups,
     usage,
+    usage_audit_log,
     versions,
 )
 from services.api.servers import actions as server_actions
@@ -93,6 +94,7 @@ _ROUTERS: tuple[tuple[APIRouter, str], ...] = (
     (server_groups.router, ""),
     (limits.router, ""),
     (usage.router, ""),
+    (usage_audit_log.router, ""),
     (image_proxy.router, ""),
     (images.router, "/image/v2"),
     (image_data.router, "/image/v2"),
