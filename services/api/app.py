@@ -25,6 +25,7 @@ from services.api.ops.headers import OpsHeaders
 from services.api.resources import (
     aggregates,
     availability_zones,
+    external_events,
     flavor_access,
     flavor_extra_specs,
     flavors,
@@ -81,6 +82,7 @@ _ROUTERS: tuple[tuple[APIRouter, str], ...] = (
     (server_password.router, ""),
     (server_diagnostics.router, ""),
     (server_topology.router, ""),
+    (external_events.router, ""),
     (flavors.router, ""),
     (flavor_extra_specs.router, ""),
     (flavor_access.router, ""),
