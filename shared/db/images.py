@@ -159,3 +159,27 @@ async def abandon_upload(conn: Connection, image_id: UUID, token: UUID, status: 
         token,
         status,
     )
+
+
+async def get_for_update(conn: Connection, image_id: UUID) -> Image:
+    """The image, locked until the caller's transaction ends (its properties' writers
+    then take turns)."""
+    row = await conn.fetchrow(
+        "SELECT * FROM images WHERE id = $1 AND deleted_at IS NULL FOR UPDATE", image_id
+    )
+    if row is None:
+        raise ImageNotFound(f"Image {image_id} could not be found.")
+    return Image.from_row(row)
+
+
+async def set_properties(conn: Connection, image_id: UUID, properties: dict[str, Any]) -> Image:
+    """Replace the image's properties (after :func:`get_for_update`, in its transaction)."""
+    row = await conn.fetchrow(
+        """UPDATE images SET properties = $2, updated_at = now()
+            WHERE id = $1 AND deleted_at IS NULL RETURNING *""",
+        image_id,
+        properties,
+    )
+    if row is None:
+        raise ImageNotFound(f"Image {image_id} could not be found.")
+    return Image.from_row(row)

@@ -136,3 +136,26 @@ async def clear(conn: Connection, project_id: str) -> None:
     async with conn.transaction():
         await conn.execute("DELETE FROM quotas WHERE project_id = $1", project_id)
         await conn.execute("DELETE FROM user_quotas WHERE project_id = $1", project_id)
+
+
+async def class_limits(conn: Connection, class_name: str) -> dict[str, int]:
+    """The limits set for a quota class (resources it leaves alone are absent)."""
+    rows = await conn.fetch(
+        "SELECT resource, hard_limit FROM quota_classes WHERE class_name = $1", class_name
+    )
+    return {row["resource"]: row["hard_limit"] for row in rows}
+
+
+async def set_class_limits(conn: Connection, class_name: str, values: Mapping[str, int]) -> None:
+    """Set limits of a quota class; setting the same values again changes nothing else."""
+    async with conn.transaction():
+        for resource, limit in sorted(values.items()):
+            await conn.execute(
+                """INSERT INTO quota_classes (class_name, resource, hard_limit)
+                   VALUES ($1, $2, $3)
+                   ON CONFLICT (class_name, resource)
+                   DO UPDATE SET hard_limit = EXCLUDED.hard_limit, updated_at = now()""",
+                class_name,
+                resource,
+                limit,
+            )

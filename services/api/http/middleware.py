@@ -8,7 +8,10 @@
   is answered with its fault before any route runs. The chosen version is kept in the
   request state and named in the response headers.
 * A compute path with a trailing slash (``/v2.1/servers/``) is answered as the same
-  path without it, never redirected; ``/v2.1/`` itself is version discovery.
+  path without it, never redirected; ``/v2.1/`` itself is version discovery. The
+  exceptions are the collections whose trailing slash Nova reads as an empty id
+  (:data:`EMPTY_ID_PATHS`: ``/v2.1/os-simple-tenant-usage/`` is the usage of a project
+  with no id, not the list of all): those answer 404, as Nova does.
 * A database that cannot be reached (or a transaction that kept losing races) is
   answered with 503 ``serviceUnavailable`` and ``Retry-After``, logged as one line: the
   pool gets fresh connections by itself, so the client's retry succeeds once PostgreSQL
@@ -51,6 +54,15 @@ def request_id_from(headers: Headers) -> str:
 
 def is_compute_path(path: str) -> bool:
     return path == COMPUTE_PREFIX or path.startswith(COMPUTE_PREFIX + "/")
+
+
+#: Collection paths at which a trailing slash names an empty id (a 404 in Nova), not the
+#: collection itself.
+EMPTY_ID_PATHS = frozenset({f"{COMPUTE_PREFIX}/os-simple-tenant-usage"})
+
+
+def names_an_empty_id(path: str) -> bool:
+    return path.endswith("/") and path.rstrip("/") in EMPTY_ID_PATHS
 
 
 def strip_trailing_slash(scope: Scope) -> None:
@@ -135,8 +147,13 @@ class ApiMiddleware:
         try:
             fault = None
             if is_compute_path(scope["path"]):
+                empty_id = names_an_empty_id(scope["path"])
                 strip_trailing_slash(scope)
                 fault = self._negotiate(exchange, headers)
+                if fault is None and empty_id:
+                    LOG.info("%s: an empty id after the slash, answered 404", scope["path"] + "/")
+                    await exchange.reply(404, "The resource could not be found: an empty id.")
+                    return
             if fault is not None:
                 await exchange.reply(fault.code, fault.message)
                 return

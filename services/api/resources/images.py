@@ -2,15 +2,21 @@
 
 Served under ``/image/v2/images``; the compute API's own image routes below 2.36 are
 :mod:`services.api.resources.image_proxy`. Members see public
-and community images and their own project's; admins see every image and register
-(``POST``, created ``queued`` as in Glance: ``active`` once its data is uploaded, see
-:mod:`.image_data`; public unless asked otherwise) or delete them. Lists
-leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=true``.
+and community images and their own project's; admins see every image. As with Glance's
+default policies, anyone registers images (``POST``, created ``queued``: ``active`` once
+its data is uploaded, see :mod:`.image_data`) for their own project, ``private``,
+``shared`` (the default for members: keel has no image members, so only the owner's
+project sees it) or ``community``; only admins register ``public`` images (public
+unless they ask otherwise) or images owned by another project. An image's owner (any
+member of its project) or an admin deletes it; anyone else who can see it gets a 403,
+and anyone who cannot a 404, as if it did not exist. Lists leave out hidden images
+(``os_hidden``) unless asked for them with ``os_hidden=true``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -18,10 +24,10 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.api.http.auth import AdminContext, Context
+from services.api.http.auth import Context
 from services.api.http.bounds import Int4
 from services.api.http.deps import AppSettings, DbPool, Version
-from services.api.http.faults import BadRequest, ItemNotFound
+from services.api.http.faults import BadRequest, Forbidden, ItemNotFound
 from services.api.http.paging import next_marker, page_request, take_page
 from services.api.resources.image_store import remove_data
 from services.api.views.images import IMAGES_PATH, image_view, images_body
@@ -29,6 +35,8 @@ from shared.context import RequestContext
 from shared.db import images as images_db
 from shared.exceptions import ImageNotFound
 from shared.objects.image import Image
+
+LOG = logging.getLogger(__name__)
 
 router = APIRouter()
 
@@ -51,6 +59,11 @@ _SEEN_BY_ALL = ("public", "community")
 
 def can_see(ctx: RequestContext, image: Image) -> bool:
     return ctx.is_admin or image.visibility in _SEEN_BY_ALL or image.owner == ctx.project_id
+
+
+def can_change(ctx: RequestContext, image: Image) -> bool:
+    """Whether the caller may change or delete the image: its project's, or an admin."""
+    return ctx.is_admin or (ctx.project_id is not None and image.owner == ctx.project_id)
 
 
 def parse_id_filter(value: str | None) -> list[UUID] | None:
@@ -139,7 +152,9 @@ class NewImage(BaseModel):
 
     id: UUID | None = None
     name: str = Field(min_length=1, max_length=255)
-    visibility: Literal["public", "private", "shared", "community"] = "public"
+    #: Unset: ``public`` for admins (keel's registry of shared images), ``shared`` for
+    #: members (Glance's default).
+    visibility: Literal["public", "private", "shared", "community"] | None = None
     disk_format: str | None = Field(default=None, max_length=255)
     container_format: str | None = Field(default=None, max_length=255)
     min_disk: Int4 = 0
@@ -167,10 +182,25 @@ class NewImage(BaseModel):
         return props
 
 
+def _may_register(ctx: RequestContext, body: NewImage) -> str:
+    """The visibility a new image gets; 403 for what only admins may register."""
+    if ctx.is_admin:
+        return body.visibility or "public"
+    if body.visibility == "public":
+        raise Forbidden(
+            "You are not authorized to complete publicize_image action: only admins "
+            "register public images."
+        )
+    if body.owner is not None and body.owner != ctx.project_id:
+        raise Forbidden("You are not permitted to create images owned by another project.")
+    return body.visibility or "shared"
+
+
 @router.post("/images", status_code=201)
 async def create_image(
-    body: NewImage, pool: DbPool, ctx: AdminContext, response: Response
+    body: NewImage, pool: DbPool, ctx: Context, response: Response
 ) -> dict[str, Any]:
+    visibility = _may_register(ctx, body)
     async with pool.acquire() as conn:
         image = await images_db.create(
             conn,
@@ -181,22 +211,42 @@ async def create_image(
             min_disk=body.min_disk,
             min_ram=body.min_ram,
             owner=body.owner or ctx.project_id,
-            visibility=body.visibility,
+            visibility=visibility,
             properties=body.properties(),
             status="queued",
         )
+    LOG.info(
+        "image %s registered by user %s for project %s (%s)",
+        image.id,
+        ctx.user_id,
+        image.owner,
+        image.visibility,
+    )
     response.headers["Location"] = f"{IMAGES_PATH}/{image.id}"
     return image_view(image)
 
 
+async def delete_own(pool: DbPool, ctx: RequestContext, wanted: UUID, refusal: str) -> Image:
+    """Delete an image the caller may change (its owner's member, or an admin): 404 if
+    it cannot see it (or it is gone), 403 with ``refusal`` if it sees it only."""
+    async with pool.acquire() as conn, conn.transaction():
+        image = await images_db.get_for_update(conn, wanted)
+        if not can_see(ctx, image):
+            raise ImageNotFound(f"Image {wanted} could not be found.")
+        if not can_change(ctx, image):
+            raise Forbidden(refusal)
+        await images_db.delete(conn, wanted)
+    LOG.info("image %s deleted by user %s of project %s", wanted, ctx.user_id, ctx.project_id)
+    return image
+
+
 @router.delete("/images/{image_id}", status_code=204, response_class=Response)
 async def delete_image(
-    image_id: str, pool: DbPool, ctx: AdminContext, settings: AppSettings
+    image_id: str, pool: DbPool, ctx: Context, settings: AppSettings
 ) -> Response:
     try:
         wanted = UUID(image_id)
-        async with pool.acquire() as conn:
-            await images_db.delete(conn, wanted)
+        await delete_own(pool, ctx, wanted, f"You are not permitted to delete image {image_id}.")
     except (ValueError, ImageNotFound):
         raise _not_found(image_id) from None
     await asyncio.to_thread(remove_data, settings.images.store_dir, wanted)

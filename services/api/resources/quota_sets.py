@@ -28,7 +28,7 @@ from services.api.http.faults import BadRequest, Forbidden
 from services.api.http.microversion import APIVersion
 from services.api.http.query import refuse_unknown
 from services.api.keystone.tokens import KeystoneTokens
-from services.api.resources.quotas import defaults, project_limits, user_limits
+from services.api.resources.quotas import default_limits, project_limits, user_limits
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import projects, quotas, server_groups
@@ -115,7 +115,8 @@ def may_read(ctx: RequestContext, project_id: str) -> None:
         )
 
 
-def _limit(resource: str, value: object) -> int:
+def parse_limit(resource: str, value: object) -> int:
+    """A limit as a request gives it: a whole number, or a string of one, -1 to the maximum."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise BadRequest(
             f"Invalid input for field/attribute {resource}. Value: {value}. "
@@ -169,7 +170,8 @@ def parse_update(body: object, version: APIVersion) -> tuple[dict[str, int], boo
             f"{version} the quotas are: {', '.join(sorted(known))}."
         )
     force = _force(given["force"]) if "force" in given else False
-    return {name: _limit(name, value) for name, value in given.items() if name != "force"}, force
+    limits = {name: parse_limit(name, value) for name, value in given.items() if name != "force"}
+    return limits, force
 
 
 async def check_not_below_usage(
@@ -212,7 +214,8 @@ async def show_defaults(
 ) -> dict[str, Any]:
     async with pool.acquire() as conn:
         await known_project(conn, settings, project_id, keystone)
-    return {"quota_set": {"id": project_id, **quota_set(defaults(settings.quota), version)}}
+        limits = await default_limits(conn, settings.quota)
+    return {"quota_set": {"id": project_id, **quota_set(limits, version)}}
 
 
 @router.get("/{project_id}/detail")

@@ -1,7 +1,9 @@
 """Quota enforcement: a project's limits, and the checks made before creating things.
 
 A project's limit for a resource is what an admin set (``os-quota-sets``), else the
-default from the settings (``KEEL_QUOTA__*``); -1 means unlimited. An admin may also set
+default: the ``default`` quota class's limit where an admin set one
+(``os-quota-class-sets/default``, kept in the database so every keel-api agrees), else
+the setting (``KEEL_QUOTA__*``); -1 means unlimited. An admin may also set
 a limit for one user in a project (``os-quota-sets/{project}?user_id=``): that user's
 own servers (or key pairs) count against it, on top of the project's limit. keel
 enforces ``instances``, ``cores`` and ``ram`` per project and per user where a user
@@ -31,18 +33,32 @@ UNUSED_DEFAULTS = {
     "injected_file_path_bytes": 255,
 }
 UNLIMITED = -1
+#: The quota class whose limits are every project's defaults.
+DEFAULT_CLASS = "default"
 
 
 def defaults(settings: QuotaSettings) -> dict[str, int]:
-    """Every resource's default limit."""
+    """Every resource's default limit from the settings alone."""
     return {**settings.model_dump(), **UNUSED_DEFAULTS}
+
+
+async def class_limits(
+    conn: Connection, class_name: str, settings: QuotaSettings
+) -> dict[str, int]:
+    """Every resource's limit in a quota class: what was set for it, else the setting."""
+    return {**defaults(settings), **await quotas.class_limits(conn, class_name)}
+
+
+async def default_limits(conn: Connection, settings: QuotaSettings) -> dict[str, int]:
+    """Every resource's default limit: the ``default`` class's, else the setting."""
+    return await class_limits(conn, DEFAULT_CLASS, settings)
 
 
 async def project_limits(
     conn: Connection, project_id: str, settings: QuotaSettings
 ) -> dict[str, int]:
     """Every resource's limit for the project: what was set, else the default."""
-    return {**defaults(settings), **await quotas.limits(conn, project_id)}
+    return {**await default_limits(conn, settings), **await quotas.limits(conn, project_id)}
 
 
 async def user_limits(

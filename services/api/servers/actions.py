@@ -26,7 +26,15 @@ from services.api.http.deps import (
 from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
-from services.api.servers import console, locks, rebuild, reset_state, resize, soft_delete
+from services.api.servers import (
+    console,
+    inject_network_info,
+    locks,
+    rebuild,
+    reset_state,
+    resize,
+    soft_delete,
+)
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
@@ -223,6 +231,13 @@ async def _reset_state(call: ActionCall) -> Response | None:
     return None
 
 
+async def _inject_network_info(call: ActionCall) -> Response | None:
+    await inject_network_info.inject_network_info(
+        call.pool, ctx=call.ctx, instance=call.instance, value=call.value
+    )
+    return None
+
+
 async def _lock(call: ActionCall) -> Response | None:
     await locks.lock(
         call.pool, ctx=call.ctx, instance=call.instance, value=call.value, version=call.version
@@ -271,6 +286,7 @@ ACTIONS: dict[str, Handler] = {
     console.ACTION: _console_output,
     rebuild.ACTION: _rebuild,
     reset_state.ACTION: _reset_state,
+    inject_network_info.ACTION: _inject_network_info,
     locks.LOCK: _lock,
     locks.UNLOCK: _unlock,
     soft_delete.RESTORE_ACTION: _restore,

@@ -163,6 +163,17 @@ async def quota_has(w: World, v: str, key: str) -> bool:
     return key in (await w.get("os-quota-sets/team", v)).json()["quota_set"]
 
 
+async def quota_class_has(w: World, v: str, key: str) -> bool:
+    return key in (await w.get("os-quota-class-sets/default", v)).json()["quota_class_set"]
+
+
+async def event_accepted(w: World, v: str, name: str) -> bool:
+    """Whether an external event of that name is taken at all (not a 400) at ``v``."""
+    event = {"name": name, "server_uuid": w.server_id, "tag": "t"}
+    answer = await w.post("os-server-external-events", v, {"events": [event]})
+    return answer.status_code != 400
+
+
 async def request_id_header(w: World, v: str) -> bool:
     return "x-openstack-request-id" in (await w.get("flavors", v)).headers
 
@@ -377,6 +388,20 @@ CASES = [
     Case("2.46", "X-OpenStack-Request-ID", request_id_header, True, True),
     Case("2.47", "the flavor embedded in servers", flavor_is_embedded, True, False),
     Case("2.48", "standard server diagnostics", diagnostics_standard, True, False),
+    Case(
+        "2.50",
+        "server groups in quota classes",
+        lambda w, v: quota_class_has(w, v, "server_groups"),
+        True,
+        False,
+    ),
+    Case(
+        "2.51",
+        "the volume-extended event",
+        lambda w, v: event_accepted(w, v, "volume-extended"),
+        True,
+        False,
+    ),
     Case("2.51", "action events for members", member_sees_events, True, False),
     Case("2.52", "tags on create", tags_on_create, 202, 400),
     Case("2.53", "service ids are UUIDs", service_id_type, "str", "int"),

@@ -47,7 +47,7 @@ async def test_zones_for_members_and_the_detail_for_admins(
         await services.update_status(conn, retired.uuid, 60, disabled=True)
 
     listed = await client.get("/v2.1/os-availability-zone", headers=MEMBER)
-    assert listed.status_code == 200
+    assert listed.status_code == 200, listed.text
     assert listed.json() == {
         "availabilityZoneInfo": [
             {"zoneName": "az1", "zoneState": {"available": True}, "hosts": None},
@@ -166,3 +166,21 @@ async def test_hidden_images_are_listed_only_when_asked_for(
     assert await listed({"os_hidden": "false"}) == ["cirros"]
     assert await listed({"os_hidden": "true"}) == ["hidden"]
     assert await listed({"os_hidden": "maybe"}) == 400
+
+
+async def test_an_empty_project_id_for_usage_is_404_as_in_nova(
+    client: httpx.AsyncClient,
+) -> None:
+    for path in ("/v2.1/os-simple-tenant-usage/", "/v2.1/os-simple-tenant-usage//"):
+        empty = await client.get(path, headers=ADMIN)
+        assert empty.status_code == 404, path
+        assert empty.json()["itemNotFound"]["code"] == 404
+        assert "x-openstack-request-id" in empty.headers
+    since = {"start": "2024-01-01T00:00:00"}
+    listed = await client.get("/v2.1/os-simple-tenant-usage", headers=ADMIN, params=since)
+    assert listed.status_code == 200, listed.text
+    shown = await client.get("/v2.1/os-simple-tenant-usage/team/", headers=ADMIN, params=since)
+    assert shown.status_code == 200, shown.text
+    assert (await client.get("/v2.1/servers/", headers=MEMBER)).status_code == 200
+    # A member is still told nothing more than a 404 either.
+    assert (await client.get("/v2.1/os-simple-tenant-usage/", headers=MEMBER)).status_code == 404

@@ -100,7 +100,8 @@ async def test_no_token_is_401(client: httpx.AsyncClient) -> None:
         ("GET", "/v2.1/os-services"),
         ("GET", "/v2.1/os-hypervisors/detail"),
         ("DELETE", "/v2.1/flavors/1"),
-        ("POST", "/image/v2/images"),
+        ("PUT", "/v2.1/os-quota-class-sets/default"),
+        ("GET", "/v2.1/os-instance_usage_audit_log"),
     ],
 )
 async def test_members_get_403_on_admin_routes(
