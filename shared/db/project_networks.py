@@ -259,7 +259,10 @@ async def allocate(
     :class:`NoMoreFixedIps` when every address is held or the network has no subnet.
     """
     locked = await get_network(conn, network.id, lock="FOR KEY SHARE")
-    if locked is None or locked.subnet_id is None or locked.cidr is None:
+    if locked is None:
+        # Deleted since the caller found it: as if it had never been there.
+        raise NetworkRequiresSubnet(f"Network {network.id} could not be found.")
+    if locked.subnet_id is None or locked.cidr is None:
         raise NetworkRequiresSubnet(
             f"Network {network.id} requires a subnet in order to boot instances on."
         )

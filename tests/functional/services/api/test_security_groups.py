@@ -88,6 +88,18 @@ async def test_a_project_creates_renames_and_deletes_its_groups(client: httpx.As
         f"{BASE}/security-groups", headers=MEMBER, json={"security_group": {"name": "default"}}
     )
     assert named_default.status_code == 409
+    # Creates and updates run twice at once: two groups (as Neutron, names need not be
+    # unique), and the same name twice.
+    twins = await asyncio.gather(*(new_group(client, "twin") for _ in range(2)))
+    assert twins[0]["id"] != twins[1]["id"]
+    ambiguous = await client.get(f"{BASE}/security-groups", headers=MEMBER, params={"name": "twin"})
+    assert len(ambiguous.json()["security_groups"]) == 2
+    body = {"security_group": {"description": "again"}}
+    updated = await asyncio.gather(*(client.put(path, headers=MEMBER, json=body) for _ in range(2)))
+    assert [u.status_code for u in updated] == [200, 200]
+    assert (await client.get(path, headers=MEMBER)).json()["security_group"]["description"] == (
+        "again"
+    )
     gone = await asyncio.gather(*(client.delete(path, headers=MEMBER) for _ in range(2)))
     assert sorted(g.status_code for g in gone) == [204, 404]
 
@@ -126,7 +138,13 @@ async def test_servers_join_and_leave_groups_as_nova_answers(
     ).status_code == 202
     assert await groups_of(client, server_id) == ["web"]
 
-    # Another project's server is not found; another project's group name is unknown.
+    await new_group(client, "dup")
+    await new_group(client, "dup")
+    ambiguous = await act(client, server_id, "addSecurityGroup", {"name": "dup"})
+    assert ambiguous.status_code == 409
+    assert "use the group's id" in ambiguous.json()["conflictingRequest"]["message"]
+
+    # Another project's server is not found.
     theirs = await client.post(
         f"/v2.1/servers/{server_id}/action",
         headers=OTHER_MEMBER,
