@@ -24,7 +24,7 @@ from services.api.http.auth import Context
 from services.api.http.deps import DbPool, RequestLinks
 from services.api.network.views import port_view
 from shared.context import RequestContext
-from shared.db import fixed_ips, project_networks
+from shared.db import fixed_ips, project_networks, security_groups
 
 router = APIRouter(prefix="/network")
 
@@ -153,7 +153,17 @@ async def extension(alias: str, ctx: Context) -> dict[str, Any] | JSONResponse:
 async def _ports(pool: DbPool, ctx: Context) -> list[dict[str, Any]]:
     async with pool.acquire() as conn:
         held = await fixed_ips.held_addresses(conn, None if ctx.is_admin else ctx.project_id)
-    return [port_view(address, is_admin=ctx.is_admin) for address in held]
+        groups = await security_groups.of_instances(
+            conn, {address.instance_uuid: address.project_id for address in held}
+        )
+    return [
+        port_view(
+            address,
+            is_admin=ctx.is_admin,
+            groups=[group.id for group in groups.get(address.instance_uuid, [])],
+        )
+        for address in held
+    ]
 
 
 @router.get("/v2.0/ports", response_model=None)

@@ -9,6 +9,7 @@ subnet's and each port's are derived from it (and from the server and address).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -97,7 +98,9 @@ def subnet_view(settings: NetworkSettings) -> dict[str, Any]:
     }
 
 
-def port_view(held: HeldAddress, *, is_admin: bool) -> dict[str, Any]:
+def port_view(held: HeldAddress, *, is_admin: bool, groups: Sequence[UUID] = ()) -> dict[str, Any]:
+    """An address a server holds as a port, with the ids of the server's security groups
+    (a server's groups are its ports' in Neutron)."""
     allocated = isotime(held.allocated_at) if held.allocated_at is not None else _EPOCH
     body: dict[str, Any] = {
         "id": str(port_id(held)),
@@ -114,7 +117,7 @@ def port_view(held: HeldAddress, *, is_admin: bool) -> dict[str, Any]:
         "device_owner": "compute:nova",
         "status": "ACTIVE",
         "admin_state_up": True,
-        "security_groups": [],
+        "security_groups": [str(group) for group in groups],
         "allowed_address_pairs": [],
         "extra_dhcp_opts": [],
         "binding:vnic_type": "normal",

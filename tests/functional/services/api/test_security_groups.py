@@ -114,6 +114,9 @@ async def test_servers_join_and_leave_groups_as_nova_answers(
 
     assert (await act(client, server_id, "addSecurityGroup", {"name": "web"})).status_code == 202
     assert await groups_of(client, server_id) == ["default", "web"]
+    ports = await client.get(f"{BASE}/ports", headers=MEMBER, params={"device_id": server_id})
+    [port] = ports.json()["ports"]
+    assert port["security_groups"][1:] == [web["id"]]
     already = await act(client, server_id, "addSecurityGroup", {"name": "web"})
     assert already.status_code == 400
     assert "already associated" in already.json()["badRequest"]["message"]
