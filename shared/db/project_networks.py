@@ -309,3 +309,21 @@ async def owned_counts(conn: Connection, project_id: str) -> dict[str, int]:
         "subnet": row["subnet"],
         "security_group": row["groups"] + 1,
     }
+
+
+async def rename(
+    conn: Connection, network_id: UUID, *, name: str | None, subnet_name: str | None
+) -> ProjectNetwork | None:
+    """Set the network's name or its subnet's; ``None`` if there is no such network."""
+    row = await conn.fetchrow(
+        f"""UPDATE networks
+               SET name = coalesce($2, name),
+                   subnet_name = CASE WHEN subnet_id IS NULL THEN NULL
+                                      ELSE coalesce($3, subnet_name) END,
+                   updated_at = now()
+             WHERE id = $1 AND project_id IS NOT NULL RETURNING {_COLUMNS}""",
+        network_id,
+        name,
+        subnet_name,
+    )
+    return None if row is None else ProjectNetwork.from_row(row)

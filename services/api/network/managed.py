@@ -6,8 +6,8 @@ settings) beside the project networks the caller may see (their project's; an ad
 all). ``POST /v2.0/networks`` creates a project network; ``POST /v2.0/subnets`` gives it
 its IPv4 subnet (one per network in keel: ``cidr`` from /16 to /30, ``gateway_ip``
 the first host unless given or ``null``, one ``allocation_pools`` range at most).
-``DELETE`` removes either, 409 while a server holds one of its addresses. The
-configured network cannot be changed here (403).
+``PUT`` renames either (``name`` only). ``DELETE`` removes either, 409 while a server
+holds one of its addresses. The configured network cannot be changed here (403).
 """
 
 from __future__ import annotations
@@ -365,3 +365,62 @@ async def delete_subnet(
     except NetworkInUse as exc:
         return NeutronError(409, "SubnetInUse", exc.message).response()
     return Response(status_code=204) if deleted else not_found.response()
+
+
+async def _rename(
+    request: Request, ctx: RequestContext, pool: DbPool, kind: str, item_id: str
+) -> ProjectNetwork | JSONResponse:
+    """``PUT`` of a network or subnet: only its ``name`` changes."""
+    error = "NetworkNotFound" if kind == "network" else "SubnetNotFound"
+    label = "Network" if kind == "network" else "Subnet"
+    not_found = NeutronError(404, error, f"{label} {item_id} could not be found.")
+    try:
+        given = await body_of(request, kind, {"name"})
+        name = name_of(given) if "name" in given else None
+    except NeutronError as refused:
+        return refused.response()
+    wanted = _uuid(item_id)
+    if wanted is None:
+        return not_found.response()
+
+    async def change(conn: Connection) -> ProjectNetwork | None:
+        if kind == "network":
+            found = await project_networks.get_network(conn, wanted)
+        else:
+            found = await project_networks.network_of_subnet(conn, wanted)
+        if visible(ctx, found) is None:
+            return None
+        assert found is not None
+        return await project_networks.rename(
+            conn,
+            found.id,
+            name=name if kind == "network" else None,
+            subnet_name=name if kind == "subnet" else None,
+        )
+
+    changed = await in_transaction(pool, change, what=f"renaming {kind} {item_id}")
+    return not_found.response() if changed is None else changed
+
+
+@router.put("/networks/{network_id}", response_model=None)
+async def update_network(
+    network_id: str, request: Request, ctx: Context, settings: AppSettings, pool: DbPool
+) -> dict[str, Any] | JSONResponse:
+    if (refused := _configured(settings, network_id, "Network")) is not None:
+        return refused
+    changed = await _rename(request, ctx, pool, "network", network_id)
+    if isinstance(changed, JSONResponse):
+        return changed
+    return {"network": project_network_view(changed, is_admin=ctx.is_admin)}
+
+
+@router.put("/subnets/{subnet_id}", response_model=None)
+async def update_subnet(
+    subnet_id: str, request: Request, ctx: Context, settings: AppSettings, pool: DbPool
+) -> dict[str, Any] | JSONResponse:
+    if (refused := _configured(settings, subnet_id, "Subnet")) is not None:
+        return refused
+    changed = await _rename(request, ctx, pool, "subnet", subnet_id)
+    if isinstance(changed, JSONResponse):
+        return changed
+    return {"subnet": project_subnet_view(changed)}

@@ -94,6 +94,26 @@ async def test_a_project_creates_a_network_and_its_subnet_and_sees_them(
     admin = (await client.get(f"{BASE}/networks", headers=ADMIN)).json()["networks"]
     assert network["id"] in {n["id"] for n in admin}
 
+    renamed = await asyncio.gather(
+        *(
+            client.put(
+                f"{BASE}/networks/{network['id']}",
+                headers=MEMBER,
+                json={"network": {"name": "navy"}},
+            )
+            for _ in range(2)
+        )
+    )
+    assert [r.status_code for r in renamed] == [200, 200]
+    assert renamed[0].json()["network"]["name"] == "navy"
+    sub_path = f"{BASE}/subnets/{subnet['id']}"
+    named = await client.put(sub_path, headers=MEMBER, json={"subnet": {"name": "navy-v4"}})
+    assert named.json()["subnet"]["name"] == "navy-v4"
+    moved = await client.put(sub_path, headers=MEMBER, json={"subnet": {"cidr": "10.9.0.0/24"}})
+    assert neutron_error(moved, 400) == "HTTPBadRequest"
+    theirs = await client.put(sub_path, headers=OTHER_MEMBER, json={"subnet": {"name": "x"}})
+    assert neutron_error(theirs, 404) == "SubnetNotFound"
+
     assert (
         await client.delete(f"{BASE}/subnets/{subnet['id']}", headers=MEMBER)
     ).status_code == 204
