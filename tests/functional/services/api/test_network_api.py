@@ -1,4 +1,5 @@
-"""The read-only Networking API: keel's pool as a shared external network, addresses as ports."""
+"""The Networking API's configured network: keel's pool as a shared external network, addresses
+as ports."""
 
 from __future__ import annotations
 
