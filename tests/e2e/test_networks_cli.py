@@ -17,7 +17,9 @@ import pytest
 from tests.e2e.cloud import Cloud, CloudConfig
 from tests.e2e.moves import guest, migrate, shown, until_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+#: Each CLI command starts a Python process: on two busy shared cores the first test
+#: alone has taken more than five minutes.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
