@@ -20,6 +20,8 @@ from services.api.http.middleware import ApiMiddleware
 from services.api.http.policy import Policy
 from services.api.identity.verified import VerifiedPasswords
 from services.api.keystone.tokens import KeystoneTokens
+from services.api.network import groups as network_groups
+from services.api.network import managed as network_managed
 from services.api.network import routes as network_routes
 from services.api.ops.headers import OpsHeaders
 from services.api.resources import (
@@ -151,5 +153,7 @@ def create_app(
     if keystone is None:
         app.include_router(identity.router())
     app.include_router(network_routes.router)
+    app.include_router(network_managed.router)
+    app.include_router(network_groups.router)
     app.include_router(ops.router())
     return app

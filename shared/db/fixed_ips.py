@@ -35,7 +35,7 @@ LOG = logging.getLogger(__name__)
 _LOCK_CLASS = 0x6B6E6574  # "knet"
 
 _ALLOCATE_LOWEST = """
-    UPDATE fixed_ips SET instance_uuid = $2, tag = $3, allocated_at = now()
+    UPDATE fixed_ips SET instance_uuid = $2, tag = $3, position = $4, allocated_at = now()
      WHERE (network_id, address) = (
                SELECT network_id, address FROM fixed_ips
                 WHERE network_id = $1 AND instance_uuid IS NULL
@@ -46,8 +46,8 @@ _ALLOCATE_LOWEST = """
 """
 
 _ALLOCATE_ADDRESS = """
-    UPDATE fixed_ips SET instance_uuid = $2, tag = $3, allocated_at = now()
-     WHERE network_id = $1 AND address = $4::inet AND instance_uuid IS NULL
+    UPDATE fixed_ips SET instance_uuid = $2, tag = $3, position = $4, allocated_at = now()
+     WHERE network_id = $1 AND address = $5::inet AND instance_uuid IS NULL
     RETURNING host(address) AS address
 """
 
@@ -63,7 +63,8 @@ _RELEASE = """
          WHERE f.network_id = h.network_id AND f.address = h.address AND NOT h.usable
         RETURNING f.address
     ), freed AS (
-        UPDATE fixed_ips f SET instance_uuid = NULL, tag = NULL, allocated_at = NULL
+        UPDATE fixed_ips f
+           SET instance_uuid = NULL, tag = NULL, position = NULL, allocated_at = NULL
           FROM held h
          WHERE f.network_id = h.network_id AND f.address = h.address AND h.usable
         RETURNING f.address
@@ -185,18 +186,25 @@ def _check_requested(settings: NetworkSettings, address: str) -> str:
     return str(wanted)
 
 
-async def _take(
+async def take(
     conn: Connection,
-    settings: NetworkSettings,
+    network_id: UUID,
     instance_uuid: UUID,
     address: str | None,
     tag: str | None,
+    *,
+    position: int | None = None,
 ) -> str | None:
-    network_id = settings.network_id
+    """Name the server in one free row of the network: ``address``'s, or the lowest free
+    one; the address taken, ``None`` when that row is held (or there is no free one)."""
     if address is None:
-        taken: str | None = await conn.fetchval(_ALLOCATE_LOWEST, network_id, instance_uuid, tag)
+        taken: str | None = await conn.fetchval(
+            _ALLOCATE_LOWEST, network_id, instance_uuid, tag, position
+        )
     else:
-        taken = await conn.fetchval(_ALLOCATE_ADDRESS, network_id, instance_uuid, tag, address)
+        taken = await conn.fetchval(
+            _ALLOCATE_ADDRESS, network_id, instance_uuid, tag, position, address
+        )
     return taken
 
 
@@ -207,20 +215,23 @@ async def allocate(
     *,
     address: str | None = None,
     tag: str | None = None,
+    position: int | None = None,
 ) -> FixedIp:
     """Give the server an address of the network: ``address`` if given, else the lowest free.
+    ``position``: where the create request asked for it, which the server's list keeps.
 
     Raises :class:`NoMoreFixedIps` when every address is taken and
     :class:`InvalidFixedIp` when ``address`` is outside the network or already held.
     """
     if address is not None:
         address = _check_requested(settings, address)
-    taken = await _take(conn, settings, instance_uuid, address, tag)
+    network_id = settings.network_id
+    taken = await take(conn, network_id, instance_uuid, address, tag, position=position)
     if taken is None:
-        stored = await _network_row(conn, settings.network_id)
+        stored = await _network_row(conn, network_id)
         if stored is None or stored.cidr != settings.cidr:
             await ensure_network(conn, settings)
-            taken = await _take(conn, settings, instance_uuid, address, tag)
+            taken = await take(conn, network_id, instance_uuid, address, tag, position=position)
     if taken is None and address is not None:
         raise InvalidFixedIp(f"Fixed IP address {address} is already in use.")
     if taken is None:
@@ -253,7 +264,7 @@ async def for_instances(
                   host(f.address) AS address, f.tag, n.cidr::text AS cidr
              FROM fixed_ips f JOIN networks n ON n.id = f.network_id
             WHERE f.instance_uuid = ANY($1::uuid[])
-            ORDER BY n.name, f.address""",
+            ORDER BY coalesce(f.position, 0), n.name, f.address""",
         list(instance_uuids),
     )
     held: dict[UUID, list[FixedIp]] = {}
@@ -279,6 +290,8 @@ class HeldAddress(KeelModel):
     """An address a live server holds, with what the Networking API shows of its port."""
 
     network_id: UUID
+    #: The subnet's id for a network a project created; ``None`` for the configured one.
+    subnet_id: UUID | None = None
     address: str
     instance_uuid: UUID
     project_id: str
@@ -289,9 +302,10 @@ class HeldAddress(KeelModel):
 async def held_addresses(conn: Connection, project_id: str | None) -> list[HeldAddress]:
     """The addresses live servers hold (of one project, or of all), in address order."""
     rows = await conn.fetch(
-        """SELECT f.network_id, host(f.address) AS address, f.instance_uuid, i.project_id,
-                  i.host, f.allocated_at
+        """SELECT f.network_id, n.subnet_id, host(f.address) AS address, f.instance_uuid,
+                  i.project_id, i.host, f.allocated_at
              FROM fixed_ips f JOIN instances i ON i.uuid = f.instance_uuid
+             JOIN networks n ON n.id = f.network_id
             WHERE i.deleted_at IS NULL AND ($1::text IS NULL OR i.project_id = $1)
             ORDER BY f.network_id, f.address""",
         project_id,

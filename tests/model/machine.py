@@ -107,6 +107,19 @@ class KeelMachine(MachineBase):
         body = {"rebuild": {"imageRef": str(IMAGE_ID)}}
         self.api("rebuild", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
+    @rule(
+        i=index,
+        action=st.sampled_from(["addSecurityGroup", "removeSecurityGroup"]),
+        plan=plans,
+    )
+    def security_group(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
+        """Take a server out of its project's default group, or put it back, in any state
+        (a 400 for a server already in it, or already out, is an answer)."""
+        if not self.servers:
+            return
+        body = {action: {"name": "default"}}
+        self.api(action, "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
+
     @rule(i=index, action=st.sampled_from(["restore", "forceDelete"]), plan=plans)
     def deferred_delete(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
         """Restore or force-delete a server, soft-deleted or not (os-deferred-delete)."""

@@ -1,16 +1,15 @@
-"""A read-only Networking API v2.0 under ``/network`` (the catalog's ``network`` service).
+"""The Networking API v2.0 under ``/network`` (the catalog's ``network`` service).
 
-Enough for clients that expect Neutron beside Nova (openstacksdk's cloud layer, Ansible,
-Tempest) to see how servers are connected: keel's address pool is one shared external
-network (``router:external: true``) with one subnet, each address a server holds is a
-port on it (``device_id`` the server), and there are no floating IPs (an empty list).
-Members see their own servers' ports, admins every port. Each project has one security
-group, ``default``, with no rules (keel's guests have no firewall): the one servers
-show. Lists take Neutron's filters (``?name=private&router:external=true``, repeated
-for several values, ``fixed_ips=ip_address=...``) and ``fields``. Nothing can be
-created or changed here: keel's network is configured, not managed through an API (an
-admin's delete of a default group, or of quotas, answers 204 and changes nothing).
-Errors have Neutron's shape, ``{"NeutronError": {"type", "message", "detail"}}``.
+Enough of Neutron for clients that expect it beside Nova (openstacksdk's cloud layer,
+Ansible, Tempest, the ``openstack`` CLI): keel's configured address pool is one shared
+external network (``router:external: true``) with one subnet; projects create networks
+with one IPv4 subnet each (:mod:`services.api.network.managed`) and security groups
+(:mod:`services.api.network.groups`); each address a server holds is a port (``device_id``
+the server), and there are no floating IPs (an empty list). Members see their own
+servers' ports, admins every port. Lists take Neutron's filters
+(``?name=private&router:external=true``, repeated for several values,
+``fixed_ips=ip_address=...``) and ``fields``. Errors have Neutron's shape,
+``{"NeutronError": {"type", "message", "detail"}}``.
 """
 
 from __future__ import annotations
@@ -22,16 +21,10 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from services.api.http.auth import Context
-from services.api.http.deps import AppSettings, DbPool, Keystone, RequestLinks
-from services.api.network.views import (
-    network_view,
-    port_view,
-    security_group_view,
-    subnet_view,
-)
+from services.api.http.deps import DbPool, RequestLinks
+from services.api.network.views import port_view
 from shared.context import RequestContext
-from shared.db import fixed_ips, instances
-from shared.db import projects as identity_projects
+from shared.db import fixed_ips, project_networks, security_groups
 
 router = APIRouter(prefix="/network")
 
@@ -94,7 +87,7 @@ def select(items: Iterable[dict[str, Any]], request: Request) -> list[dict[str, 
     return shown
 
 
-async def _listed(
+async def listed(
     request: Request, collection: str, make: Callable[[], Any]
 ) -> dict[str, Any] | JSONResponse:
     try:
@@ -103,7 +96,7 @@ async def _listed(
         return error.response()
 
 
-def _one(items: list[dict[str, Any]], item_id: str, kind: str) -> dict[str, Any] | JSONResponse:
+def one(items: list[dict[str, Any]], item_id: str, kind: str) -> dict[str, Any] | JSONResponse:
     for item in items:
         if item["id"] == item_id:
             return {kind.lower(): item}
@@ -127,6 +120,7 @@ async def resources(ctx: Context, links: RequestLinks) -> dict[str, Any]:
         "subnet": "subnets",
         "port": "ports",
         "security_group": "security-groups",
+        "security_group_rule": "security-group-rules",
         "floatingip": "floatingips",
     }
     return {
@@ -156,44 +150,20 @@ async def extension(alias: str, ctx: Context) -> dict[str, Any] | JSONResponse:
     ).response()
 
 
-@router.get("/v2.0/networks", response_model=None)
-async def list_networks(
-    request: Request, ctx: Context, settings: AppSettings
-) -> dict[str, Any] | JSONResponse:
-    async def make() -> list[dict[str, Any]]:
-        return [network_view(settings.network, is_admin=ctx.is_admin)]
-
-    return await _listed(request, "networks", make)
-
-
-@router.get("/v2.0/networks/{network_id}", response_model=None)
-async def show_network(
-    network_id: str, ctx: Context, settings: AppSettings
-) -> dict[str, Any] | JSONResponse:
-    return _one([network_view(settings.network, is_admin=ctx.is_admin)], network_id, "Network")
-
-
-@router.get("/v2.0/subnets", response_model=None)
-async def list_subnets(
-    request: Request, ctx: Context, settings: AppSettings
-) -> dict[str, Any] | JSONResponse:
-    async def make() -> list[dict[str, Any]]:
-        return [subnet_view(settings.network)]
-
-    return await _listed(request, "subnets", make)
-
-
-@router.get("/v2.0/subnets/{subnet_id}", response_model=None)
-async def show_subnet(
-    subnet_id: str, ctx: Context, settings: AppSettings
-) -> dict[str, Any] | JSONResponse:
-    return _one([subnet_view(settings.network)], subnet_id, "Subnet")
-
-
 async def _ports(pool: DbPool, ctx: Context) -> list[dict[str, Any]]:
     async with pool.acquire() as conn:
         held = await fixed_ips.held_addresses(conn, None if ctx.is_admin else ctx.project_id)
-    return [port_view(address, is_admin=ctx.is_admin) for address in held]
+        groups = await security_groups.of_instances(
+            conn, {address.instance_uuid: address.project_id for address in held}
+        )
+    return [
+        port_view(
+            address,
+            is_admin=ctx.is_admin,
+            groups=[group.id for group in groups.get(address.instance_uuid, [])],
+        )
+        for address in held
+    ]
 
 
 @router.get("/v2.0/ports", response_model=None)
@@ -201,12 +171,12 @@ async def list_ports(request: Request, pool: DbPool, ctx: Context) -> dict[str, 
     async def make() -> list[dict[str, Any]]:
         return await _ports(pool, ctx)
 
-    return await _listed(request, "ports", make)
+    return await listed(request, "ports", make)
 
 
 @router.get("/v2.0/ports/{port_id}", response_model=None)
 async def show_port(port_id: str, pool: DbPool, ctx: Context) -> dict[str, Any] | JSONResponse:
-    return _one(await _ports(pool, ctx), port_id, "Port")
+    return one(await _ports(pool, ctx), port_id, "Port")
 
 
 @router.get("/v2.0/floatingips")
@@ -221,73 +191,12 @@ async def show_floating_ip(floating_ip_id: str, ctx: Context) -> JSONResponse:
     ).response()
 
 
-def _group_projects(ctx: RequestContext, request: Request | None) -> set[str]:
-    """Whose default security groups the caller may see: their project's, and for
-    admins the projects a ``project_id``/``tenant_id`` filter names."""
-    found = {ctx.project_id or ""}
-    if ctx.is_admin and request is not None:
-        params = request.query_params
-        found |= set(params.getlist("project_id")) | set(params.getlist("tenant_id"))
-    return found
-
-
-@router.get("/v2.0/security-groups", response_model=None)
-async def list_security_groups(request: Request, ctx: Context) -> dict[str, Any] | JSONResponse:
-    async def make() -> list[dict[str, Any]]:
-        return [security_group_view(p) for p in sorted(_group_projects(ctx, request))]
-
-    return await _listed(request, "security_groups", make)
-
-
-@router.get("/v2.0/security-groups/{group_id}", response_model=None)
-async def show_security_group(
-    group_id: str, pool: DbPool, ctx: Context
-) -> dict[str, Any] | JSONResponse:
-    projects = _group_projects(ctx, None)
-    if ctx.is_admin:
-        async with pool.acquire() as conn:
-            projects |= set(await instances.live_projects(conn))
-    for project_id in sorted(projects):
-        group = security_group_view(project_id)
-        if group["id"] == group_id:
-            return {"security_group": group}
-    return NeutronError(
-        404, "SecurityGroupNotFound", f"Security group {group_id} does not exist"
-    ).response()
-
-
-@router.delete("/v2.0/security-groups/{group_id}", response_model=None)
-async def delete_security_group(
-    group_id: str, pool: DbPool, ctx: Context, keystone: Keystone
-) -> Response | JSONResponse:
-    """A project's default group cannot go: an admin's delete changes nothing and answers
-    204, as Neutron's does (its default group comes back when the project next looks;
-    Tempest's dynamic credentials clean up this way); anyone else gets Neutron's 409."""
-    projects = _group_projects(ctx, None)
-    if ctx.is_admin:
-        async with pool.acquire() as conn:
-            projects |= set(await instances.live_projects(conn))
-            if keystone is None:
-                projects |= {p.id for p in await identity_projects.list_projects(conn)}
-    if not any(security_group_view(p)["id"] == group_id for p in projects):
-        return NeutronError(
-            404, "SecurityGroupNotFound", f"Security group {group_id} does not exist"
-        ).response()
-    if not ctx.is_admin:
-        return NeutronError(
-            409,
-            "SecurityGroupCannotRemoveDefault",
-            "Insufficient rights for removing default security group.",
-        ).response()
-    return Response(status_code=204)
-
-
-#: Networking quotas as keel has them: no network, subnet, router, floating IP, subnet
-#: pool or RBAC policy can be created (0); ports (one per server address) and security
-#: groups are bounded by the compute quotas, not here (-1, unlimited).
+#: Networking quotas as keel has them: no router, floating IP, subnet pool or RBAC
+#: policy can be created (0); networks, subnets and security groups are not limited, and
+#: ports (one per server address) are bounded by the compute quotas, not here (-1).
 QUOTAS = {
-    "network": 0,
-    "subnet": 0,
+    "network": -1,
+    "subnet": -1,
     "subnetpool": 0,
     "router": 0,
     "floatingip": 0,
@@ -328,7 +237,8 @@ async def quota_details(
         return refused
     async with pool.acquire() as conn:
         ports = await fixed_ips.count_for_project(conn, project_id)
-    used = {name: 0 for name in QUOTAS} | {"port": ports}
+        owned = await project_networks.owned_counts(conn, project_id)
+    used = {name: 0 for name in QUOTAS} | owned | {"port": ports}
     return {
         "quota": {
             name: {"limit": limit, "used": used[name], "reserved": 0}

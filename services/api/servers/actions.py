@@ -33,6 +33,7 @@ from services.api.servers import (
     rebuild,
     reset_state,
     resize,
+    security_groups,
     soft_delete,
 )
 from services.api.servers.lookup import find_instance
@@ -250,6 +251,28 @@ async def _unlock(call: ActionCall) -> Response | None:
     return None
 
 
+async def _add_security_group(call: ActionCall) -> Response | None:
+    await security_groups.change_groups(
+        call.pool,
+        ctx=call.ctx,
+        instance=call.instance,
+        action=security_groups.ADD,
+        value=call.value,
+    )
+    return None
+
+
+async def _remove_security_group(call: ActionCall) -> Response | None:
+    await security_groups.change_groups(
+        call.pool,
+        ctx=call.ctx,
+        instance=call.instance,
+        action=security_groups.REMOVE,
+        value=call.value,
+    )
+    return None
+
+
 async def _restore(call: ActionCall) -> Response | None:
     await soft_delete.restore(
         call.pool,
@@ -291,7 +314,12 @@ ACTIONS: dict[str, Handler] = {
     locks.UNLOCK: _unlock,
     soft_delete.RESTORE_ACTION: _restore,
     soft_delete.FORCE_DELETE_ACTION: _force_delete,
+    security_groups.ADD: _add_security_group,
+    security_groups.REMOVE: _remove_security_group,
 }
+#: Actions a locked server takes from anyone, as in Nova: its security groups change
+#: what reaches it, not the server itself.
+_UNLOCKED = locks.UNLOCKED_ACTIONS | {security_groups.ADD, security_groups.REMOVE}
 
 
 @router.post("/{server_id}/action", status_code=202, response_class=Response)
@@ -315,7 +343,7 @@ async def server_action(
         raise BadRequest(f"There is no such action: {name[:100]}")
     async with pool.acquire() as conn:
         instance = await find_instance(conn, ctx, server_id)
-    if name not in locks.UNLOCKED_ACTIONS:
+    if name not in _UNLOCKED:
         locks.check_unlocked(ctx, instance)
     answer = await handler(
         ActionCall(pool, compute, conductor, settings, version, ctx, instance, value, links)

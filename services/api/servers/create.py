@@ -331,7 +331,7 @@ async def _record(
             launch_index=index,
             config_drive=server.config_drive,
         )
-        await fields.record(conn, instance.uuid)
+        await fields.record(conn, instance.uuid, project_id, ctx.is_admin)
         spec = RequestSpec(
             instance_uuid=instance.uuid,
             project_id=project_id,

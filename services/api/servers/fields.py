@@ -8,9 +8,12 @@ checks them against the request's microversion and the configured network and re
 with its fixed address: an address that cannot be given rolls the whole create back.
 
 Networks: ``"none"`` gets no address; ``"auto"``, ``[]`` or no ``networks`` gets one on
-the configured network; a list may name that network by ``uuid`` (with a ``fixed_ip``
-if wanted). keel has no ports, no other networks and no volumes: asking for them is a
-400, never ignored.
+the configured network; a list names networks by ``uuid`` (the configured one, or
+networks the project created; with a ``fixed_ip`` if wanted) and the server gets one
+address per entry, in the list's order (a network named twice gives two). A network
+that does not exist, or has no subnet, is a 400. keel has no ports and no volumes:
+asking for them is a 400, never ignored. Security groups: the project's ``default`` and
+the groups it created, by name (or id); an unknown one is a 400, as in Nova.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ from pydantic import (
     StringConstraints,
 )
 
-from services.api.http.faults import BadRequest
+from services.api.http.faults import BadRequest, ConflictingRequest
 from services.api.http.microversion import APIVersion
 from shared.config import NetworkSettings
-from shared.db import fixed_ips, server_fields
+from shared.db import fixed_ips, project_networks, security_groups, server_fields
 from shared.db.pool import Connection
+from shared.db.project_networks import NetworkRequiresSubnet
+from shared.db.security_groups import GroupNameRefused, SecurityGroup
 from shared.exceptions import InvalidFixedIp
 from shared.objects.network import FixedIp
 
@@ -171,15 +176,23 @@ class SecurityGroupRef(BaseModel):
     name: str = Field(min_length=1, max_length=255)
 
 
-#: The one security group every project has: keel's guests have no firewall to configure.
-DEFAULT_SECURITY_GROUP = "default"
-
-
-def check_security_groups(groups: list[SecurityGroupRef] | None) -> None:
-    """Only the project's ``default`` group exists: any other name is a 400, as in Nova."""
-    for group in groups or []:
-        if group.name != DEFAULT_SECURITY_GROUP:
-            raise BadRequest(f"Security group {group.name} not found.")
+async def find_groups(
+    conn: Connection, project_id: str, names: list[str] | None
+) -> list[SecurityGroup] | None:
+    """The groups a create names (``None`` when it names none): each a 400 if unknown, as
+    in Nova, and a 409 if several of the project's groups have that name."""
+    if names is None:
+        return None
+    found = []
+    for name in names:
+        try:
+            group = await security_groups.find(conn, project_id, name)
+        except GroupNameRefused as exc:
+            raise ConflictingRequest(exc.message) from None
+        if group is None:
+            raise BadRequest(f"Security group {name} not found.")
+        found.append(group)
+    return found
 
 
 class BlockDevice(BaseModel):
@@ -209,7 +222,7 @@ class ServerFields(BaseModel):
     #: Where the server is reached, as its owner says (stored and shown, nothing more).
     access_ip_v4: AccessIPv4 = Field(default=None, alias="accessIPv4")
     access_ip_v6: AccessIPv6 = Field(default=None, alias="accessIPv6")
-    #: Each project's ``default`` group is the only one (see :func:`check_security_groups`).
+    #: The project's groups by name; none given: its ``default`` group.
     security_groups: list[SecurityGroupRef] | None = None
     #: Files to inject (before 2.57): keel injects none, so only an empty list is taken.
     personality: list[Any] | None = None
@@ -222,6 +235,8 @@ class ServerFields(BaseModel):
 class AddressRequest:
     fixed_ip: str | None = None
     tag: str | None = None
+    #: The network asked for; ``None``: the configured one.
+    network_id: UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -237,9 +252,14 @@ class PreparedFields:
     admin_pass: str = ""
     access_ip_v4: str | None = None
     access_ip_v6: str | None = None
+    #: The security groups asked for by name; ``None``: the project's default group.
+    security_groups: list[str] | None = None
 
-    async def record(self, conn: Connection, instance_uuid: UUID) -> list[FixedIp]:
-        """Store the fields and allocate the addresses; a 400/409 rolls the create back."""
+    async def record(
+        self, conn: Connection, instance_uuid: UUID, project_id: str = "", is_admin: bool = False
+    ) -> list[FixedIp]:
+        """Store the fields, the security groups and allocate the addresses; a 400/409
+        rolls the create back."""
         await server_fields.record_created(
             conn,
             instance_uuid,
@@ -250,17 +270,56 @@ class PreparedFields:
             access_ip_v4=self.access_ip_v4,
             access_ip_v6=self.access_ip_v6,
         )
+        groups = await find_groups(conn, project_id, self.security_groups)
+        if groups is not None:
+            await security_groups.record_created(conn, instance_uuid, groups)
         held = []
-        for wanted in self.addresses:
+        for position, wanted in enumerate(self.addresses):
             try:
                 held.append(
-                    await fixed_ips.allocate(
-                        conn, self.network, instance_uuid, address=wanted.fixed_ip, tag=wanted.tag
+                    await self._allocate(
+                        conn,
+                        instance_uuid,
+                        wanted,
+                        position=position,
+                        project_id=project_id,
+                        is_admin=is_admin,
                     )
                 )
-            except InvalidFixedIp as exc:
+            except (InvalidFixedIp, NetworkRequiresSubnet) as exc:
                 raise BadRequest(exc.message) from None
         return held
+
+    async def _allocate(
+        self,
+        conn: Connection,
+        instance_uuid: UUID,
+        wanted: AddressRequest,
+        *,
+        position: int,
+        project_id: str,
+        is_admin: bool,
+    ) -> FixedIp:
+        if wanted.network_id is None or wanted.network_id == self.network.network_id:
+            return await fixed_ips.allocate(
+                conn,
+                self.network,
+                instance_uuid,
+                address=wanted.fixed_ip,
+                tag=wanted.tag,
+                position=position,
+            )
+        network = await project_networks.get_network(conn, wanted.network_id)
+        if network is None or not (is_admin or network.project_id == project_id):
+            raise BadRequest(f"Network {wanted.network_id} could not be found.")
+        return await project_networks.allocate(
+            conn,
+            network,
+            instance_uuid,
+            address=wanted.fixed_ip,
+            tag=wanted.tag,
+            position=position,
+        )
 
 
 def unexpected(name: str, since: str) -> BadRequest:
@@ -282,7 +341,7 @@ def _network_uuid(value: str) -> UUID:
 def address_requests(
     networks: list[RequestedNetwork] | str | None, network: NetworkSettings, version: APIVersion
 ) -> list[AddressRequest]:
-    """What addresses the request asks for (one at most: keel has one network)."""
+    """What addresses the request asks for: one per entry, in order."""
     if networks == "none":
         return []
     if networks is None or isinstance(networks, str) or not networks:
@@ -297,13 +356,12 @@ def address_requests(
             raise BadRequest(f"Port {requested.port} could not be found.")
         if requested.uuid is None:
             raise BadRequest("Bad network format: missing 'uuid'")
-        if _network_uuid(requested.uuid) != network.network_id:
-            raise BadRequest(f"Network {requested.uuid} could not be found.")
-        wanted.append(AddressRequest(fixed_ip=requested.fixed_ip, tag=requested.tag))
-    if len(wanted) > 1:
-        raise BadRequest(
-            f"Network {network.network_id} was requested {len(wanted)} times: keel gives a "
-            "server one address per network."
+        wanted.append(
+            AddressRequest(
+                fixed_ip=requested.fixed_ip,
+                tag=requested.tag,
+                network_id=_network_uuid(requested.uuid),
+            )
         )
     return wanted
 
@@ -372,7 +430,6 @@ def prepare(
                 "empty or null."
             )
     check_block_devices(fields, image_id)
-    check_security_groups(fields.security_groups)
     return PreparedFields(
         network=network,
         metadata=dict(fields.metadata),
@@ -383,4 +440,9 @@ def prepare(
         admin_pass=fields.admin_pass if fields.admin_pass is not None else new_password(),
         access_ip_v4=fields.access_ip_v4,
         access_ip_v6=fields.access_ip_v6,
+        security_groups=(
+            None
+            if fields.security_groups is None
+            else list(dict.fromkeys(group.name for group in fields.security_groups))
+        ),
     )

@@ -19,17 +19,15 @@ from shared.objects.network import FixedIp, forward_address
 def with_forwards(
     held: Mapping[UUID, Sequence[FixedIp]], forward_name: str | None
 ) -> dict[UUID, list[FixedIp]]:
-    """Each server's fixed addresses followed, when ``forward_name`` is set, by their
-    forwards on the network of that name."""
+    """Each server's fixed addresses followed, when ``forward_name`` is set, by the
+    forward of its first IPv4 address (the one its guest's interface has: a server on
+    several networks has no forward for the others) on the network of that name."""
     shown = {instance: list(addresses) for instance, addresses in held.items()}
     if forward_name is None:
         return shown
     for addresses in shown.values():
-        addresses.extend(
-            fixed.model_copy(
-                update={"network_name": forward_name, "address": forward_address(fixed.address)}
-            )
-            for fixed in list(addresses)
-            if fixed.version == 4
-        )
+        first = next((fixed for fixed in addresses if fixed.version == 4), None)
+        if first is not None:
+            update = {"network_name": forward_name, "address": forward_address(first.address)}
+            addresses.append(first.model_copy(update=update))
     return shown

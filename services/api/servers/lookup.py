@@ -24,6 +24,7 @@ from shared.db import (
     instances,
     placement,
     request_specs,
+    security_groups,
     server_groups,
 )
 from shared.db.pool import Connection
@@ -104,6 +105,14 @@ async def server_view(
         host_statuses=statuses,
         node_zones={
             (s.node.host, s.node.hypervisor_hostname): s.node.availability_zone for s in states
+        },
+        security_groups={
+            uuid: [group.name for group in found]
+            for uuid, found in (
+                await security_groups.of_instances(
+                    conn, {instance.uuid: instance.project_id for instance in shown}
+                )
+            ).items()
         },
         addresses=with_forwards(
             await fixed_ips.for_instances(conn, [instance.uuid for instance in shown]),

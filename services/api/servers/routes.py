@@ -219,7 +219,7 @@ async def create(
     if server.return_reservation_id:
         return {"reservation_id": created[0].reservation_id}
     response.headers["Location"] = links.compute("servers", str(created[0].uuid))
-    return {"server": created_body(created[0], links, fields.admin_pass)}
+    return {"server": created_body(created[0], links, fields.admin_pass, fields.security_groups)}
 
 
 @router.delete("/{server_id}", status_code=204, response_class=Response)

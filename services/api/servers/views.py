@@ -77,7 +77,6 @@ TASK_STATUS_FILTERS: dict[str, tuple[str, ...]] = {
 }
 
 _PROGRESS = {"BUILD": 0, "ACTIVE": 100}
-_DEFAULT_SECURITY_GROUPS = ({"name": "default"},)
 
 
 def server_status(vm_state: str, task_state: str | None = None) -> str:
@@ -97,13 +96,17 @@ def instance_name(instance: Instance) -> str:
     return f"instance-{instance.id:08x}"
 
 
-def created_body(instance: Instance, links: Links, admin_pass: str) -> dict[str, Any]:
-    """The answer to a create: enough to find the new server, and its admin password."""
+def created_body(
+    instance: Instance, links: Links, admin_pass: str, groups: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The answer to a create: enough to find the new server, its security groups (the
+    ones asked for, else ``default``) and its admin password."""
+    names = ["default"] if groups is None else list(groups)
     return {
         "id": str(instance.uuid),
         "links": links.resource("servers", str(instance.uuid)),
         "OS-DCF:diskConfig": "MANUAL",
-        "security_groups": [dict(group) for group in _DEFAULT_SECURITY_GROUPS],
+        "security_groups": [{"name": name} for name in names],
         "adminPass": admin_pass,
     }
 
@@ -155,6 +158,9 @@ class ServerView:
     node_zones: Mapping[tuple[str, str], str] = field(default_factory=dict)
     #: instance → the fixed addresses it holds.
     addresses: Mapping[UUID, Sequence[FixedIp]] = field(default_factory=dict)
+    #: instance → the names of the security groups it is in; a server missing here is
+    #: shown in its project's ``default`` group.
+    security_groups: Mapping[UUID, Sequence[str]] = field(default_factory=dict)
     #: instance → the server group it is in (read for 2.71 and later only).
     groups: Mapping[UUID, UUID] = field(default_factory=dict)
     #: instance → what its create asked for: the zone it is pinned to and its scheduler
@@ -248,7 +254,7 @@ class ServerView:
         extended attributes (no ``OS-EXT-*`` keys, no admin fields)."""
         body = self._base(instance)
         for name in _NOT_IN_UPDATE:
-            del body[name]
+            body.pop(name, None)
         body["addresses"] = addresses_body(self.addresses.get(instance.uuid, ()), extended=False)
         fault = self.fault(instance)
         if fault is not None:
@@ -273,6 +279,14 @@ class ServerView:
         return body
 
     def _base(self, instance: Instance) -> dict[str, Any]:
+        """The fields every view shows; ``security_groups`` only when the server is in
+        one, as Nova leaves the key out for a server in none."""
+        body = self._fields(instance)
+        if not body["security_groups"]:
+            del body["security_groups"]
+        return body
+
+    def _fields(self, instance: Instance) -> dict[str, Any]:
         return {
             **self.summary(instance),
             "status": server_status(instance.vm_state, instance.task_state),
@@ -296,7 +310,9 @@ class ServerView:
             "OS-EXT-STS:power_state": instance.power_state,
             "OS-SRV-USG:launched_at": naive_isotime(instance.launched_at),
             "OS-SRV-USG:terminated_at": naive_isotime(instance.terminated_at),
-            "security_groups": [dict(group) for group in _DEFAULT_SECURITY_GROUPS],
+            "security_groups": [
+                {"name": name} for name in self.security_groups.get(instance.uuid, ["default"])
+            ],
             "os-extended-volumes:volumes_attached": [],
         }
 

@@ -16,9 +16,9 @@ from shared.objects.network import mac_address
 pytestmark = pytest.mark.functional
 
 
-async def allocate(pool: asyncpg.Pool, network: NetworkSettings, **kwargs: str) -> str:
+async def allocate(pool: asyncpg.Pool, network: NetworkSettings, address: str | None = None) -> str:
     async with pool.acquire() as conn:
-        held = await fixed_ips.allocate(conn, network, uuid.uuid4(), **kwargs)
+        held = await fixed_ips.allocate(conn, network, uuid.uuid4(), address=address)
     return held.address
 
 

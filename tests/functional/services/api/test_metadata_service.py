@@ -124,3 +124,32 @@ async def test_unsigned_badly_signed_and_unknown_requests_learn_nothing(
         assert "s3cr3t" not in answer.text
         with pytest.raises(json.JSONDecodeError):
             json.loads(answer.text)
+
+
+async def test_network_data_lists_every_address_in_the_order_asked(
+    client: httpx.AsyncClient,
+    db_pool: asyncpg.Pool,
+    conductor: Recorder,
+    metadata: httpx.AsyncClient,
+) -> None:
+    await add_image(db_pool)
+    networks = []
+    for name, cidr in (("left", "10.120.0.0/24"), ("right", "10.121.0.0/24")):
+        made = await client.post(
+            "/network/v2.0/networks", headers=MEMBER, json={"network": {"name": name}}
+        )
+        subnet = {"subnet": {"network_id": made.json()["network"]["id"], "cidr": cidr}}
+        assert (await client.post("/network/v2.0/subnets", headers=MEMBER, json=subnet)).is_success
+        networks.append(made.json()["network"]["id"])
+    server_id = await new_server(
+        client, "multi", networks=[{"uuid": networks[1]}, {"uuid": networks[0]}]
+    )
+    data = (
+        await metadata.get("/openstack/latest/network_data.json", headers=signed(server_id))
+    ).json()
+    shown = await client.get(f"/v2.1/servers/{server_id}/ips", headers=MEMBER)
+    right, left = shown.json()["addresses"]["right"][0], shown.json()["addresses"]["left"][0]
+    assert [n["ip_address"] for n in data["networks"]] == [right["addr"], left["addr"]]
+    assert [n["network_id"] for n in data["networks"]] == [networks[1], networks[0]]
+    assert [n["netmask"] for n in data["networks"]] == ["255.255.255.0"] * 2
+    assert len({link["ethernet_mac_address"] for link in data["links"]}) == 2

@@ -1,4 +1,5 @@
-"""The read-only Networking API: keel's pool as a shared external network, addresses as ports."""
+"""The Networking API's configured network: keel's pool as a shared external network, addresses
+as ports."""
 
 from __future__ import annotations
 
@@ -103,8 +104,11 @@ async def test_bad_requests_are_refused(client: httpx.AsyncClient) -> None:
     assert unknown.status_code == 400
     assert "colour" in unknown.json()["NeutronError"]["message"]
     assert (await client.get(f"{BASE}/networks")).status_code == 401
-    refused = await client.post(f"{BASE}/networks", headers=ADMIN, json={"network": {}})
-    assert refused.status_code == 405
+    refused = await client.post(f"{BASE}/networks", headers=ADMIN, json={"network": []})
+    assert refused.status_code == 400
+    assert refused.json()["NeutronError"]["type"] == "HTTPBadRequest"
+    floating = await client.post(f"{BASE}/floatingips", headers=ADMIN, json={})
+    assert floating.status_code == 405
 
 
 async def test_quotas_are_shown_and_cannot_be_changed(
@@ -115,10 +119,14 @@ async def test_quotas_are_shown_and_cannot_be_changed(
     await create(client)
 
     quota = (await get(client, "quotas/team"))["quota"]
-    assert (quota["network"], quota["port"]) == (0, -1)
+    assert (quota["network"], quota["port"], quota["floatingip"]) == (-1, -1, 0)
     assert (await get(client, "quotas/team.json"))["quota"] == quota
+    made = await client.post(f"{BASE}/networks", headers=MEMBER, json={"network": {"name": "n"}})
+    assert made.status_code == 201
     details = (await get(client, "quotas/team/details.json"))["quota"]
     assert details["port"] == {"limit": -1, "used": 1, "reserved": 0}
+    assert details["network"]["used"] == 1
+    assert details["security_group"]["used"] == 1
     assert (await get(client, "quotas/elsewhere/details", OTHER_MEMBER))["quota"]["port"][
         "used"
     ] == 0

@@ -97,15 +97,18 @@ def test_networks_none_auto_omitted_or_the_network_by_id() -> None:
     assert [a.fixed_ip for a in named.addresses] == ["10.0.3.4"]
 
 
-def test_networks_keel_does_not_have_are_refused_as_nova_words_it() -> None:
-    other = str(uuid.uuid4())
-    assert refused(networks=[{"uuid": other}]) == f"Network {other} could not be found."
+def test_ports_and_malformed_networks_are_refused_as_nova_words_it() -> None:
     port = str(uuid.uuid4())
     assert refused(networks=[{"port": port}]) == f"Port {port} could not be found."
     assert refused(networks=[{"uuid": "nope"}]).startswith("Bad networks format")
     assert refused(networks=[{"fixed_ip": "10.0.0.9"}]) == "Bad network format: missing 'uuid'"
-    twice = [{"uuid": str(NETWORK.network_id)}] * 2
-    assert "one address per network" in refused(networks=twice)
+
+
+def test_each_network_entry_asks_for_one_address_in_order() -> None:
+    other = uuid.uuid4()
+    listed = [{"uuid": str(NETWORK.network_id)}, {"uuid": str(other)}, {"uuid": str(other)}]
+    wanted = prepared(networks=listed).addresses
+    assert [a.network_id for a in wanted] == [NETWORK.network_id, other, other]
 
 
 def test_interface_tags_need_2_32_or_2_42() -> None:
