@@ -5,12 +5,14 @@ the proxy's shapes (:mod:`services.api.views.compute_images`): ``GET /images`` a
 ``/images/detail`` (filters ``name``, ``status``, ``minRam``, ``minDisk``, ``server``,
 ``type``, ``changes-since``; ``limit``/``marker``; hidden images are left out, as the
 Image API leaves them out by default), ``GET /images/{id}``, and
-``DELETE /images/{id}`` (204; admins, as keel's Image API allows). From 2.36 every one
-of them is a 404 that points at ``/image/v2/images``.
+``DELETE /images/{id}`` (204; admins and the image's owner, as keel's Image API allows;
+its data goes too). From 2.36 every one of them is a 404 that points at
+``/image/v2/images``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime
 from typing import Any
@@ -20,10 +22,11 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.datastructures import QueryParams
 
 from services.api.http.auth import Context
-from services.api.http.deps import DbPool, RequestLinks
+from services.api.http.deps import AppSettings, DbPool, RequestLinks
 from services.api.http.faults import BadRequest, Forbidden, ItemNotFound
 from services.api.http.paging import next_marker, page_request, take_page
 from services.api.http.query import timestamp
+from services.api.resources.image_store import remove_data
 from services.api.resources.images import can_see, compute_proxy_gone
 from services.api.servers.lookup import last_segment
 from services.api.views.compute_images import image_detail, image_summary, images_page
@@ -124,14 +127,17 @@ async def show_image(
 
 
 @router.delete("/{image_id}", status_code=204, response_class=Response)
-async def delete_image(image_id: str, pool: DbPool, ctx: Context) -> Response:
+async def delete_image(
+    image_id: str, pool: DbPool, ctx: Context, settings: AppSettings
+) -> Response:
     image = await _visible(pool, ctx, image_id)
-    if not ctx.is_admin:
+    if not (ctx.is_admin or image.owner == ctx.project_id):
         raise Forbidden("You are not allowed to delete the image.")
     try:
         async with pool.acquire() as conn:
             await images_db.delete(conn, image.id)
     except ImageNotFound:
         raise ItemNotFound("Image not found.") from None
+    await asyncio.to_thread(remove_data, settings.images.store_dir, image.id)
     LOG.info("image %s deleted through the compute API", image.id)
     return Response(status_code=204)

@@ -4,7 +4,8 @@ Served under ``/image/v2/images``; the compute API's own image routes below 2.36
 :mod:`services.api.resources.image_proxy`. Members see public
 and community images and their own project's; admins see every image and register
 (``POST``, created ``queued`` as in Glance: ``active`` once its data is uploaded, see
-:mod:`.image_data`; public unless asked otherwise) or delete them. Lists
+:mod:`.image_data`; public unless asked otherwise) or delete them; an image's owner
+(a server snapshot's project) deletes it too. Lists
 leave out hidden images (``os_hidden``) unless asked for them with ``os_hidden=true``.
 """
 
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from services.api.http.auth import AdminContext, Context
 from services.api.http.bounds import Int4
 from services.api.http.deps import AppSettings, DbPool, Version
-from services.api.http.faults import BadRequest, ItemNotFound
+from services.api.http.faults import BadRequest, Forbidden, ItemNotFound
 from services.api.http.paging import next_marker, page_request, take_page
 from services.api.resources.image_store import remove_data
 from services.api.views.images import IMAGES_PATH, image_view, images_body
@@ -191,11 +192,16 @@ async def create_image(
 
 @router.delete("/images/{image_id}", status_code=204, response_class=Response)
 async def delete_image(
-    image_id: str, pool: DbPool, ctx: AdminContext, settings: AppSettings
+    image_id: str, pool: DbPool, ctx: Context, settings: AppSettings
 ) -> Response:
     try:
         wanted = UUID(image_id)
         async with pool.acquire() as conn:
+            image = await images_db.get(conn, wanted)
+            if not can_see(ctx, image):
+                raise ImageNotFound(image_id)
+            if not (ctx.is_admin or image.owner == ctx.project_id):
+                raise Forbidden(f"You are not permitted to delete image {image_id}.")
             await images_db.delete(conn, wanted)
     except (ValueError, ImageNotFound):
         raise _not_found(image_id) from None

@@ -26,7 +26,15 @@ from services.api.http.deps import (
 from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
-from services.api.servers import console, locks, rebuild, reset_state, resize, soft_delete
+from services.api.servers import (
+    console,
+    locks,
+    rebuild,
+    reset_state,
+    resize,
+    snapshot,
+    soft_delete,
+)
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
@@ -218,6 +226,20 @@ async def _rebuild(call: ActionCall) -> Response | None:
     return JSONResponse(body, status_code=202)
 
 
+async def _create_image(call: ActionCall) -> Response | None:
+    return await snapshot.create_image(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        links=call.links,
+        instance=call.instance,
+        value=call.value,
+    )
+
+
 async def _reset_state(call: ActionCall) -> Response | None:
     await reset_state.reset_state(call.pool, ctx=call.ctx, instance=call.instance, value=call.value)
     return None
@@ -270,6 +292,7 @@ ACTIONS: dict[str, Handler] = {
     REVERT_ACTION: _revert_resize,
     console.ACTION: _console_output,
     rebuild.ACTION: _rebuild,
+    snapshot.ACTION: _create_image,
     reset_state.ACTION: _reset_state,
     locks.LOCK: _lock,
     locks.UNLOCK: _unlock,

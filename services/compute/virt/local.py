@@ -108,6 +108,15 @@ class LocalDriver:
         """A local guest's disk holds no data: the destination makes its own."""
         return None
 
+    async def snapshot(self, instance_uuid: UUID, target: Path, disk_format: str) -> None:
+        """The guest's disk file, copied as it is (its holes kept where the file system
+        can): a local guest's disk is raw whatever format the image says."""
+        await asyncio.to_thread(self._snapshot, instance_uuid, target)
+
+    def _snapshot(self, instance_uuid: UUID, target: Path) -> None:
+        disk = self._guest(instance_uuid) / DISK_FILE
+        shutil.copyfile(disk, target)
+
     async def destroy(self, instance_uuid: UUID) -> None:
         await asyncio.to_thread(self._destroy, instance_uuid)
 

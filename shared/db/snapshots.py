@@ -1,0 +1,128 @@
+"""The rows of a server snapshot (``createImage``): the server's task and its image.
+
+keel-api begins a snapshot in one transaction: the server's task ``image_snapshot`` (a
+compare-and-swap from one of :data:`~shared.objects.transitions.SNAPSHOTTABLE` with no
+task) and the image, ``queued`` and owned by the server's project. The agent's upload
+moves the task on (``image_pending_upload`` when it arrives, ``image_uploading`` once
+its data streams) and makes the image ``active`` once whole; the agent's result ends the
+task. A snapshot that fails, is withdrawn or overruns the task deadline leaves no image:
+the unfinished one is killed (``killed`` and deleted, as Glance shows a failed upload).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from shared.db import images
+from shared.db.instances import begin_task, finish_task
+from shared.db.pool import Connection
+from shared.objects import transitions
+from shared.objects.image import Image
+from shared.objects.instance import Instance
+from shared.objects.states import SNAPSHOT_TASKS, TaskState, VmState
+
+#: The vm states a snapshot starts from (with no task), as in Nova.
+SNAPSHOTTABLE = tuple(VmState(vm) for vm in transitions.SNAPSHOTTABLE)
+
+#: The image properties that mark an image as a server's snapshot.
+IMAGE_TYPE = "snapshot"
+
+
+async def begin(
+    conn: Connection,
+    instance_uuid: UUID,
+    *,
+    image_id: UUID,
+    name: str,
+    owner: str,
+    disk_format: str,
+    min_disk: int,
+    min_ram: int,
+    properties: dict[str, Any],
+) -> tuple[Instance, Image] | None:
+    """Start the snapshot: the task and the ``queued`` image; ``None`` if the swap was lost
+    (the server is in another state, or has a task: the caller answers 409)."""
+    instance = await begin_task(
+        conn, instance_uuid, TaskState.IMAGE_SNAPSHOT, vm_states=SNAPSHOTTABLE
+    )
+    if instance is None:
+        return None
+    image = await images.create(
+        conn,
+        image_id=image_id,
+        name=name,
+        disk_format=disk_format,
+        container_format="bare",
+        min_disk=min_disk,
+        min_ram=min_ram,
+        owner=owner,
+        visibility="private",
+        properties=properties,
+        status="queued",
+    )
+    return instance, image
+
+
+async def withdraw(conn: Connection, instance_uuid: UUID) -> bool:
+    """Undo :func:`begin` while no agent has moved the snapshot on: the task cleared and
+    the image killed. False if the task already moved on."""
+    done = await finish_task(conn, instance_uuid, (TaskState.IMAGE_SNAPSHOT,))
+    if done is None:
+        return False
+    await kill_unfinished(conn, instance_uuid)
+    return True
+
+
+async def advance(conn: Connection, instance_uuid: UUID, task: TaskState) -> bool:
+    """Move the snapshot's task forward to ``task`` (never back); False if the server is
+    not in an earlier snapshot task (its snapshot ended, or it is gone)."""
+    order = [t.value for t in SNAPSHOT_TASKS]
+    earlier = order[: order.index(task.value)]
+    for before in earlier:
+        transitions.require_task_change(before, task.value, vm_states=transitions.SNAPSHOTTABLE)
+    row = await conn.fetchrow(
+        """UPDATE instances SET task_state = $2, updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND task_state = ANY($3::text[])
+        RETURNING uuid""",
+        instance_uuid,
+        task.value,
+        earlier,
+    )
+    return row is not None
+
+
+async def end(conn: Connection, instance_uuid: UUID) -> Instance | None:
+    """End the snapshot's task (the vm state unchanged); ``None`` if it was not in one."""
+    return await finish_task(conn, instance_uuid, SNAPSHOT_TASKS)
+
+
+async def kill_unfinished(conn: Connection, instance_uuid: UUID) -> list[UUID]:
+    """Kill the server's snapshot images that have no data yet (``queued``, ``saving``):
+    ``killed`` and deleted. Their ids."""
+    rows = await conn.fetch(
+        """UPDATE images SET status = 'killed', deleted_at = now(), upload_token = NULL,
+                             updated_at = now()
+            WHERE deleted_at IS NULL AND status IN ('queued', 'saving')
+              AND properties->>'image_type' = $2 AND properties->>'instance_uuid' = $1
+        RETURNING id""",
+        str(instance_uuid),
+        IMAGE_TYPE,
+    )
+    return [row["id"] for row in rows]
+
+
+async def snapshot_of(conn: Connection, image_id: UUID) -> UUID | None:
+    """The server an image is a snapshot of, if it is one."""
+    row = await conn.fetchrow(
+        """SELECT properties->>'instance_uuid' AS instance_uuid FROM images
+            WHERE id = $1 AND properties->>'image_type' = $2""",
+        image_id,
+        IMAGE_TYPE,
+    )
+    if row is None or row["instance_uuid"] is None:
+        return None
+    try:
+        return UUID(row["instance_uuid"])
+    except ValueError:
+        return None
