@@ -30,7 +30,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, BinaryIO
 from uuid import UUID
 
 import asyncpg
@@ -186,23 +186,30 @@ async def _receive(
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"Image exceeds the storage quota of {limit} bytes.")
-            md5.update(chunk)
-            sha512.update(chunk)
             pending += chunk
             if len(pending) >= CHUNK:
-                await asyncio.to_thread(out.write, bytes(pending))
+                # Hashing and writing a block happen off the event loop: a large upload
+                # must not stall every other request keel-api serves.
+                await asyncio.to_thread(_take, bytes(pending), out, md5, sha512)
                 pending.clear()
             if time.monotonic() - touched > TOUCH_EVERY:
                 async with pool.acquire() as conn:
                     if not await images_db.touch_upload(conn, image_id, token):
                         raise ConflictingRequest(f"Image {image_id} was taken by another upload.")
                 touched = time.monotonic()
-        await asyncio.to_thread(out.write, bytes(pending))
+        await asyncio.to_thread(_take, bytes(pending), out, md5, sha512)
         await asyncio.to_thread(out.flush)
         await asyncio.to_thread(os.fsync, out.fileno())
     finally:
         await asyncio.to_thread(out.close)
     return size, md5.hexdigest(), sha512.hexdigest()
+
+
+def _take(block: bytes, out: BinaryIO, *digests: Any) -> None:
+    """Hash a block of an upload and write it (in a thread)."""
+    for digest in digests:
+        digest.update(block)
+    out.write(block)
 
 
 def _stream(image: Image, store: Path) -> Response:

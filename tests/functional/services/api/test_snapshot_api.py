@@ -144,7 +144,7 @@ def upload_path(url: str) -> str:
 
 
 async def test_a_snapshot_is_recorded_uploaded_by_its_agent_and_ended_by_its_result(
-    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agent: SnapshotRecorder
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agent: SnapshotRecorder, settings: Settings
 ) -> None:
     server_id = await server_on(client, db_pool, agent, "snap-a")
 
@@ -181,7 +181,8 @@ async def test_a_snapshot_is_recorded_uploaded_by_its_agent_and_ended_by_its_res
     assert again.status_code == 409
     assert "task_state image_snapshot" in again.text
 
-    data = b"disk bytes " * 1000
+    data = b"disk bytes " * 200_000  # more than keel-api takes in any other body
+    assert len(data) > settings.api.max_body_bytes
     put = await client.put(upload_path(req.upload_url), content=data)
 
     assert put.status_code == 204, put.text
