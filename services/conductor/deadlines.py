@@ -110,6 +110,15 @@ class TaskDeadline:
                     f"timed out: no agent finished it within {self.timeout:g}s "
                     "(KEEL_TASK_TIMEOUT); the power state follows the host's next report",
                 )
+            abandoned = await snapshots.kill_abandoned(conn, self.timeout)
+        for image_id in abandoned:
+            LOG.warning(
+                "snapshot image %s still had no data %gs after it was made, and its server "
+                "is no longer taking a snapshot: killed",
+                image_id,
+                self.timeout,
+                extra={"decision": "snapshot_abandoned"},
+            )
         for row in rows:
             LOG.warning(
                 "task %s of server %s did not finish within %gs: cleared; its power state "

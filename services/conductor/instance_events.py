@@ -163,11 +163,14 @@ async def _for_the_current_copy(pool: asyncpg.Pool, req: InstanceBuildResult) ->
 
 
 async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
-    """Release the instance's claims and addresses, soft-delete it, close its delete action."""
+    """Release the instance's claims and addresses, soft-delete it, close its delete
+    action, kill the image of a snapshot it was taking."""
     async with pool.acquire() as conn, conn.transaction():
         released = await allocations.release_instance(conn, instance_uuid)
         deleted = await instances.soft_delete(conn, instance_uuid)
         await fixed_ips.release(conn, instance_uuid)
+        # A snapshot the delete cut short (its agent will not take it now) leaves no image.
+        await snapshots.kill_unfinished(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION)
     if deleted or released:
         LOG.info(

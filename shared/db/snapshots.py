@@ -25,7 +25,8 @@ from shared.objects.states import SNAPSHOT_TASKS, TaskState, VmState
 #: The vm states a snapshot starts from (with no task), as in Nova.
 SNAPSHOTTABLE = tuple(VmState(vm) for vm in transitions.SNAPSHOTTABLE)
 
-#: The image properties that mark an image as a server's snapshot.
+#: What a server snapshot's ``image_type`` property says (the request's metadata may
+#: say otherwise, as in Nova: a snapshot is known by its ``instance_uuid``).
 IMAGE_TYPE = "snapshot"
 
 
@@ -104,10 +105,9 @@ async def kill_unfinished(conn: Connection, instance_uuid: UUID) -> list[UUID]:
         """UPDATE images SET status = 'killed', deleted_at = now(), upload_token = NULL,
                              updated_at = now()
             WHERE deleted_at IS NULL AND status IN ('queued', 'saving')
-              AND properties->>'image_type' = $2 AND properties->>'instance_uuid' = $1
+              AND properties->>'instance_uuid' = $1
         RETURNING id""",
         str(instance_uuid),
-        IMAGE_TYPE,
     )
     return [row["id"] for row in rows]
 
@@ -115,10 +115,8 @@ async def kill_unfinished(conn: Connection, instance_uuid: UUID) -> list[UUID]:
 async def snapshot_of(conn: Connection, image_id: UUID) -> UUID | None:
     """The server an image is a snapshot of, if it is one."""
     row = await conn.fetchrow(
-        """SELECT properties->>'instance_uuid' AS instance_uuid FROM images
-            WHERE id = $1 AND properties->>'image_type' = $2""",
+        """SELECT properties->>'instance_uuid' AS instance_uuid FROM images WHERE id = $1""",
         image_id,
-        IMAGE_TYPE,
     )
     if row is None or row["instance_uuid"] is None:
         return None
@@ -126,3 +124,24 @@ async def snapshot_of(conn: Connection, image_id: UUID) -> UUID | None:
         return UUID(row["instance_uuid"])
     except ValueError:
         return None
+
+
+async def kill_abandoned(conn: Connection, older_than: float) -> list[UUID]:
+    """Kill the snapshot images older than ``older_than`` seconds that still wait for
+    their data while their server is no longer taking a snapshot (it was deleted, reset,
+    or its snapshot ended without a result). Their ids."""
+    rows = await conn.fetch(
+        """UPDATE images im SET status = 'killed', deleted_at = now(), upload_token = NULL,
+                                updated_at = now()
+            WHERE im.deleted_at IS NULL AND im.status IN ('queued', 'saving')
+              AND im.properties ? 'instance_uuid'
+              AND im.created_at < now() - make_interval(secs => $1)
+              AND NOT EXISTS (
+                    SELECT 1 FROM instances i
+                     WHERE i.uuid::text = im.properties->>'instance_uuid'
+                       AND i.deleted_at IS NULL AND i.task_state = ANY($2::text[]))
+        RETURNING im.id""",
+        older_than,
+        [task.value for task in SNAPSHOT_TASKS],
+    )
+    return [row["id"] for row in rows]

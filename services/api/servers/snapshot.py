@@ -117,6 +117,8 @@ def snapshot_properties(
             if key in base.properties:
                 properties[key] = str(base.properties[key])
     properties.update(metadata or {})
+    # The image is known as this server's snapshot by it, whatever the metadata says.
+    properties["instance_uuid"] = str(instance.uuid)
     return properties
 
 

@@ -404,3 +404,33 @@ async def test_another_project_cannot_see_or_snapshot_the_server(
 
     assert answer.status_code == 404
     assert await state(db_pool, server_id) == ("active", None)
+
+
+async def test_metadata_may_say_another_image_type_and_the_snapshot_still_completes(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agent: SnapshotRecorder
+) -> None:
+    """As Nova, the request's metadata goes over the snapshot's properties (Tempest sets
+    ``image_type``); the image is still known as the server's snapshot."""
+    server_id = await server_on(client, db_pool, agent, "snap-typed")
+    body = {"name": "snap", "metadata": {"image_type": "test", "instance_uuid": "forged"}}
+
+    answer = await create_image(client, server_id, body, at("2.45", MEMBER))
+    image_id = answer.json()["image_id"]
+    _, req = await agent.next()
+    put = await client.put(upload_path(req.upload_url), content=b"data")
+    tasks = await client.get(f"/image/v2/images/{image_id}/tasks", headers=MEMBER)
+
+    assert put.status_code == 204, put.text
+    row = await image_row(db_pool, image_id)
+    assert row["status"] == "active"
+    assert (row["properties"]["image_type"], row["properties"]["instance_uuid"]) == (
+        "test",
+        server_id,
+    )
+    assert tasks.json() == {"tasks": []}
+
+
+async def test_a_blank_image_id_is_not_found(client: httpx.AsyncClient) -> None:
+    answer = await client.delete("/v2.1/images/", headers=MEMBER)
+
+    assert answer.status_code == 404, answer.text
