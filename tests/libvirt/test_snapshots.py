@@ -24,6 +24,7 @@ async def cloud(
         yield running
 
 
+@pytest.mark.timeout(300)  # the module's cloud starts within it, and a guest boots
 async def test_a_snapshot_holds_the_guests_data_and_the_guest_runs_on(
     cloud: Cloud, libvirt_uri: str, tmp_path: Path
 ) -> None:
