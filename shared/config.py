@@ -252,6 +252,7 @@ VIRT_OPERATIONS = frozenset(
         "unpause",
         "suspend",
         "resume",
+        "snapshot",
     }
 )
 

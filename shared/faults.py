@@ -28,6 +28,8 @@ POINTS: dict[str, str] = {
     "conductor was not told",
     "compute.rebuild_guest.destroyed": "a rebuild removed the server's old guest; the new "
     "one is not made",
+    "compute.snapshot.before_upload": "a snapshot's data is written on the agent; none of "
+    "it is uploaded",
     "conductor.confirm.after_remove": "the source's copy of a confirmed cold migration is "
     "removed; the record is still confirming and both claims are held",
 }

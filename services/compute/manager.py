@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 from uuid import UUID
 
@@ -42,10 +44,12 @@ from services.compute.rpcapi import (
     RebuildGuest,
     RebuildInstance,
     RemoveMovedGuest,
+    SnapshotInstance,
     StartInstance,
     StopInstance,
     TerminateInstance,
 )
+from services.compute.snapshot_upload import upload
 from services.compute.uptime import host_uptime
 from services.compute.virt.driver import Driver
 from services.conductor.rpcapi import BuildVerdict, ConductorAPI, CopyToken, PowerAction
@@ -344,6 +348,52 @@ class ComputeManager:
                 PowerAction.REBUILD,
                 success=message is None,
                 message=message or "",
+            )
+
+    async def snapshot_instance(self, ctx: RequestContext, req: SnapshotInstance) -> None:
+        """A snapshot: the guest's disk written into the image through the upload URL.
+
+        Taken only while the server's snapshot is under way on this node (any of its
+        steps: a delivery after the agent was cut off mid-upload writes it again; one
+        after the snapshot ended does nothing). The guest is left as it was.
+        """
+        uuid = req.instance_uuid
+        async with self.operations.hold(uuid, "snapshot"):
+            if not await self._taken(
+                ctx, uuid, "snapshot", task="image_snapshot", node=self._node_uuid
+            ):
+                return
+            message: str | None = None
+            try:
+                with tempfile.TemporaryDirectory(prefix="keel-snapshot-") as scratch:
+                    data = Path(scratch) / "disk"
+                    await self._driver.snapshot(uuid, data, req.disk_format)
+                    self._faults.reached("compute.snapshot.before_upload")
+                    size = await asyncio.to_thread(upload, req.upload_url, data)
+            except KeelError as exc:
+                message = exc.message
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                LOG.exception("snapshot of guest %s failed unexpectedly", uuid, extra=_extra(uuid))
+            if message is None:
+                LOG.info(
+                    "guest %s: snapshot written into image %s (%d bytes, %s)",
+                    uuid,
+                    req.image_id,
+                    size,
+                    req.disk_format,
+                    extra=_extra(uuid),
+                )
+            else:
+                LOG.warning(
+                    "snapshot of guest %s into image %s failed: %s",
+                    uuid,
+                    req.image_id,
+                    message,
+                    extra=_extra(uuid),
+                )
+            await self._conductor.instance_action_result(
+                ctx, uuid, PowerAction.SNAPSHOT, success=message is None, message=message or ""
             )
 
     async def _taken(

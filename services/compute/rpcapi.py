@@ -53,6 +53,9 @@ Compute RPC API history:
   and rebuild_guest carry gains ``hostname`` (asked for at create or update time from
   compute API 2.90, or made from the server's name). Left out for an older agent, which
   makes the host name of a config drive from ``display_name``.
+* 1.15 — snapshot_instance (cast): write the guest's disk, in the image's disk format,
+  to the image through a signed upload URL, and report a ``snapshot`` result
+  (conductor 1.16).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ SINCE: dict[str, str] = {
     "rebuild_guest": "1.12",
     "soft_delete_instance": "1.13",
     "restore_instance": "1.13",
+    "snapshot_instance": "1.15",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
@@ -272,6 +276,17 @@ class RebuildGuest(KeelModel):
     instance: InstanceSpec
     #: Leave the new guest shut down (the server was SHUTOFF, and stays so).
     powered_off: bool = False
+
+
+class SnapshotInstance(KeelModel):
+    """Write the guest's disk into image ``image_id`` (1.15) through ``upload_url``."""
+
+    instance_uuid: UUID
+    image_id: UUID
+    #: The format the image's data is written in (``qcow2`` or ``raw``).
+    disk_format: str = "qcow2"
+    #: A signed URL keel-api takes the data on, valid for minutes (``PUT``).
+    upload_url: str
 
 
 class PrepareMigration(KeelModel):
@@ -707,3 +722,8 @@ class ComputeAPI:
         await self._cast_since(
             ctx, service_uuid, "restore_instance", GuestAction(instance_uuid=instance_uuid)
         )
+
+    async def snapshot_instance(
+        self, ctx: RequestContext, service_uuid: UUID, req: SnapshotInstance
+    ) -> None:
+        await self._cast_since(ctx, service_uuid, "snapshot_instance", req)

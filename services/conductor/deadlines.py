@@ -16,11 +16,11 @@ the others), so one of them wins and the rest find it done. A pass:
   (:mod:`services.conductor.moves.held`): sent on;
 * **soft-deleted servers** older than ``KEEL_RECLAIM_INSTANCE_INTERVAL``
   (:mod:`services.conductor.reclaim`): deleted for good;
-* **every other task** — stop, start, reboot, delete, rebuild, soft delete, restore —
-  past ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a server still
-  building goes back to its build's task, which the build deadline ends; a rebuild ends
-  in ERROR) and its instance action recorded as timed out; the power state follows the
-  agent's next guest report.
+* **every other task** — stop, start, reboot, delete, rebuild, soft delete, restore,
+  snapshot — past ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a
+  server still building goes back to its build's task, which the build deadline ends; a
+  rebuild ends in ERROR; a snapshot's unfinished image is killed) and its instance
+  action recorded as timed out; the power state follows the agent's next guest report.
 
 A deadline of 0 disables that one.
 """
@@ -40,8 +40,8 @@ from services.conductor.moves.sweep import MigrationSweep
 from services.conductor.reclaim import SoftDeleteReclaim
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
-from shared.db import instance_actions
-from shared.objects.states import TaskState
+from shared.db import instance_actions, snapshots
+from shared.objects.states import SNAPSHOT_TASKS, TaskState
 
 LOG = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ TASK_ACTIONS: dict[TaskState, str] = {
     # restore that overran leaves it soft-deleted: either may be asked for again.
     TaskState.SOFT_DELETING: "delete",
     TaskState.RESTORING: "restore",
+    # A snapshot that overran leaves the server as it was; its image is killed.
+    TaskState.IMAGE_SNAPSHOT: "createImage",
+    TaskState.IMAGE_PENDING_UPLOAD: "createImage",
+    TaskState.IMAGE_UPLOADING: "createImage",
 }
 
 
@@ -97,6 +101,8 @@ class TaskDeadline:
                 self.timeout,
             )
             for row in rows:
+                if TaskState(row["task_state"]) in SNAPSHOT_TASKS:
+                    await snapshots.kill_unfinished(conn, row["uuid"])
                 await instance_actions.finish(
                     conn,
                     row["uuid"],
@@ -104,6 +110,15 @@ class TaskDeadline:
                     f"timed out: no agent finished it within {self.timeout:g}s "
                     "(KEEL_TASK_TIMEOUT); the power state follows the host's next report",
                 )
+            abandoned = await snapshots.kill_abandoned(conn, self.timeout)
+        for image_id in abandoned:
+            LOG.warning(
+                "snapshot image %s still had no data %gs after it was made, and its server "
+                "is no longer taking a snapshot: killed",
+                image_id,
+                self.timeout,
+                extra={"decision": "snapshot_abandoned"},
+            )
         for row in rows:
             LOG.warning(
                 "task %s of server %s did not finish within %gs: cleared; its power state "

@@ -34,11 +34,12 @@ from shared.db import (
     instances,
     placement,
     rebuilds,
+    snapshots,
 )
 from shared.db.pool import Connection
 from shared.objects.compute_node import ComputeNode
 from shared.objects.instance import Instance
-from shared.objects.states import PowerState, TaskState, VmState
+from shared.objects.states import SNAPSHOT_TASKS, PowerState, TaskState, VmState
 from shared.versions import COPY_TOKENS_VERSION
 
 LOG = logging.getLogger(__name__)
@@ -162,11 +163,14 @@ async def _for_the_current_copy(pool: asyncpg.Pool, req: InstanceBuildResult) ->
 
 
 async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
-    """Release the instance's claims and addresses, soft-delete it, close its delete action."""
+    """Release the instance's claims and addresses, soft-delete it, close its delete
+    action, kill the image of a snapshot it was taking."""
     async with pool.acquire() as conn, conn.transaction():
         released = await allocations.release_instance(conn, instance_uuid)
         deleted = await instances.soft_delete(conn, instance_uuid)
         await fixed_ips.release(conn, instance_uuid)
+        # A snapshot the delete cut short (its agent will not take it now) leaves no image.
+        await snapshots.kill_unfinished(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION)
     if deleted or released:
         LOG.info(
@@ -276,8 +280,11 @@ async def take_request(pool: asyncpg.Pool, req: TakeRequest) -> RequestTaken:
     """
     async with pool.acquire() as conn:
         if req.task is not None and req.node_uuid is not None:
+            # A snapshot's request is current through all its steps: delivered again
+            # after its agent was cut off mid-upload, it is taken and written again.
+            steps = [t.value for t in SNAPSHOT_TASKS] if req.task in SNAPSHOT_TASKS else req.task
             proceed = await instance_actions.take_current(
-                conn, req.instance_uuid, req.request_id, req.task, req.node_uuid
+                conn, req.instance_uuid, req.request_id, steps, req.node_uuid
             )
             if not proceed:
                 LOG.info(
@@ -316,6 +323,9 @@ async def record_action_result(pool: asyncpg.Pool, req: InstanceActionResult) ->
     """
     if req.action is PowerAction.REBUILD:
         await _record_rebuild_result(pool, req)
+        return
+    if req.action is PowerAction.SNAPSHOT:
+        await _record_snapshot_result(pool, req)
         return
     tasks, vm_state, power_state = _POWER_OUTCOMES[req.action]
     extra = {"instance_uuid": str(req.instance_uuid)}
@@ -379,4 +389,44 @@ async def _record_rebuild_result(pool: asyncpg.Pool, req: InstanceActionResult) 
             req.instance_uuid,
             req.message,
             extra={**extra, "decision": "rebuild_failed"},
+        )
+
+
+#: The instance action a snapshot is recorded as (Nova's name).
+SNAPSHOT_ACTION = "createImage"
+
+
+async def _record_snapshot_result(pool: asyncpg.Pool, req: InstanceActionResult) -> None:
+    """End a snapshot as the agent reports it went: the server's task cleared (its vm
+    state as it was); a failure kills the image it was writing. A compare-and-swap on
+    the task: repeated, it changes nothing."""
+    extra = {"instance_uuid": str(req.instance_uuid)}
+    async with pool.acquire() as conn, conn.transaction():
+        done = await snapshots.end(conn, req.instance_uuid)
+        killed = [] if req.success else await snapshots.kill_unfinished(conn, req.instance_uuid)
+        if done is None:
+            LOG.info(
+                "ignoring the snapshot result for instance %s: it is no longer taking a "
+                "snapshot (already handled)%s",
+                req.instance_uuid,
+                f"; killed its unfinished image(s) {', '.join(map(str, killed))}" if killed else "",
+                extra=extra,
+            )
+            return
+        await instance_actions.finish(
+            conn, req.instance_uuid, SNAPSHOT_ACTION, None if req.success else req.message
+        )
+    if req.success:
+        LOG.info(
+            "instance %s: snapshot done",
+            req.instance_uuid,
+            extra={**extra, "decision": "snapshot_done"},
+        )
+    else:
+        LOG.warning(
+            "instance %s: snapshot failed (%s); killed its image(s) %s",
+            req.instance_uuid,
+            req.message,
+            ", ".join(map(str, killed)) or "(none left)",
+            extra={**extra, "decision": "snapshot_failed"},
         )

@@ -46,6 +46,9 @@ Conductor RPC API history:
 * 1.15 — instance_action_result may report ``soft_delete`` (the guest of a server deleted
   with soft delete on is off: the server is SOFT_DELETED) and ``restore`` (a restored
   server's guest runs again: ACTIVE); sent at 1.15 only for those.
+* 1.16 — instance_action_result may report ``snapshot`` (the agent wrote the guest's
+  disk into the image, or failed to: the server's snapshot task ends, a failed
+  snapshot's image is killed); sent at 1.16 only for it.
 """
 
 from __future__ import annotations
@@ -238,6 +241,8 @@ class PowerAction(StrEnum):
     #: From conductor RPC 1.15.
     SOFT_DELETE = "soft_delete"
     RESTORE = "restore"
+    #: From conductor RPC 1.16.
+    SNAPSHOT = "snapshot"
 
 
 #: The conductor RPC version that takes each action's result.
@@ -255,6 +260,7 @@ ACTION_RESULT_SINCE: dict[PowerAction, str] = {
     PowerAction.REBUILD: "1.14",
     PowerAction.SOFT_DELETE: "1.15",
     PowerAction.RESTORE: "1.15",
+    PowerAction.SNAPSHOT: "1.16",
 }
 #: The conductor RPC version whose take_request may name the task and node (1.14).
 TAKE_CURRENT_VERSION = "1.14"

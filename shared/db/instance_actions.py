@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from uuid import UUID
 
@@ -91,23 +91,29 @@ async def take(conn: Connection, instance_uuid: UUID, request_id: str) -> bool:
 
 
 async def take_current(
-    conn: Connection, instance_uuid: UUID, request_id: str, task: str, node_uuid: UUID
+    conn: Connection,
+    instance_uuid: UUID,
+    request_id: str,
+    task: str | Sequence[str],
+    node_uuid: UUID,
 ) -> bool:
     """As :func:`take`, but only while the task the request began is still under way:
-    the request has neither ended nor been withdrawn, and the instance is in ``task`` on
-    node ``node_uuid``. False otherwise: a delivery of a request that already ended (or
-    one to a host the instance has left) must change nothing."""
+    the request has neither ended nor been withdrawn, and the instance is in ``task``
+    (or one of several: the steps of one task) on node ``node_uuid``. False otherwise: a
+    delivery of a request that already ended (or one to a host the instance has left)
+    must change nothing."""
+    tasks = [task] if isinstance(task, str) else list(task)
     taken = await conn.fetchval(
         """UPDATE instance_actions a SET taken_at = COALESCE(a.taken_at, now())
              FROM instances i JOIN compute_nodes n ON n.id = i.compute_id
             WHERE a.instance_uuid = $1 AND a.request_id = $2
               AND a.withdrawn_at IS NULL AND a.finish_time IS NULL
-              AND i.uuid = $1 AND i.deleted_at IS NULL AND i.task_state = $3
+              AND i.uuid = $1 AND i.deleted_at IS NULL AND i.task_state = ANY($3::text[])
               AND n.uuid = $4
         RETURNING a.id""",
         instance_uuid,
         request_id,
-        task,
+        tasks,
         node_uuid,
     )
     return taken is not None

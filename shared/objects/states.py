@@ -50,6 +50,19 @@ class TaskState(StrEnum):
     SOFT_DELETING = "soft-deleting"
     #: A soft-deleted server is being restored: the guest is being powered on.
     RESTORING = "restoring"
+    #: A snapshot (``createImage``): asked of the agent, its upload about to begin, then
+    #: the disk's data streaming into the image store (Nova's three names).
+    IMAGE_SNAPSHOT = "image_snapshot"
+    IMAGE_PENDING_UPLOAD = "image_pending_upload"
+    IMAGE_UPLOADING = "image_uploading"
+
+
+#: The tasks of a snapshot, in their order.
+SNAPSHOT_TASKS = (
+    TaskState.IMAGE_SNAPSHOT,
+    TaskState.IMAGE_PENDING_UPLOAD,
+    TaskState.IMAGE_UPLOADING,
+)
 
 
 class PowerState(IntEnum):

@@ -37,6 +37,9 @@ _POWER = {
 #: as Nova deletes a server it cannot soft-delete.
 SOFT_DELETABLE = ("active", "stopped")
 
+#: The vm states a snapshot (``createImage``) starts from, with no task, as in Nova.
+SNAPSHOTTABLE = ("active", "stopped", "paused", "suspended")
+
 
 def _instance_transitions() -> set[tuple[State, State]]:
     allowed: set[tuple[State, State]] = set()
@@ -103,6 +106,15 @@ def _instance_transitions() -> set[tuple[State, State]]:
         add((vm, None), (vm, "rebuild_spawning"))
         add((vm, "rebuild_spawning"), ("stopped" if vm == "stopped" else "active", None))
         add((vm, "rebuild_spawning"), ("error", None), (vm, None))
+    # Snapshot (services/api/servers/snapshot.py): the vm state never changes; the task
+    # goes image_snapshot → image_pending_upload → image_uploading (keel-api, as the
+    # agent's upload arrives) and ends with the agent's result, the task deadline, or a
+    # withdrawal by keel-api (from image_snapshot only).
+    snapshot = ("image_snapshot", "image_pending_upload", "image_uploading")
+    for vm in SNAPSHOTTABLE:
+        add((vm, None), (vm, snapshot[0]))
+        for earlier, task in enumerate(snapshot):
+            add((vm, task), (vm, None), *((vm, later) for later in snapshot[earlier + 1 :]))
     # Cold migration: prepare, copy, then VERIFY_RESIZE; failed → ERROR; no valid host or
     # withdrawn → as it was.
     for vm in ("active", "stopped"):

@@ -63,6 +63,10 @@ MEMBER = {"user_id": "demo", "project_id": "demo-project", "roles": ["member"]}
 OUTAGE_LEASE = 60.0
 
 
+#: The secret a test cloud's keel-api and conductors sign image URLs with.
+IMAGE_URL_SECRET = "e2e-image-url-secret-not-for-production"
+
+
 class CloudError(Exception):
     """The cloud could not be started; the message carries the processes' logs."""
 
@@ -362,6 +366,10 @@ def process_env(cloud: Cloud, tokens: Mapping[str, Mapping[str, Any]]) -> dict[s
         extra={
             "KEEL_FENCING__SELF_FENCE_AFTER": f"{config.self_fence_after:g}",
             "KEEL_FENCING__MARGIN": f"{config.fence_margin:g}",
+            # Signed image URLs (server snapshots' uploads, builds' downloads) and a store
+            # of the cloud's own.
+            "KEEL_IMAGES__URL_SECRET": IMAGE_URL_SECRET,
+            "KEEL_IMAGES__STORE_DIR": str(cloud.workdir / "image-store"),
             **dict(config.env),
         },
     )

@@ -19,7 +19,7 @@
   it is built (but by the rebuild its owner asked for), a move's new copy while the
   move runs, the copy a revert returns to.
 * **I4** at quiescence no task state, no server still building, no move that has not
-  ended.
+  ended, no snapshot image still waiting for its data.
 * **I5** every committed transition is in the state table
   (:mod:`shared.objects.transitions`, which keel's writers of states check too).
 """
@@ -82,6 +82,8 @@ class Snapshot:
     gone_nodes: set[int]
     #: Rows of ``model_transitions`` recorded since the last look, oldest first.
     transitions: list[dict[str, Any]]
+    #: Server snapshots' images still waiting for their data (queued or saving).
+    unfinished_images: int = 0
 
     def moves_of(self, instance: UUID) -> list[Move]:
         return [m for m in self.moves if m.instance == instance]
@@ -121,7 +123,10 @@ SELECT
      FROM compute_nodes) AS nodes,
   (SELECT coalesce(json_agg(row_to_json(d) ORDER BY d.node_id), '[]') FROM ({_DRIFT}) d) AS drift,
   (SELECT coalesce(json_agg(row_to_json(t) ORDER BY t.id), '[]')
-     FROM model_transitions t WHERE t.id > $1) AS transitions
+     FROM model_transitions t WHERE t.id > $1) AS transitions,
+  (SELECT count(*) FROM images
+    WHERE deleted_at IS NULL AND status IN ('queued', 'saving')
+      AND properties ? 'instance_uuid') AS unfinished_images
 """
 
 
@@ -148,6 +153,7 @@ async def snapshot(conn: Connection, transitions_after: int = 0) -> Snapshot:
         node_ids={UUID(u): n for n, u, _ in row["nodes"]},
         gone_nodes={n for n, _, gone in row["nodes"] if gone},
         transitions=[{**t, "subject": UUID(t["subject"])} for t in row["transitions"]],
+        unfinished_images=row["unfinished_images"],
     )
 
 
@@ -385,6 +391,11 @@ def adoption_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
 def quiet_problems(snap: Snapshot, hosts: list[Host]) -> list[str]:
     """I1, I2 and I4 once everything was delivered, every deadline passed and swept."""
     problems = adoption_problems(snap, hosts)
+    if snap.unfinished_images:
+        problems.append(
+            f"I4 {snap.unfinished_images} snapshot image(s) still wait for data that never "
+            "comes (a snapshot that ended, or its server gone, left its image behind)"
+        )
     node_host = {snap.node_ids.get(h.node_uuid): h for h in hosts if h.node_uuid}
     for move in snap.moves:
         # An evacuation away from a host deleted for good stays done: no agent is left to

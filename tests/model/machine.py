@@ -120,6 +120,16 @@ class KeelMachine(MachineBase):
         body = {action: {"name": "default"}}
         self.api(action, "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
+    @rule(i=index, plan=plans)
+    def snapshot(self, i: int, plan: dict[str, Any] | None = None) -> None:
+        """Snapshot a server (createImage), in any state: keel-api refuses what it must.
+        The model's agents reach no keel-api over HTTP, so every upload fails: the
+        snapshot ends failed, its image killed, the server as it was."""
+        if not self.servers:
+            return
+        body = {"createImage": {"name": "snap"}}
+        self.api("snapshot", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
+
     @rule(i=index, action=st.sampled_from(["restore", "forceDelete"]), plan=plans)
     def deferred_delete(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
         """Restore or force-delete a server, soft-deleted or not (os-deferred-delete)."""

@@ -58,6 +58,7 @@ from services.scheduler.main import run_scheduler
 from shared.config import (
     AuthSettings,
     ComputeSettings,
+    ImageSettings,
     NetworkSettings,
     RpcSettings,
     Settings,
@@ -166,6 +167,13 @@ def base_settings(
             tokens={ADMIN_TOKEN: TokenInfo(user_id="root", project_id="ops", roles=["admin"])}
         ),
         network=NetworkSettings(cidr="10.20.0.0/24"),
+        # Snapshots need signed URLs; nothing listens where they point (port 9, discard),
+        # so every upload fails.
+        images=ImageSettings(
+            url_secret="model-image-url-secret",
+            download_url="http://127.0.0.1:9",
+            store_dir=workdir / "image-store",
+        ),
     )
 
 

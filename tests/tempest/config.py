@@ -46,7 +46,7 @@ FEATURES: dict[str, bool] = {
     "stable_rescue": False,
     "enable_instance_password": True,
     "interface_attach": False,
-    "snapshot": False,
+    "snapshot": True,
     "personality": False,
     "attach_encrypted_volume": False,
     "config_drive": False,

@@ -195,8 +195,9 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return receive_again
 
 
-#: Uploads of image data: streamed by their route, never read whole here.
-IMAGE_DATA = re.compile(r"^/image/v2/images/[^/]+/file$")
+#: Uploads of image data (a user's, or an agent's snapshot through its signed URL):
+#: streamed by their route, never read whole here.
+IMAGE_DATA = re.compile(r"^/image/(v2/images/[^/]+/file|upload/[^/]+)$")
 
 
 class InputGuard:

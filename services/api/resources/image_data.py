@@ -15,7 +15,9 @@ is kept only once whole; as in Glance:
   which clients compare), or 204 for an image without data;
 * ``GET /image/download/{id}?expires=..&signature=..`` is how agents fetch data without
   API credentials (:mod:`shared.image_urls`): an expired or forged URL is a 403, logged
-  with the reason.
+  with the reason;
+* ``PUT /image/upload/{id}?expires=..&signature=..`` is how an agent writes a server
+  snapshot's data (:func:`signed_upload`), under the same rules as a ``PUT`` of a user.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, BinaryIO
 from uuid import UUID
 
 import asyncpg
@@ -47,9 +49,12 @@ from services.api.http.faults import (
 from services.api.resources.image_store import UPLOAD_PREFIX, data_path
 from services.api.resources.images import can_see
 from shared import image_urls
+from shared.config import Settings
 from shared.db import images as images_db
+from shared.db import snapshots
 from shared.exceptions import ImageNotFound
 from shared.objects.image import Image
+from shared.objects.states import TaskState
 
 LOG = logging.getLogger(__name__)
 
@@ -84,10 +89,7 @@ async def upload(
         raise ItemNotFound(f"No image found with ID {image_id}")
     if not (ctx.is_admin or image.owner == ctx.project_id):
         raise Forbidden(f"You are not permitted to upload data for image {image_id}.")
-    limit = settings.images.max_size_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"Image exceeds the storage quota: {declared} > {limit} bytes.")
+    _check_declared(request, settings.images.max_size_bytes)
     async with pool.acquire() as conn:
         began = await images_db.begin_upload(conn, image.id)
     if began is None:
@@ -95,13 +97,29 @@ async def upload(
             f"Image {image_id} has data already or is being uploaded (status "
             f"{image.status}); data can only be uploaded to an image without any."
         )
+    await _store(request, pool, settings, image, began)
+    return Response(status_code=204)
+
+
+async def _store(
+    request: Request,
+    pool: asyncpg.Pool,
+    settings: Settings,
+    image: Image,
+    began: tuple[UUID, str],
+    *,
+    started: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Stream the body into the store as the image's data, the upload ``began`` holds;
+    ``started`` is awaited once the first bytes arrive."""
     token, before = began
+    limit = settings.images.max_size_bytes
     store = settings.images.store_dir
     await asyncio.to_thread(store.mkdir, parents=True, exist_ok=True)
     scratch = store / f"{UPLOAD_PREFIX}{image.id}-{secrets.token_hex(4)}"
     try:
         size, md5, sha512 = await _receive(
-            request, scratch, limit, pool=pool, image_id=image.id, token=token
+            request, scratch, limit, pool=pool, image_id=image.id, token=token, started=started
         )
         await asyncio.to_thread(scratch.replace, data_path(store, image.id))
         async with pool.acquire() as conn:
@@ -114,9 +132,15 @@ async def upload(
         raise
     if done is None:
         await asyncio.to_thread(data_path(store, image.id).unlink, missing_ok=True)
-        raise ConflictingRequest(f"Image {image_id} was deleted while its data was uploaded.")
+        raise ConflictingRequest(f"Image {image.id} was deleted while its data was uploaded.")
     LOG.info("image %s has data: %d bytes, md5 %s", image.id, size, md5)
-    return Response(status_code=204)
+
+
+def _check_declared(request: Request, limit: int) -> None:
+    """413 at once when ``Content-Length`` says the body is larger than ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Image exceeds the storage quota: {declared} > {limit} bytes.")
 
 
 async def _abandon(
@@ -148,6 +172,7 @@ async def _receive(
     pool: asyncpg.Pool,
     image_id: UUID,
     token: UUID,
+    started: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[int, str, str]:
     """Stream the body into ``scratch``; its size, MD5 and SHA-512."""
     md5, sha512 = hashlib.md5(usedforsecurity=False), hashlib.sha512()
@@ -155,26 +180,36 @@ async def _receive(
     out = await asyncio.to_thread(scratch.open, "xb")
     try:
         async for chunk in request.stream():
+            if started is not None and chunk:
+                await started()
+                started = None
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"Image exceeds the storage quota of {limit} bytes.")
-            md5.update(chunk)
-            sha512.update(chunk)
             pending += chunk
             if len(pending) >= CHUNK:
-                await asyncio.to_thread(out.write, bytes(pending))
+                # Hashing and writing a block happen off the event loop: a large upload
+                # must not stall every other request keel-api serves.
+                await asyncio.to_thread(_take, bytes(pending), out, md5, sha512)
                 pending.clear()
             if time.monotonic() - touched > TOUCH_EVERY:
                 async with pool.acquire() as conn:
                     if not await images_db.touch_upload(conn, image_id, token):
                         raise ConflictingRequest(f"Image {image_id} was taken by another upload.")
                 touched = time.monotonic()
-        await asyncio.to_thread(out.write, bytes(pending))
+        await asyncio.to_thread(_take, bytes(pending), out, md5, sha512)
         await asyncio.to_thread(out.flush)
         await asyncio.to_thread(os.fsync, out.fileno())
     finally:
         await asyncio.to_thread(out.close)
     return size, md5.hexdigest(), sha512.hexdigest()
+
+
+def _take(block: bytes, out: BinaryIO, *digests: Any) -> None:
+    """Hash a block of an upload and write it (in a thread)."""
+    for digest in digests:
+        digest.update(block)
+    out.write(block)
 
 
 def _stream(image: Image, store: Path) -> Response:
@@ -239,3 +274,57 @@ async def signed_download(
         )
         raise Forbidden(f"This download URL is not valid: {why}.")
     return _stream(await _image(pool, image_id), settings.images.store_dir)
+
+
+@download_router.put(
+    f"{image_urls.UPLOAD_PATH}/{{image_id}}", status_code=204, response_class=Response
+)
+async def signed_upload(
+    image_id: str,
+    request: Request,
+    pool: DbPool,
+    settings: AppSettings,
+    *,
+    expires: Q = None,
+    signature: Q = None,
+) -> Response:
+    """An agent's upload of a server snapshot's data: no token, a signed URL (see
+    :mod:`shared.image_urls`), for an image that is a snapshot still waiting for its data.
+
+    The server's task follows the upload: ``image_pending_upload`` once it is accepted,
+    ``image_uploading`` once its data streams (the agent's result ends the task)."""
+    try:
+        wanted = UUID(image_id)
+    except ValueError:
+        raise Forbidden("This upload URL is not valid.") from None
+    why = image_urls.refusal(settings.images.url_secret, wanted, expires, signature, upload=True)
+    if why is not None:
+        client = request.client.host if request.client else "unknown"
+        LOG.warning(
+            "refused an upload to image %s from %s: %s",
+            image_id,
+            client,
+            why,
+            extra={"decision": "image_upload_refused"},
+        )
+        raise Forbidden(f"This upload URL is not valid: {why}.")
+    image = await _image(pool, image_id)
+    _check_declared(request, settings.images.max_size_bytes)
+    async with pool.acquire() as conn, conn.transaction():
+        instance_uuid = await snapshots.snapshot_of(conn, image.id)
+        if instance_uuid is None:
+            raise Forbidden(f"Image {image_id} is not a server snapshot.")
+        began = await images_db.begin_upload(conn, image.id)
+        if began is not None:
+            await snapshots.advance(conn, instance_uuid, TaskState.IMAGE_PENDING_UPLOAD)
+    if began is None:
+        raise ConflictingRequest(
+            f"Image {image_id} has data already or is being uploaded (status {image.status})."
+        )
+
+    async def streaming() -> None:
+        async with pool.acquire() as conn:
+            await snapshots.advance(conn, instance_uuid, TaskState.IMAGE_UPLOADING)
+
+    await _store(request, pool, settings, image, began, started=streaming)
+    return Response(status_code=204)

@@ -126,6 +126,12 @@ async def show_image(
     return {"image": image_detail(await _visible(pool, ctx, image_id), links)}
 
 
+@router.delete("", status_code=204, response_class=Response)
+async def delete_no_image(ctx: Context) -> Response:
+    """``DELETE /images/`` (a blank id): no such image, as Nova answers it."""
+    raise ItemNotFound("Image not found.")
+
+
 @router.delete("/{image_id}", status_code=204, response_class=Response)
 async def delete_image(
     image_id: str, pool: DbPool, ctx: Context, settings: AppSettings

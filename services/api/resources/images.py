@@ -143,6 +143,13 @@ async def show_image(image_id: str, pool: DbPool, ctx: Context) -> dict[str, Any
     return image_view(image)
 
 
+@router.get("/images/{image_id}/tasks")
+async def image_tasks(image_id: str, pool: DbPool, ctx: Context) -> dict[str, Any]:
+    """The image's import tasks (Image API 2.12): keel runs none, so always none."""
+    await show_image(image_id, pool, ctx)
+    return {"tasks": []}
+
+
 class NewImage(BaseModel):
     """An image registration; extra fields are the image's (string) properties."""
 

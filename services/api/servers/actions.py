@@ -34,6 +34,7 @@ from services.api.servers import (
     reset_state,
     resize,
     security_groups,
+    snapshot,
     soft_delete,
 )
 from services.api.servers.lookup import find_instance
@@ -227,6 +228,20 @@ async def _rebuild(call: ActionCall) -> Response | None:
     return JSONResponse(body, status_code=202)
 
 
+async def _create_image(call: ActionCall) -> Response | None:
+    return await snapshot.create_image(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        links=call.links,
+        instance=call.instance,
+        value=call.value,
+    )
+
+
 async def _reset_state(call: ActionCall) -> Response | None:
     await reset_state.reset_state(call.pool, ctx=call.ctx, instance=call.instance, value=call.value)
     return None
@@ -308,6 +323,7 @@ ACTIONS: dict[str, Handler] = {
     REVERT_ACTION: _revert_resize,
     console.ACTION: _console_output,
     rebuild.ACTION: _rebuild,
+    snapshot.ACTION: _create_image,
     reset_state.ACTION: _reset_state,
     inject_network_info.ACTION: _inject_network_info,
     locks.LOCK: _lock,

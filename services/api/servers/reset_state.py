@@ -25,11 +25,11 @@ import asyncpg
 
 from services.api.http.faults import BadRequest, ConflictingRequest, Forbidden, ItemNotFound
 from shared.context import RequestContext
-from shared.db import instance_actions, instances
+from shared.db import instance_actions, instances, snapshots
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.objects.instance import Instance
-from shared.objects.states import VmState
+from shared.objects.states import SNAPSHOT_TASKS, VmState
 
 LOG = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ async def reset_state(
         changed = await instances.reset_state(conn, instance.uuid, state)
         if changed is None:
             return None
+        if changed[0].task_state in SNAPSHOT_TASKS:
+            # The snapshot's agent will not take it now: its image never gets its data.
+            await snapshots.kill_unfinished(conn, instance.uuid)
         await instance_actions.start(conn, ctx, instance.uuid, INSTANCE_ACTION)
         await instance_actions.finish(conn, instance.uuid, INSTANCE_ACTION)
         return changed

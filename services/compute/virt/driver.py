@@ -11,6 +11,7 @@ state dir; the default) and :mod:`~services.compute.virt.fake` (in memory).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 from uuid import UUID
 
@@ -75,6 +76,12 @@ class Driver(Protocol):
 
     async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
         """Where the (stopped) guest's disk can be copied from; ``None`` if nothing to copy."""
+        ...
+
+    async def snapshot(self, instance_uuid: UUID, target: Path, disk_format: str) -> None:
+        """Write the guest's disk, as it is now, to the new file ``target`` in
+        ``disk_format`` (``qcow2`` or ``raw``); the guest's power state is as it was after.
+        Raises :class:`~shared.exceptions.GuestNotFound` if the guest is not here."""
         ...
 
     async def resize(self, instance_uuid: UUID, flavor: FlavorSnapshot) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from uuid import UUID
 
 from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
@@ -75,6 +76,11 @@ class FakeDriver:
 
     async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
         return None
+
+    async def snapshot(self, instance_uuid: UUID, target: Path, disk_format: str) -> None:
+        """A small deterministic disk: the guest's id and image, and a fixed pattern."""
+        spec = self._guests[self._existing(instance_uuid)]
+        await asyncio.to_thread(target.write_bytes, fake_disk(spec))
 
     async def destroy(self, instance_uuid: UUID) -> None:
         self._guests.pop(instance_uuid, None)
@@ -181,3 +187,9 @@ class FakeDriver:
     def guest(self, instance_uuid: UUID) -> InstanceSpec | None:
         """The spec a guest was built from, or ``None`` if it does not exist."""
         return self._guests.get(instance_uuid)
+
+
+def fake_disk(spec: InstanceSpec) -> bytes:
+    """What the fake driver's snapshot of a guest holds (64 KiB, always the same)."""
+    head = f"keel fake disk of {spec.uuid} from image {spec.image_ref}\n".encode()
+    return (head + bytes(range(256)) * 256)[: 64 * 1024]

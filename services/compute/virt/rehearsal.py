@@ -1,7 +1,7 @@
 """A driver wrapper for tests and rehearsals: guest operations that are slow or fail.
 
 ``KEEL_VIRT__FAIL_OPERATIONS`` names operations (``spawn``, ``rebuild``, ``destroy``,
-``power_off``, ``power_on``, ``reboot``) that raise instead of running, and
+``power_off``, ``power_on``, ``reboot``, ``snapshot``...) that raise instead of running, and
 ``KEEL_VIRT__DELAY_S`` makes every guest operation take that many seconds first. Both
 are for rehearsing failures (an evacuation whose destination cannot rebuild, a source
 host returning while the rebuild is still under way); never set them in production.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from uuid import UUID
 
 from services.compute.rpcapi import GuestDiagnostics, GuestDisk, InstanceSpec
@@ -83,6 +84,10 @@ class RehearsalDriver:
 
     async def migration_disk(self, instance_uuid: UUID) -> GuestDisk | None:
         return await self._driver.migration_disk(instance_uuid)
+
+    async def snapshot(self, instance_uuid: UUID, target: Path, disk_format: str) -> None:
+        await self._rehearse("snapshot", instance_uuid)
+        await self._driver.snapshot(instance_uuid, target, disk_format)
 
     async def destroy(self, instance_uuid: UUID) -> None:
         await self._rehearse("destroy", instance_uuid)

@@ -132,3 +132,22 @@ def grow(disk: Path, root_gb: int) -> None:
         raise BuildFailed(f"qemu-img took longer than {QEMU_IMG_TIMEOUT:g}s") from None
     if done.returncode != 0 and "shrink" not in done.stderr.lower():
         raise BuildFailed(f"qemu-img could not grow {disk} to {root_gb} GiB: {done.stderr}")
+
+
+#: Seconds qemu-img may take to convert a guest's disk for a snapshot.
+CONVERT_TIMEOUT = 1800.0
+
+
+def convert(disk: Path, target: Path, disk_format: str) -> None:
+    """Write ``disk`` (with its backing chain) whole into ``target`` in ``disk_format``."""
+    argv = ["qemu-img", "convert", "-q", "-U", "-O", disk_format, str(disk), str(target)]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=CONVERT_TIMEOUT, check=False
+        )
+    except FileNotFoundError:
+        raise BuildFailed("qemu-img is not installed (Debian: qemu-utils)") from None
+    except subprocess.TimeoutExpired:
+        raise BuildFailed(f"qemu-img took longer than {CONVERT_TIMEOUT:g}s") from None
+    if done.returncode != 0:
+        raise BuildFailed(f"qemu-img could not convert {disk}: {done.stderr.strip()}")

@@ -287,6 +287,26 @@ class LibvirtDriver:
             raise GuestNotFound(f"guest {instance_uuid} has no disk at {disk}")
         return GuestDisk(machine=self.machine, path=str(disk.resolve()))
 
+    async def snapshot(self, instance_uuid: UUID, target: Path, disk_format: str) -> None:
+        """The guest's disk converted (``qemu-img convert``) while its vCPUs are paused (a
+        running guest is resumed after, whatever happened) or while it is off."""
+        dom = await self._domain(instance_uuid)
+        disk = self.guest_dir(instance_uuid) / disks.DISK
+        libvirt = self._conn.libvirt
+
+        def pause(_conn: Any) -> bool:
+            if dom.isActive() and dom.state()[0] != libvirt.VIR_DOMAIN_PAUSED:
+                dom.suspend()
+                return True
+            return False
+
+        paused = await self._conn.run(pause)
+        try:
+            await asyncio.to_thread(disks.convert, disk, target, disk_format)
+        finally:
+            if paused:
+                await self._conn.run(lambda _conn: dom.resume())
+
     async def _build(
         self, spec: InstanceSpec, *, made_by: str, source_disk: GuestDisk | None = None
     ) -> None:
