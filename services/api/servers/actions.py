@@ -26,7 +26,15 @@ from services.api.http.deps import (
 from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
-from services.api.servers import console, locks, rebuild, reset_state, resize, soft_delete
+from services.api.servers import (
+    console,
+    live_migration,
+    locks,
+    rebuild,
+    reset_state,
+    resize,
+    soft_delete,
+)
 from services.api.servers.lookup import find_instance
 from services.api.servers.moves import evacuate, finish_resize, migrate
 from services.api.servers.power import (
@@ -169,6 +177,20 @@ async def _migrate(call: ActionCall) -> Response | None:
     return None
 
 
+async def _live_migrate(call: ActionCall) -> Response | None:
+    await live_migration.live_migrate(
+        call.pool,
+        call.conductor,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
 async def _finish_resize(call: ActionCall, action: str) -> None:
     await finish_resize(
         call.pool,
@@ -265,6 +287,7 @@ ACTIONS: dict[str, Handler] = {
     "reboot": _reboot,
     "evacuate": _evacuate,
     "migrate": _migrate,
+    live_migration.ACTION: _live_migrate,
     resize.ACTION: _resize,
     CONFIRM_ACTION: _confirm_resize,
     REVERT_ACTION: _revert_resize,
