@@ -80,8 +80,8 @@ History:
   carries gains the ``hostname`` the server keeps, asked for from compute API 2.90);
   conductors end an evacuation recorded ``end_stopped`` (compute API 2.95) with the
   server stopped, which keel-api asks for only once every conductor is of this release.
-* 26 (``yardarm``) — live migration: compute 1.15 (``prepare_live_migration``,
-  ``live_migrate``, ``start_live_copy``, ``rollback_live_migration``), conductor 1.16
+* 27 (``yawl``) — live migration: compute 1.16 (``prepare_live_migration``,
+  ``live_migrate``, ``start_live_copy``, ``rollback_live_migration``), conductor 1.17
   (``live_migrate_instance``, ``live_migration_progress``, ``live_migration_switch``).
 """
 
@@ -135,7 +135,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.12", conductor="1.14", scheduler="1.3"),
     ReleaseApis(compute="1.13", conductor="1.15", scheduler="1.3"),
     ReleaseApis(compute="1.14", conductor="1.15", scheduler="1.3"),
-    ReleaseApis(compute="1.15", conductor="1.16", scheduler="1.3"),
+    ReleaseApis(compute="1.16", conductor="1.17", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -171,7 +171,7 @@ RELEASE_NAMES: dict[str, int] = {
     "vang": 23,
     "whipping": 24,
     "xebec": 25,
-    "yardarm": 26,
+    "yawl": 27,
 }
 
 #: The first release whose agents never register without an identity file the

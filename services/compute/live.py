@@ -1,4 +1,4 @@
-"""The agent's side of live migration (compute RPC 1.15; see :mod:`services.compute.live_rpc`).
+"""The agent's side of live migration (compute RPC 1.16; see :mod:`services.compute.live_rpc`).
 
 **Never two running copies.** The destination builds no copy before the switch-over:
 ``prepare_live_migration`` only checks. The source copies the guest's memory while it

@@ -1,4 +1,4 @@
-"""Compute RPC 1.15: live migration, as the conductor asks the agents for it.
+"""Compute RPC 1.16: live migration, as the conductor asks the agents for it.
 
 * ``prepare_live_migration`` (call, to the destination): check that this host can take
   the server's copy (no copy of it here already that another move made; a driver that
@@ -12,7 +12,7 @@
 * ``rollback_live_migration`` (call, to the source): the migration ended without a
   switch-over; resume the guest if the migration left it paused.
 
-A fleet below 1.15 cannot live-migrate: keel-api refuses with 409 naming the agents.
+A fleet below 1.16 cannot live-migrate: keel-api refuses with 409 naming the agents.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from shared.objects.base import KeelModel
 from shared.rpc.client import RPCClient
 
 #: The compute RPC version of live migration.
-LIVE_VERSION = "1.15"
+LIVE_VERSION = "1.16"
 #: The live migration methods (all first in :data:`LIVE_VERSION`).
 LIVE_METHODS = (
     "prepare_live_migration",

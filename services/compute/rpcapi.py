@@ -53,7 +53,7 @@ Compute RPC API history:
   and rebuild_guest carry gains ``hostname`` (asked for at create or update time from
   compute API 2.90, or made from the server's name). Left out for an older agent, which
   makes the host name of a config drive from ``display_name``.
-* 1.15 — live migration: prepare_live_migration, start_live_copy,
+* 1.16 — live migration: prepare_live_migration, start_live_copy,
   rollback_live_migration (calls), live_migrate (cast); see
   :mod:`services.compute.live_rpc`.
 """
@@ -98,10 +98,10 @@ SINCE: dict[str, str] = {
     "rebuild_guest": "1.12",
     "soft_delete_instance": "1.13",
     "restore_instance": "1.13",
-    "prepare_live_migration": "1.15",
-    "live_migrate": "1.15",
-    "start_live_copy": "1.15",
-    "rollback_live_migration": "1.15",
+    "prepare_live_migration": "1.16",
+    "live_migrate": "1.16",
+    "start_live_copy": "1.16",
+    "rollback_live_migration": "1.16",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).

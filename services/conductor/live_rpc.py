@@ -1,4 +1,4 @@
-"""Conductor RPC 1.16: live migration.
+"""Conductor RPC 1.17: live migration.
 
 * ``live_migrate_instance`` (cast, from keel-api): carry out a recorded live migration.
 * ``live_migration_progress`` (call, from the source's agent while it copies): record
@@ -24,7 +24,7 @@ from shared.objects.base import KeelModel
 from shared.rpc.client import RPCClient
 
 #: The conductor RPC version of live migration.
-LIVE_VERSION = "1.16"
+LIVE_VERSION = "1.17"
 
 
 class LiveMigrateInstance(KeelModel):

@@ -46,7 +46,7 @@ Conductor RPC API history:
 * 1.15 — instance_action_result may report ``soft_delete`` (the guest of a server deleted
   with soft delete on is off: the server is SOFT_DELETED) and ``restore`` (a restored
   server's guest runs again: ACTIVE); sent at 1.15 only for those.
-* 1.16 — live migration: live_migrate_instance (cast, from keel-api),
+* 1.17 — live migration: live_migrate_instance (cast, from keel-api),
   live_migration_progress and live_migration_switch (calls, from the source's agent);
   see :mod:`services.conductor.live_rpc`.
 """
@@ -390,7 +390,7 @@ class ConductorAPI:
         timeout: float = 60.0,
     ) -> None:
         self.client = RPCClient(transport, TOPIC, version_cap=version_cap, timeout=timeout)
-        #: Live migration (1.16).
+        #: Live migration (1.17).
         self.live = LiveConductorAPI(self.client)
 
     async def can_take_destinations(self) -> bool:

@@ -20,7 +20,7 @@ task ``migrating``, a record of type ``live-migration``), casts it to a conducto
 (:mod:`services.conductor.moves.live`) and answers 202; a cast that cannot be sent is
 withdrawn and answered 503. No valid host ends the record ``error`` and leaves the
 server ACTIVE on its source. A deployment whose conductors or agents do not all speak
-live migration yet (release 26, ``yardarm``) is refused with 409 naming them.
+live migration yet (release 27, ``yawl``) is refused with 409 naming them.
 """
 
 from __future__ import annotations

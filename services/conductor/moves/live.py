@@ -1,4 +1,4 @@
-"""Live migration: the conductor's side (conductor RPC 1.16).
+"""Live migration: the conductor's side (conductor RPC 1.17).
 
 keel-api recorded the migration (type ``live-migration``, ``accepted``, the server's
 task ``migrating``; its vm state, ACTIVE or PAUSED, never changes). Then:
