@@ -189,6 +189,9 @@ class ComputeSettings(_Group):
     #: Seconds between an agent's reports of its guests (evacuations to confirm,
     #: deleted instances to remove, orphans to record); it also reports at start-up.
     reconcile_interval: float = Field(default=60.0, gt=0)
+    #: Seconds the simulated memory copy of a live migration takes on the ``local`` and
+    #: ``fake`` drivers (progress is reported four times a second).
+    live_migration_seconds: float = Field(default=2.0, ge=0, le=3600)
 
 
 class LibvirtSettings(_Group):

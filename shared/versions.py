@@ -83,6 +83,9 @@ History:
 * 26 (``yardarm``) — server snapshots: compute 1.15 (``snapshot_instance``: the agent
   writes the guest's disk into an image through a signed upload URL), conductor 1.16
   (``instance_action_result`` reports ``snapshot``).
+* 27 (``yawl``) — live migration: compute 1.16 (``prepare_live_migration``,
+  ``live_migrate``, ``start_live_copy``, ``rollback_live_migration``), conductor 1.17
+  (``live_migrate_instance``, ``live_migration_progress``, ``live_migration_switch``).
 """
 
 from __future__ import annotations
@@ -136,6 +139,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.13", conductor="1.15", scheduler="1.3"),
     ReleaseApis(compute="1.14", conductor="1.15", scheduler="1.3"),
     ReleaseApis(compute="1.15", conductor="1.16", scheduler="1.3"),
+    ReleaseApis(compute="1.16", conductor="1.17", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -172,6 +176,7 @@ RELEASE_NAMES: dict[str, int] = {
     "whipping": 24,
     "xebec": 25,
     "yardarm": 26,
+    "yawl": 27,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -450,6 +450,7 @@ async def _start_holding(
             node_uuid=registration.node_uuid,
             faults=FaultPoints(settings.fault_inject),
             gate=contact,
+            live_migration_seconds=settings.compute.live_migration_seconds,
         )
         reconciler = GuestReconciler(driver, conductor, manager, registration.node_uuid)
         await first_reconcile(reconciled_by(reconciler, contact, report_limit(settings)))

@@ -26,6 +26,7 @@ from typing import Protocol
 from uuid import UUID
 
 from services.compute.inflight import InFlight
+from services.compute.live import LiveMigrationHandlers
 from services.compute.rpcapi import (
     BuildAndRunInstance,
     ConsoleOutput,
@@ -91,7 +92,7 @@ class Gate(Protocol):
         ...
 
 
-class ComputeManager:
+class ComputeManager(LiveMigrationHandlers):
     def __init__(
         self,
         driver: Driver,
@@ -100,7 +101,9 @@ class ComputeManager:
         node_uuid: UUID,
         faults: FaultPoints | None = None,
         gate: Gate | None = None,
+        live_migration_seconds: float = 2.0,
     ) -> None:
+        self.live_migration_seconds = live_migration_seconds
         self._driver = driver
         self._conductor = conductor
         self._node_uuid = node_uuid

@@ -56,6 +56,9 @@ Compute RPC API history:
 * 1.15 — snapshot_instance (cast): write the guest's disk, in the image's disk format,
   to the image through a signed upload URL, and report a ``snapshot`` result
   (conductor 1.16).
+* 1.16 — live migration: prepare_live_migration, start_live_copy,
+  rollback_live_migration (calls), live_migrate (cast); see
+  :mod:`services.compute.live_rpc`.
 """
 
 from __future__ import annotations
@@ -99,6 +102,10 @@ SINCE: dict[str, str] = {
     "soft_delete_instance": "1.13",
     "restore_instance": "1.13",
     "snapshot_instance": "1.15",
+    "prepare_live_migration": "1.16",
+    "live_migrate": "1.16",
+    "start_live_copy": "1.16",
+    "rollback_live_migration": "1.16",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).

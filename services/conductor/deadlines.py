@@ -34,6 +34,7 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.builds.deadline import BuildDeadline
+from services.conductor.moves import live_deadline
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.held import HeldMoves
 from services.conductor.moves.sweep import MigrationSweep
@@ -170,6 +171,14 @@ class Deadlines:
             if t > 0
         ]
 
+    async def _live_migrations(self) -> int:
+        return await live_deadline.sweep(
+            self.moves.pool,
+            self.moves.compute,
+            timeout=self.moves.timeout,
+            down_time=self.moves.down_time,
+        )
+
     @property
     def interval(self) -> float:
         """Often enough that any deadline is overrun by a tenth at most."""
@@ -185,6 +194,7 @@ class Deadlines:
             ("task", self.tasks.sweep),
             ("build", self.build.sweep),
             ("move", self.moves.sweep),
+            ("live migration", self._live_migrations),
             ("migration", self.endings.sweep),
             ("reclaim", self.reclaim.sweep),
         ]

@@ -1,6 +1,6 @@
 """The conductor's RPC endpoint: one thin method per RPC of ``services.conductor.rpcapi``.
 
-Workflows live in ``tasks/`` (the build) and ``moves/`` (evacuation and cold
+Workflows live in ``tasks/`` (the build) and ``moves/`` (evacuation, cold and live
 migration), agent registration in ``registration.py``, what agents
 report and ask about instances in ``instance_events.py``.
 """
@@ -16,7 +16,14 @@ from services.conductor import instance_events
 from services.conductor.boot_images import BootImages
 from services.conductor.builds.task import BuildInstanceTask
 from services.conductor.guests import verdicts as guests
-from services.conductor.moves import arrival, endings
+from services.conductor.live_rpc import (
+    LiveDirective,
+    LiveMigrateInstance,
+    LiveMigrationProgress,
+    LiveMigrationSwitch,
+    LiveSwitch,
+)
+from services.conductor.moves import arrival, endings, live
 from services.conductor.moves.task import MoveTask
 from services.conductor.registration import ComputeRegistry
 from services.conductor.rpcapi import (
@@ -153,6 +160,36 @@ class ConductorManager:
             fence_margin=self._fence_margin,
         )
         await task.run()
+
+    async def live_migrate_instance(self, ctx: RequestContext, req: LiveMigrateInstance) -> None:
+        task = live.LiveMoveTask(
+            ctx,
+            req.migration_uuid,
+            pool=self._pool,
+            scheduler=self._scheduler,
+            compute=self._compute,
+            service_down_time=self._service_down_time,
+            faults=self._faults,
+            boot_images=self._boot_images,
+            fence_margin=self._fence_margin,
+        )
+        await task.run()
+
+    async def live_migration_progress(
+        self, ctx: RequestContext, req: LiveMigrationProgress
+    ) -> LiveDirective:
+        return await live.progress(self._pool, req)
+
+    async def live_migration_switch(
+        self, ctx: RequestContext, req: LiveMigrationSwitch
+    ) -> LiveSwitch:
+        return await live.switch(
+            self._pool,
+            self._compute,
+            req,
+            down_time=self._service_down_time,
+            boot_images=self._boot_images,
+        )
 
     async def check_move(self, ctx: RequestContext, req: CheckMove) -> BuildCheck:
         return await arrival.check_move(self._pool, req)

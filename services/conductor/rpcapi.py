@@ -49,6 +49,9 @@ Conductor RPC API history:
 * 1.16 — instance_action_result may report ``snapshot`` (the agent wrote the guest's
   disk into the image, or failed to: the server's snapshot task ends, a failed
   snapshot's image is killed); sent at 1.16 only for it.
+* 1.17 — live migration: live_migrate_instance (cast, from keel-api),
+  live_migration_progress and live_migration_switch (calls, from the source's agent);
+  see :mod:`services.conductor.live_rpc`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from uuid import UUID
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
+from services.conductor.live_rpc import LiveConductorAPI
 from shared.context import RequestContext
 from shared.exceptions import ServiceTooOld
 from shared.objects.base import KeelModel
@@ -392,6 +396,8 @@ class ConductorAPI:
         timeout: float = 60.0,
     ) -> None:
         self.client = RPCClient(transport, TOPIC, version_cap=version_cap, timeout=timeout)
+        #: Live migration (1.17).
+        self.live = LiveConductorAPI(self.client)
 
     async def can_take_destinations(self) -> bool:
         """Whether the conductor cap allows a build with a requested destination (1.6)."""

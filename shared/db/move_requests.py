@@ -70,6 +70,7 @@ async def record(
     check: Callable[[Connection], Awaitable[None]] | None = None,
     then: Callable[[Connection, Migration], Awaitable[None]] | None = None,
     end_stopped: bool = False,
+    forced: bool = False,
 ) -> Migration | None:
     """Record a move of ``kind`` of the instance from ``source``; ``None`` if the instance
     has a task or left the kind's movable states meanwhile (nothing written).
@@ -78,7 +79,8 @@ async def record(
     transaction (a quota check); what it raises refuses the move, nothing written.
     ``then`` runs last in it, with the new record (a host task links its item to the
     move); what it raises refuses the move too. ``end_stopped``: an evacuation that ends
-    with the server stopped (compute microversion 2.95).
+    with the server stopped (compute microversion 2.95). ``forced``: a live migration
+    whose named host skips the scheduler's filters.
     """
 
     async def write(conn: Connection) -> Migration | None:
@@ -102,6 +104,7 @@ async def record(
             old_flavor=old,
             new_flavor=new,
             end_stopped=end_stopped,
+            forced=forced,
         )
         if then is not None:
             await then(conn, migration)

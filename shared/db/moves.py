@@ -37,14 +37,16 @@ async def create(
     old_flavor: FlavorSnapshot | None = None,
     new_flavor: FlavorSnapshot | None = None,
     end_stopped: bool = False,
+    forced: bool = False,
 ) -> Migration:
     row = await conn.fetchrow(
         """INSERT INTO migrations (uuid, instance_uuid, migration_type, status,
                                    source_compute, source_node, source_compute_id,
                                    dest_host, user_id, project_id, updated_at,
-                                   old_flavor, new_flavor, source_token, end_stopped)
+                                   old_flavor, new_flavor, source_token, end_stopped, forced)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $11, $12,
-                   (SELECT copy_token FROM instances WHERE uuid = $2), $13) RETURNING *""",
+                   (SELECT copy_token FROM instances WHERE uuid = $2), $13, $14)
+        RETURNING *""",
         uuid.uuid4(),
         instance_uuid,
         migration_type,
@@ -58,6 +60,7 @@ async def create(
         None if old_flavor is None else old_flavor.model_dump(mode="json"),
         None if new_flavor is None else new_flavor.model_dump(mode="json"),
         end_stopped,
+        forced,
     )
     assert row is not None
     return Migration.from_row(row)
@@ -197,7 +200,15 @@ async def older_than(
 
 #: Statuses a move is cancelled from when its server is deleted (a ``finished`` cold
 #: migration ends ``confirmed`` instead, as Nova's delete of a resized server does).
-CANCELLABLE = ("accepted", "pre-migrating", "confirming", "reverting")
+CANCELLABLE = (
+    "accepted",
+    "pre-migrating",
+    "confirming",
+    "reverting",
+    "preparing",
+    "running",
+    "post-migrating",
+)
 
 
 async def cancel_for_delete(conn: Connection, instance_uuid: UUID) -> list[Migration]:
@@ -239,7 +250,7 @@ async def in_progress(conn: Connection, instance_uuid: UUID) -> Migration | None
         """SELECT * FROM migrations
             WHERE instance_uuid = $1 AND deleted_at IS NULL
               AND status IN ('accepted', 'pre-migrating', 'finished', 'confirming',
-                             'reverting')
+                             'reverting', 'preparing', 'running', 'post-migrating')
             ORDER BY id DESC LIMIT 1""",
         instance_uuid,
     )

@@ -45,8 +45,14 @@ class MigrationStatus(StrEnum):
     REVERTED = "reverted"
     ERROR = "error"
     FAILED = "failed"
-    #: Ended because the server was deleted during the move.
+    #: Ended because the server was deleted during the move, or a live migration aborted.
     CANCELLED = "cancelled"
+    #: A live migration: the destination is claimed and prepares.
+    PREPARING = "preparing"
+    #: A live migration: the source copies the guest's memory to the destination.
+    RUNNING = "running"
+    #: A live migration: the source's guest is paused and the destination's starts.
+    POST_MIGRATING = "post-migrating"
 
 
 class Migration(KeelModel):
@@ -81,6 +87,17 @@ class Migration(KeelModel):
     #: An evacuation that ends with the server stopped on its new host whatever its state
     #: before (asked for at compute microversion 2.95 or later).
     end_stopped: bool = False
+    #: A live migration whose named host skips the scheduler's filters (2.30 to 2.67).
+    forced: bool = False
+    #: A live migration asked to finish its copy now (``force_complete``, 2.22).
+    force_complete: bool = False
+    #: A live migration's progress, as its source reports it (bytes).
+    memory_total_bytes: int | None = None
+    memory_processed_bytes: int | None = None
+    memory_remaining_bytes: int | None = None
+    disk_total_bytes: int | None = None
+    disk_processed_bytes: int | None = None
+    disk_remaining_bytes: int | None = None
 
     @property
     def in_place(self) -> bool:
@@ -104,7 +121,7 @@ REVERT_ACTION = "revertResize"
 
 @dataclass(frozen=True)
 class MoveKind:
-    """What differs between an evacuation and a cold migration."""
+    """What differs between an evacuation, a cold migration and a live migration."""
 
     migration_type: MigrationType
     #: The instance action recorded (Nova's name), which is also the API action's name.
@@ -143,7 +160,19 @@ RESIZE = MoveKind(
     TaskState.RESIZE_MIGRATING,
     False,
 )
+#: A live migration: the guest keeps running while its memory is copied (Nova's
+#: instance action ``live-migration``, task ``migrating``).
+LIVE_MIGRATION = MoveKind(
+    MigrationType.LIVE_MIGRATION,
+    "live-migration",
+    (VmState.ACTIVE, VmState.PAUSED),
+    TaskState.MIGRATING,
+    TaskState.MIGRATING,
+    False,
+)
 #: ``migration_type`` → its kind.
-KINDS = {kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION, RESIZE)}
+KINDS = {
+    kind.migration_type.value: kind for kind in (EVACUATION, MIGRATION, RESIZE, LIVE_MIGRATION)
+}
 #: The record types that end with confirm or revert.
 COLD = (MigrationType.MIGRATION.value, MigrationType.RESIZE.value)

@@ -42,6 +42,8 @@ class TaskState(StrEnum):
     #: Confirming or reverting a finished cold migration.
     RESIZE_CONFIRMING = "resize_confirming"
     RESIZE_REVERTING = "resize_reverting"
+    #: A live migration: the guest runs on while it is copied to another host.
+    MIGRATING = "migrating"
     PAUSING = "pausing"
     UNPAUSING = "unpausing"
     SUSPENDING = "suspending"

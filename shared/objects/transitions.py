@@ -124,6 +124,12 @@ def _instance_transitions() -> set[tuple[State, State]]:
         # Past its deadline with its destination down but not forced down (the copy there
         # may run): shut off on its source (services/conductor/moves/deadline.py).
         add((vm, "resize_migrating"), ("stopped", None))
+    # Live migration (services/conductor/moves/live.py): from ACTIVE or PAUSED; done,
+    # aborted, failed, timed out or no valid host alike end it as it was (on its
+    # destination once done, on its source otherwise).
+    for vm in ("active", "paused"):
+        add((vm, None), (vm, "migrating"))
+        add((vm, "migrating"), (vm, None))
     # Confirm and revert of a VERIFY_RESIZE server (by its owner or the auto-confirm).
     for task in ("resize_confirming", "resize_reverting"):
         add(("resized", None), ("resized", task))
@@ -159,6 +165,7 @@ NODE_CHANGES: frozenset[tuple[str | None, str | None]] = frozenset(
         ("rebuilding", None),
         ("resize_migrating", None),
         ("resize_reverting", "resize_reverting"),
+        ("migrating", None),
     }
 )
 
@@ -174,12 +181,15 @@ CLAIMING = {
     "evacuation": frozenset({"accepted", "pre-migrating", "done"}),
     "migration": frozenset({"accepted", "pre-migrating", "finished", "confirming", "reverting"}),
 }
+CLAIMING["live-migration"] = frozenset({"accepted", "preparing", "running", "post-migrating"})
 #: A resize is a cold migration with a new flavor.
 CLAIMING["resize"] = CLAIMING["migration"]
 #: The kinds of cold migration.
 COLD = frozenset({"migration", "resize"})
 #: Statuses in which a move is still being carried out (a destination may be building).
-IN_FLIGHT = frozenset({"accepted", "pre-migrating", "migrating"})
+IN_FLIGHT = frozenset(
+    {"accepted", "pre-migrating", "migrating", "preparing", "running", "post-migrating"}
+)
 #: Statuses that may remain at quiescence: a cold migration may wait for its owner.
 RESTING = frozenset({"finished"})
 
@@ -219,6 +229,21 @@ MIGRATION: dict[str, frozenset[tuple[str | None, str]]] = {
 
 
 MIGRATION["resize"] = MIGRATION["migration"]
+MIGRATION["live-migration"] = frozenset(
+    {
+        (None, "accepted"),
+        ("accepted", "preparing"),
+        ("accepted", "error"),  # no valid host, or withdrawn by keel-api
+        ("preparing", "running"),
+        ("preparing", "failed"),  # the destination could not prepare
+        ("preparing", "error"),  # past the move deadline
+        ("running", "post-migrating"),  # the source's guest is paused: switch over
+        ("running", "failed"),
+        ("running", "error"),
+        ("post-migrating", "completed"),  # the destination's copy runs: the server's
+        ("post-migrating", "failed"),  # the destination could not start its copy
+    }
+)
 
 
 def migration_allowed(kind: str, old: str | None, new: str) -> bool:

@@ -12,7 +12,8 @@ swept) and checks the invariants of quiescence (:mod:`tests.model.invariants`).
 
 The model's operator does anything the API accepts, at any moment: evacuates any
 server (keel-api decides whether its host is fenced), forces hosts down and up, deletes
-services, resets servers' states, migrates, resizes, deletes (soft delete is on),
+services, resets servers' states, migrates (cold and live, aborting or force-completing
+a live migration at any moment), resizes, deletes (soft delete is on),
 restores and force-deletes; the API is the guard,
 and a refusal is fine. Only what keel cannot check is done as its documentation says:
 a host is renamed while its agent is stopped, and a host that reported no armed fence
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from uuid import UUID
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
@@ -206,6 +208,53 @@ class KeelMachine(MachineBase):
             version="2.56",
             plan=plan,
         )
+
+    @rule(i=index, to=st.none() | hosts, force=st.booleans(), plan=plans)
+    def live_migrate(
+        self, i: int, to: int | None = None, force: bool = False, plan: dict[str, Any] | None = None
+    ) -> None:
+        """os-migrateLive at any moment (2.30: a named host may be forced)."""
+        if not self.servers:
+            return
+        value: dict[str, Any] = {
+            "host": None if to is None else self.host(to).name,
+            "block_migration": "auto",
+        }
+        if force:
+            value["force"] = True
+        self.api(
+            "os-migrateLive",
+            "POST",
+            f"/v2.1/servers/{self.server(i)}/action",
+            body={"os-migrateLive": value},
+            version="2.30",
+            plan=plan,
+        )
+
+    @rule(i=index, abort=st.booleans(), plan=plans)
+    def end_live_migration(self, i: int, abort: bool, plan: dict[str, Any] | None = None) -> None:
+        """Abort (2.65) or force-complete (2.22) the server's latest live migration."""
+        server = self.server(i)
+        if server is None:
+            return
+        number = self.run(self._latest_live_migration(server))
+        if number is None:
+            return
+        path = f"/v2.1/servers/{server}/migrations/{number}"
+        if abort:
+            self.api("live-abort", "DELETE", path, version="2.65", plan=plan)
+        else:
+            body = {"force_complete": None}
+            self.api("force_complete", "POST", f"{path}/action", body=body, version="2.22")
+
+    async def _latest_live_migration(self, server: UUID) -> int | None:
+        async with self.w.db.acquire() as conn:
+            found: int | None = await conn.fetchval(
+                """SELECT max(id) FROM migrations
+                    WHERE instance_uuid = $1 AND migration_type = 'live-migration'""",
+                server,
+            )
+        return found
 
     @rule(i=index, flavor=st.sampled_from(["1", BIG_FLAVOR]), plan=plans)
     def resize(self, i: int, flavor: str, plan: dict[str, Any] | None = None) -> None:

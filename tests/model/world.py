@@ -162,7 +162,9 @@ def base_settings(
             handler_retry_timeout=0.05,
             delivery_limit=5,
         ),
-        compute=ComputeSettings(driver="fake", reconcile_interval=1e6, drain_timeout=1.0),
+        compute=ComputeSettings(
+            driver="fake", reconcile_interval=1e6, drain_timeout=1.0, live_migration_seconds=0.0
+        ),
         auth=AuthSettings(
             tokens={ADMIN_TOKEN: TokenInfo(user_id="root", project_id="ops", roles=["admin"])}
         ),

@@ -33,9 +33,9 @@ FEATURES: dict[str, bool] = {
     "change_password": False,
     # OS-DCF:diskConfig is always MANUAL: keel never resizes a guest's partitions.
     "disk_config": False,
-    "live_migration": False,
-    "live_migrate_back_and_forth": False,
-    "block_migration_for_live_migration": False,
+    "live_migration": True,
+    "live_migrate_back_and_forth": True,
+    "block_migration_for_live_migration": True,
     "volume_backed_live_migration": False,
     "can_migrate_between_any_hosts": True,
     "metadata_service": False,

@@ -29,6 +29,7 @@ from services.api.http.microversion import APIVersion
 from services.api.servers import (
     console,
     inject_network_info,
+    live_migration,
     locks,
     rebuild,
     reset_state,
@@ -167,6 +168,20 @@ async def _resize(call: ActionCall) -> Response | None:
 
 async def _migrate(call: ActionCall) -> Response | None:
     await migrate(
+        call.pool,
+        call.conductor,
+        call.compute,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
+async def _live_migrate(call: ActionCall) -> Response | None:
+    await live_migration.live_migrate(
         call.pool,
         call.conductor,
         call.compute,
@@ -318,6 +333,7 @@ ACTIONS: dict[str, Handler] = {
     "reboot": _reboot,
     "evacuate": _evacuate,
     "migrate": _migrate,
+    live_migration.ACTION: _live_migrate,
     resize.ACTION: _resize,
     CONFIRM_ACTION: _confirm_resize,
     REVERT_ACTION: _revert_resize,

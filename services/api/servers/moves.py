@@ -56,6 +56,7 @@ from services.api.http.faults import (
 from services.api.http.microversion import APIVersion
 from services.api.servers import group_hint
 from services.compute.rpcapi import SINCE, ComputeAPI
+from services.conductor.live_rpc import LIVE_VERSION
 from services.conductor.rpcapi import RESIZE_VERSION, ConductorAPI
 from shared import host_fencing
 from shared.config import Settings
@@ -75,6 +76,7 @@ from shared.objects.instance import Instance
 from shared.objects.migration import (
     CONFIRM_ACTION,
     EVACUATION,
+    LIVE_MIGRATION,
     MIGRATION,
     RESIZE,
     Migration,
@@ -94,15 +96,22 @@ _COMPUTE_METHOD = {
     EVACUATION: "rebuild_instance",
     MIGRATION: "prepare_migration",
     RESIZE: "prepare_migration",
+    LIVE_MIGRATION: "live_migrate",
 }
 #: The conductor RPC version each kind of move needs.
-_CONDUCTOR_VERSION = {EVACUATION: "1.4", MIGRATION: "1.5", RESIZE: RESIZE_VERSION}
+_CONDUCTOR_VERSION = {
+    EVACUATION: "1.4",
+    MIGRATION: "1.5",
+    RESIZE: RESIZE_VERSION,
+    LIVE_MIGRATION: LIVE_VERSION,
+}
 
 
 # --- the bodies --------------------------------------------------------------------
 
 
-def _host(value: dict[str, Any]) -> str | None:
+def requested_host(value: dict[str, Any]) -> str | None:
+    """The body's ``host``, if any; 400 if it is not a host name."""
     host = value.get("host")
     if host is not None and (not isinstance(host, str) or not _HOSTNAME.match(host)):
         raise BadRequest("Invalid input for field/attribute host: not a host name.")
@@ -135,7 +144,7 @@ def evacuation_target(value: Any, version: APIVersion) -> str | None:
             "Forced evacuation is not supported: keel checks every requested host with its "
             "scheduler filters. Leave out 'force'."
         )
-    return _host(value)
+    return requested_host(value)
 
 
 def migration_target(value: Any, version: APIVersion) -> str | None:
@@ -146,7 +155,7 @@ def migration_target(value: Any, version: APIVersion) -> str | None:
     if not isinstance(value, dict):
         raise BadRequest("Invalid input for field/attribute migrate: it must be an object.")
     _check_keys("migrate", value, {"host"})
-    return _host(value)
+    return requested_host(value)
 
 
 # --- the checks ----------------------------------------------------------------------
@@ -279,12 +288,14 @@ async def start_move(
     flavors: tuple[FlavorSnapshot, FlavorSnapshot] | None = None,
     check: Callable[[Connection], Awaitable[None]] | None = None,
     end_stopped: bool = False,
+    forced: bool = False,
 ) -> None:
     """Check, record and cast a move of ``kind``; 503 (withdrawn) if it cannot be cast.
 
     ``flavors`` and ``check``: a resize's old and new flavor, and its quota check (run in
     the transaction that records the move). ``end_stopped``: an evacuation that ends
-    with the server stopped (2.95).
+    with the server stopped (2.95). ``forced``: a live migration whose host skips the
+    scheduler's filters (2.30 to 2.67).
     """
     action = kind.action
     _check_state(instance, action, kind.movable)
@@ -307,6 +318,7 @@ async def start_move(
         flavors=flavors,
         check=check,
         end_stopped=end_stopped,
+        forced=forced and target is not None,
     )
     if migration is None:
         raise ConflictingRequest(
@@ -316,6 +328,7 @@ async def start_move(
         EVACUATION: conductor.evacuate_instance,
         MIGRATION: conductor.migrate_instance,
         RESIZE: conductor.resize_instance,
+        LIVE_MIGRATION: conductor.live.live_migrate_instance,
     }
     cast = casts[kind]
     outcome, error = await move_requests.cast_or_withdraw(pool, ctx, kind, migration, cast)

@@ -46,6 +46,7 @@ _TASK_STATUS: dict[str, str] = {
     TaskState.RESIZE_PREP: "RESIZE",
     TaskState.RESIZE_MIGRATING: "RESIZE",
     TaskState.RESIZE_REVERTING: "REVERT_RESIZE",
+    TaskState.MIGRATING: "MIGRATING",
 }
 #: The vm states whose status a running task replaces.
 _TASK_SHOWN = (VmState.ACTIVE, VmState.STOPPED, VmState.ERROR, VmState.RESIZED)
@@ -60,7 +61,6 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
         status: ()
         for status in (
             "PASSWORD",
-            "MIGRATING",
             "RESCUE",
             "SHELVED",
             "SHELVED_OFFLOADED",

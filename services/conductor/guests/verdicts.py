@@ -21,8 +21,8 @@ R2d   M is under way and N is its source or its destination          ``keep``
 R3    N is C (nothing under way touches N: this is the live copy)    ``keep``
 R4    the last ended move touching N says N's copy was superseded:   ``evacuated`` or
       N was the source of an evacuation ``done``/``completed`` or    ``moved``: remove
-      of a migration ``confirmed``, or the destination of a
-      migration ``reverted``
+      of a migration ``confirmed`` or a live migration
+      ``completed``, or the destination of a migration ``reverted``
 R5    anything else (an unknown server; a copy a failed, cancelled   ``orphaned``: never
       or timed-out move left; a copy no record explains)             destroyed; stopped,
                                                                      reported
@@ -69,7 +69,16 @@ MOVED_SINCE_RELEASE = 6
 
 S = MigrationStatus
 #: Statuses in which a move has not ended: both its ends keep their copies.
-UNDER_WAY = (S.ACCEPTED, S.PRE_MIGRATING, S.FINISHED, S.CONFIRMING, S.REVERTING)
+UNDER_WAY = (
+    S.ACCEPTED,
+    S.PRE_MIGRATING,
+    S.FINISHED,
+    S.CONFIRMING,
+    S.REVERTING,
+    S.PREPARING,
+    S.RUNNING,
+    S.POST_MIGRATING,
+)
 #: Statuses in which an evacuation has not yet been rebuilt elsewhere.
 _EVACUATING = (S.ACCEPTED, S.PRE_MIGRATING)
 
@@ -89,6 +98,8 @@ def _superseded(move: Migration, node: int) -> bool:
     """Whether ``move``, ended, left ``node``'s copy superseded by a newer one (R4)."""
     if move.migration_type == MigrationType.EVACUATION:
         return move.source_compute_id == node and move.status in (S.DONE, S.COMPLETED)
+    if move.migration_type == MigrationType.LIVE_MIGRATION:
+        return move.source_compute_id == node and move.status == S.COMPLETED
     if move.source_compute_id == node:
         return move.status == S.CONFIRMED
     return move.dest_compute_id == node and move.status == S.REVERTED

@@ -40,7 +40,13 @@ from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound, KeelError
-from shared.objects.migration import EVACUATION, KINDS, Migration, MigrationStatus
+from shared.objects.migration import (
+    EVACUATION,
+    KINDS,
+    Migration,
+    MigrationStatus,
+    MigrationType,
+)
 from shared.objects.states import PowerState, VmState
 
 LOG = logging.getLogger(__name__)
@@ -78,6 +84,8 @@ class MoveDeadline:
             overdue = await moves.older_than(conn, TIMED, self.timeout)
         ended = 0
         for migration in overdue:
+            if migration.migration_type == MigrationType.LIVE_MIGRATION:
+                continue  # services.conductor.moves.live_deadline
             if await self._expire(migration):
                 ended += 1
         return ended

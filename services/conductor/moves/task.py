@@ -73,6 +73,8 @@ UNDER_WAY = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
 
 class MoveTask(TaskBase):
     name = "move"
+    #: The status a move takes once its destination is claimed and recorded.
+    destination_status = MigrationStatus.PRE_MIGRATING
 
     def __init__(
         self,
@@ -214,7 +216,9 @@ class MoveTask(TaskBase):
                         f"No valid host was found. The requested host {migration.dest_host} "
                         "has no compute node."
                     )
-                destination = RequestedDestination(host=migration.dest_host, node_ids=node_ids)
+                destination = RequestedDestination(
+                    host=migration.dest_host, node_ids=node_ids, forced=migration.forced
+                )
         # The instance's own spec is read afresh: whatever destination its create named is
         # not there (never stored), so a move without a named host chooses freely.
         spec = spec.model_copy(
@@ -250,7 +254,7 @@ class MoveTask(TaskBase):
                 conn,
                 migration.uuid,
                 expected=[MigrationStatus.ACCEPTED],
-                new=MigrationStatus.PRE_MIGRATING,
+                new=self.destination_status,
                 dest=dest,
             )
             if moved is not None and self.kind.building != self.kind.choosing:
@@ -261,10 +265,7 @@ class MoveTask(TaskBase):
                     new=self.kind.building,
                 )
             current = moved or await moves.get(conn, migration.uuid)
-            lost = (
-                current.status != MigrationStatus.PRE_MIGRATING
-                or current.dest_compute_id != dest.id
-            )
+            lost = current.status != self.destination_status or current.dest_compute_id != dest.id
             if lost:
                 # Someone ended the move (a delete, a withdrawal, the deadline) or a twin
                 # recorded another host while this one was chosen: give back the claim

@@ -94,6 +94,13 @@ def choose_domain_type(setting: str) -> tuple[str, str]:
 
 
 class LibvirtDriver:
+    #: Live migration between libvirtd daemons is not implemented: the agents refuse it,
+    #: and the migration ends with the server running on its source.
+    live_migration_refusal = (
+        "the libvirt driver cannot live-migrate a server yet: use a cold migration "
+        "(openstack server migrate) instead"
+    )
+
     def __init__(
         self,
         connection: LibvirtConnection,

@@ -138,6 +138,39 @@ async def evacuate_says(w: World, v: str, body: dict[str, Any]) -> bool:
     return "additional properties" in w.message(answer)
 
 
+async def live_status(w: World, v: str, body: dict[str, Any]) -> int:
+    """``os-migrateLive`` of the building server: 409 once the body parses, else 400."""
+    answer = await w.post(f"servers/{w.server_id}/action", v, {"os-migrateLive": body})
+    return answer.status_code
+
+
+async def force_complete_status(w: World, v: str) -> int:
+    """A bad force_complete body: 400 where the route exists, 404 below it."""
+    answer = await w.post(f"servers/{w.server_id}/migrations/1/action", v, {"other": None})
+    return answer.status_code
+
+
+async def abort_status(w: World, v: str, migration: str = "x") -> int:
+    path = f"/v2.1/servers/{w.server_id}/migrations/{migration}"
+    return (await w.client.delete(path, headers=at(v))).status_code
+
+
+async def abort_accepted_status(w: World, v: str) -> int:
+    """Abort a live migration still ``accepted``: from 2.65 only."""
+    async with w.pool.acquire() as conn:
+        number = await conn.fetchval(
+            """INSERT INTO migrations (uuid, instance_uuid, migration_type, status,
+                                       created_at, updated_at)
+               VALUES ($1, $2, 'live-migration', 'accepted', now(), now()) RETURNING id""",
+            uuid.uuid4(),
+            UUID(w.server_id),
+        )
+    return await abort_status(w, v, str(number))
+
+
+LIVE_2_25 = {"host": None, "block_migration": "auto"}
+
+
 async def status_of_get(w: World, v: str, path: str, headers: dict[str, str] = ADMIN) -> int:
     return (await w.get(path, v, headers)).status_code
 
@@ -333,6 +366,31 @@ CASES = [
         lambda w, v: status_of_get(w, v, f"servers/{w.deleted_id}/os-instance-actions", MEMBER),
         200,
         404,
+    ),
+    Case("2.22", "force_complete of a live migration", force_complete_status, 400, 404),
+    Case("2.24", "abort of a live migration", abort_status, 400, 404),
+    Case("2.25", "block_migration auto", lambda w, v: live_status(w, v, LIVE_2_25), 409, 400),
+    Case(
+        "2.30",
+        "live migration force",
+        lambda w, v: live_status(w, v, {**LIVE_2_25, "force": False}),
+        409,
+        400,
+    ),
+    Case(
+        "2.34",
+        "live migration checks after the 202 (at every version in keel)",
+        lambda w, v: live_status(w, v, LIVE_2_25),
+        409,
+        409,
+    ),
+    Case("2.65", "abort of an accepted live migration", abort_accepted_status, 202, 400),
+    Case(
+        "2.68",
+        "live migration force gone",
+        lambda w, v: live_status(w, v, {**LIVE_2_25, "force": False}),
+        400,
+        409,
     ),
     Case(
         "2.23",

@@ -44,6 +44,7 @@ def move(kind: MigrationType, status: MigrationStatus, source: int, dest: int) -
 
 
 EVAC, MIGR = MigrationType.EVACUATION, MigrationType.MIGRATION
+LIVE = MigrationType.LIVE_MIGRATION
 S = MigrationStatus
 
 
@@ -138,6 +139,16 @@ S = MigrationStatus
         (THERE, [(MIGR, S.CANCELLED, THERE, HERE)], GuestFate.ORPHANED),
         # R5: a move of the server between two other nodes says nothing about this copy.
         (THERE, [(EVAC, S.DONE, 3, THERE)], GuestFate.ORPHANED),
+        # Live migration: both ends keep their copies while it is under way (R2d); the
+        # source's copy goes once it completed (R4); a destination's copy a failed or
+        # aborted one left is an orphan, never destroyed (R5).
+        (HERE, [(LIVE, S.RUNNING, HERE, THERE)], GuestFate.KEEP),
+        (HERE, [(LIVE, S.POST_MIGRATING, HERE, THERE)], GuestFate.KEEP),
+        (HERE, [(LIVE, S.POST_MIGRATING, THERE, HERE)], GuestFate.KEEP),
+        (THERE, [(LIVE, S.COMPLETED, HERE, THERE)], GuestFate.MOVED),
+        (HERE, [(LIVE, S.COMPLETED, THERE, HERE)], GuestFate.KEEP),
+        (THERE, [(LIVE, S.FAILED, THERE, HERE)], GuestFate.ORPHANED),
+        (THERE, [(LIVE, S.CANCELLED, THERE, HERE)], GuestFate.ORPHANED),
     ],
 )
 def test_guest_verdicts(
