@@ -88,14 +88,22 @@ test-unit: $(CHECKOUT_PTH) ## unit tests (no PostgreSQL or RabbitMQ needed)
 # benchmark, tiny.
 .PHONY: $(addprefix test-,$(SERVER_TIERS))
 $(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
-	$(BIN)/pytest $(or $(TIER_DIRS_$*),tests/$*) $(PYTEST_ARGS)
+	$(BIN)/pytest $(or $(TIER_DIRS_$*),tests/$*) $(TIER_ARGS_$*) $(PYTEST_ARGS)
 
 # The functional tier also runs the model-based test (tests/model/: CI's fixed examples).
 TIER_DIRS_functional := tests/functional tests/model
+# The functional and e2e tiers run their modules in TIER_WORKERS processes at once
+# (pytest-xdist), a module and its fixtures (an e2e module's cloud) in one process: most
+# of their time is spent waiting on timers and servers, not on the CPU. TIER_WORKERS=0
+# runs the modules one after another.
+TIER_WORKERS ?= 2
+TIER_ARGS_functional = $(if $(filter-out 0,$(TIER_WORKERS)),-n $(TIER_WORKERS) --dist loadfile)
+TIER_ARGS_e2e = $(TIER_ARGS_functional)
 
 # The model-based test at length: MODEL_EXAMPLES examples shared by MODEL_WORKERS
 # processes, each from a new seed (or one process with SEED=N, to run a search again),
-# then how many ran per second; then every crash point of the move workflows.
+# then how many ran per second; then every crash point of the move workflows (which the
+# functional tier runs too).
 MODEL_EXAMPLES ?= 5000
 MODEL_WORKERS ?= $(shell nproc)
 SEED ?=

@@ -1,26 +1,21 @@
-"""Every step of the move workflows cut or paused in turn (run by ``make test-model``).
+"""Every step of the move workflows cut or paused in turn (the functional tier runs it).
 
 Systematic where the search samples: for each handler of a move's life (the move task,
 the destination's rebuild, the move's result, confirm and revert, a guest report, a
 delete), its process is killed at each of its first steps — or it is paused there while
 a racing operation runs — then everything is delivered and the cloud settled, with every
-invariant checked. About 120 cases, two minutes: not in CI's functional tier
-(``KEEL_MODEL_EXAMPLES`` unset), run by ``make test-model`` with the long search.
+invariant checked. About 120 cases, two minutes, in the functional tier (and again after
+``make test-model``'s long search).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 from tests.model.machine import KeelMachine
 from tests.model.script import A, B, Steps
 
-pytestmark = [
-    pytest.mark.functional,
-    pytest.mark.skipif(not os.environ.get("KEEL_MODEL_EXAMPLES"), reason="run by make test-model"),
-]
+pytestmark = pytest.mark.functional
 
 KS = range(1, 9)
 
