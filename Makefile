@@ -92,11 +92,11 @@ $(addprefix test-,$(SERVER_TIERS)): test-%: prerequisites
 
 # The functional tier also runs the model-based test (tests/model/: CI's fixed examples).
 TIER_DIRS_functional := tests/functional tests/model
-# The functional and e2e tiers run their modules in TIER_WORKERS processes at once
-# (pytest-xdist), a module and its fixtures (an e2e module's cloud) in one process: most
-# of their time is spent waiting on timers and servers, not on the CPU. TIER_WORKERS=0
-# runs the modules one after another.
-TIER_WORKERS ?= 2
+# TIER_WORKERS=N runs the functional and e2e tiers' modules in N processes at once
+# (pytest-xdist), a module and its fixtures (an e2e module's cloud) in one process: for a
+# machine with cores to spare. On two cores it saves nothing (the e2e tier took as long
+# with two workers), so by default (0) the modules run one after another.
+TIER_WORKERS ?= 0
 TIER_ARGS_functional = $(if $(filter-out 0,$(TIER_WORKERS)),-n $(TIER_WORKERS) --dist loadfile)
 TIER_ARGS_e2e = $(TIER_ARGS_functional)
 
