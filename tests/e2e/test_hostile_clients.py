@@ -39,7 +39,7 @@ CHECKS = (
     "not_a_server_error,nova_fault_body,status_code_conformance,"
     "response_schema_conformance,content_type_conformance"
 )
-FUZZ_TIMEOUT = 240
+FUZZ_TIMEOUT = 480
 #: Operations left out of the run: the operator's page's JSON (a keel extension, whose
 #: refusals and outages tests/functional/services/api/test_ops_*.py hold), so the run
 #: stays as long as the compute, image, identity and network APIs make it.
