@@ -8,11 +8,12 @@ deadline), asking for the other kind is refused while it runs.
 
 What a new task needs:
 
-* **drain**: the host's compute service up (a cold migration needs the source's agent),
-  and ``cold_fallback``: live migration does not exist in this release, so a drain moves
-  every server cold — shut down, moved, started again — and only with the operator's
-  leave. Once live migration exists, a drain tries it first and falls back to cold
-  migration only where allowed;
+* **drain**: the host's compute service up (every move needs the source's agent). A
+  drain moves each server live where it can; ``cold_fallback`` is the operator's leave
+  to move the others cold — shut down, moved, started again — where a server cannot
+  move live (stopped), its live migration failed, or the deployment does not
+  speak live migration yet. Without it those servers stay, and the task ends failed
+  naming them;
 * **evacuate**: the host fenced, by :func:`shared.host_fencing.fence_state` — the rule
   every evacuation obeys. A host that is only waiting for its fence's lease to run out
   (``seconds_left``) gets a task that waits for it; one that is up, or down without an
@@ -36,12 +37,6 @@ DEFAULT_PARALLEL = 2
 MAX_PARALLEL = 100
 DEFAULT_DEADLINE = 3600.0
 MAX_DEADLINE = 7 * 86400.0
-
-LIVE_MISSING = (
-    "Live migration is not available in this release of keel, so a drain moves every "
-    "server by cold migration: each is shut down, moved and started again on another "
-    'host. Allow that with --cold-fallback (API: "cold_fallback": true).'
-)
 
 
 @dataclass(frozen=True)
@@ -118,8 +113,6 @@ def _refuse_new(
 ) -> None:
     host = service.host
     if request.kind is TaskKind.DRAIN:
-        if not request.cold_fallback:
-            raise HostTaskRefused(f"Cannot drain {host}: {LIVE_MISSING}")
         if not service.is_up:
             raise Conflict(
                 f"Cannot drain {host}: its compute service is down, and moving a server "

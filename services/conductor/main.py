@@ -77,7 +77,12 @@ async def run_conductor(
     deadlines = Deadlines(pool, compute, settings)
     held = HeldMoves(pool, ConductorAPI(transport, timeout=timeout))
     recovery = Recovery(pool, ConductorAPI(transport, timeout=timeout), settings, lifecycle.metrics)
-    host_tasks = HostTasks(pool, ConductorAPI(transport, timeout=timeout), settings)
+    host_tasks = HostTasks(
+        pool,
+        ConductorAPI(transport, timeout=timeout, version_cap=pins.conductor.cap),
+        compute,
+        settings,
+    )
     periodic = [
         Periodic("deadlines", deadlines.sweep, deadlines.interval),
         Periodic("held evacuations", held.sweep, HELD_INTERVAL),

@@ -325,8 +325,10 @@ async def moves_of(conn: Connection, migration_uuids: Sequence[UUID]) -> dict[UU
                       AS idle,
                   (SELECT a.message FROM instance_actions a
                     WHERE a.instance_uuid = m.instance_uuid
-                      AND a.action = CASE m.migration_type WHEN 'evacuation' THEN 'evacuate'
-                                                           ELSE 'migrate' END
+                      AND a.action = CASE m.migration_type
+                                         WHEN 'evacuation' THEN 'evacuate'
+                                         WHEN 'live-migration' THEN 'live-migration'
+                                         ELSE 'migrate' END
                       AND a.start_time >= m.created_at - interval '1 second'
                     ORDER BY a.start_time LIMIT 1) AS message
              FROM migrations m WHERE m.uuid = ANY($1::uuid[])""",

@@ -1,11 +1,13 @@
 """``keel-manage host drain`` of a host with 20 servers, with real processes and agents.
 
-The local driver, three hosts, two conductors. The drain runs with ``--parallel 4``:
+The local driver, three hosts, two conductors. Sixteen servers run and move live; four
+are stopped and move cold (``--cold-fallback``), staying stopped. The drain runs with
+``--parallel 4``:
 while it runs, the number of the host's servers with a move under way is sampled and
 never exceeds 4. The command is stopped with Ctrl-C, then SIGKILLed halfway, and started
 again: the task goes on and each start resumes it. A conductor is SIGKILLed mid-drain:
-the other goes on. In the end every server is ACTIVE on another host, and the drained
-host stays disabled, its reason naming the task.
+the other goes on. In the end every server is on another host as it was (ACTIVE, or
+SHUTOFF), and the drained host stays disabled, its reason naming the task.
 """
 
 from __future__ import annotations
@@ -25,11 +27,21 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 HOSTS = ("dr-a", "dr-b", "dr-c")
 SERVERS = 20
+#: Of them, stopped before the drain (moved cold).
+STOPPED = 4
 PARALLEL = 4
 #: Seconds the drain may take (about a minute on a quiet machine).
 DRAIN_TIME = 240.0
 #: Move statuses during which a server counts as moving.
-UNDER_WAY = ("accepted", "pre-migrating", "finished", "confirming")
+UNDER_WAY = (
+    "accepted",
+    "pre-migrating",
+    "finished",
+    "confirming",
+    "preparing",
+    "running",
+    "post-migrating",
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +72,19 @@ async def twenty_servers(cloud: Cloud) -> list[str]:
         return bool(active == SERVERS)
 
     await wait_until(all_active, what="twenty servers ACTIVE on dr-a", timeout=120)
+    for server_id in ids[:STOPPED]:
+        cloud.openstack("server", "stop", server_id, as_json=False)
+
+    async def stopped() -> bool:
+        async with cloud.pool.acquire() as conn:
+            found = await conn.fetchval(
+                """SELECT count(*) FROM instances WHERE uuid = ANY($1::uuid[])
+                      AND vm_state = 'stopped' AND task_state IS NULL""",
+                [UUID(i) for i in ids],
+            )
+        return bool(found == STOPPED)
+
+    await wait_until(stopped, what=f"{STOPPED} servers stopped", timeout=60)
     return ids
 
 
@@ -99,7 +124,8 @@ async def moved(cloud: Cloud, ids: list[str]) -> int:
     async with cloud.pool.acquire() as conn:
         found: int = await conn.fetchval(
             """SELECT count(*) FROM instances WHERE uuid = ANY($1::uuid[])
-                  AND host <> 'dr-a' AND vm_state = 'active' AND task_state IS NULL""",
+                  AND host <> 'dr-a' AND vm_state IN ('active', 'stopped')
+                  AND task_state IS NULL""",
             [UUID(i) for i in ids],
         )
     return found
@@ -128,10 +154,16 @@ async def until_said(process: Process, text: str) -> None:
 
 
 async def check_drained(cloud: Cloud, ids: list[str], task_id: int) -> None:
-    """Every server ACTIVE on another host, the host disabled by the task, the task done."""
+    """Every server on another host as it was (the stopped ones by cold migration, the
+    others live), the host disabled by the task, the task done."""
     async with cloud.pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT host, vm_state, task_state FROM instances WHERE uuid = ANY($1::uuid[])",
+            [UUID(i) for i in ids],
+        )
+        kinds = await conn.fetch(
+            """SELECT instance_uuid, migration_type FROM migrations
+                WHERE instance_uuid = ANY($1::uuid[])""",
             [UUID(i) for i in ids],
         )
         service = await conn.fetchrow(
@@ -143,7 +175,13 @@ async def check_drained(cloud: Cloud, ids: list[str], task_id: int) -> None:
             "SELECT status, dest FROM host_task_items WHERE task_id = $1", task_id
         )
         tasks = await conn.fetchval("SELECT count(*) FROM host_tasks")
-    assert {(r["vm_state"], r["task_state"]) for r in rows} == {("active", None)}
+    assert sorted((r["vm_state"], r["task_state"]) for r in rows) == sorted(
+        [("stopped", None)] * STOPPED + [("active", None)] * (SERVERS - STOPPED)
+    )
+    by_server = {str(k["instance_uuid"]): k["migration_type"] for k in kinds}
+    assert len(kinds) == SERVERS, "each server moved once"
+    assert {by_server[i] for i in ids[:STOPPED]} == {"migration"}
+    assert {by_server[i] for i in ids[STOPPED:]} == {"live-migration"}
     assert {r["host"] for r in rows} <= {"dr-b", "dr-c"}
     assert service is not None
     assert service["disabled"]
@@ -199,8 +237,9 @@ async def test_drain_moves_twenty_servers_resumes_and_survives_a_conductor(cloud
     assert sampler.most >= 2, "moves ran in parallel"
     assert sampler.samples > 20
     await check_drained(cloud, ids, task_id)
-    # Every server is ACTIVE for the stock client too, on its new host.
-    listed = cloud.openstack("server", "list", "--long")
-    assert {s["Status"] for s in listed if s["ID"] in ids} == {"ACTIVE"}
+    # As the stock client sees them too.
+    listed = {s["ID"]: s["Status"] for s in cloud.openstack("server", "list", "--long")}
+    assert {listed[i] for i in ids[:STOPPED]} == {"SHUTOFF"}
+    assert {listed[i] for i in ids[STOPPED:]} == {"ACTIVE"}
     print(f"drained {SERVERS} servers in {took:.0f}s, at most {sampler.most} moving at once")
     cloud.start("conductor", "keel-conductor")

@@ -7,9 +7,10 @@ only (403 for anyone else):
   "parallel": N, "cold_fallback": BOOL, "deadline": SECONDS}}`` starts a task, as
   ``keel-manage host drain|evacuate`` does (:mod:`shared.host_task_requests`): 202 with
   the new task, or 200 with the running one of the same kind on that host (it is
-  resumed, its own settings kept). 400 for a bad body, a drain without
-  ``cold_fallback`` (keel has no live migration yet) or a host that is not fenced for
-  an evacuation (the reason ``evacuate`` gives); 404 for an unknown host; 409 while a
+  resumed, its own settings kept). A drain moves servers live, and cold where
+  ``cold_fallback`` allows it (:mod:`services.conductor.host_tasks.movers`). 400 for a
+  bad body or a host that is not fenced for an evacuation (the reason ``evacuate``
+  gives); 404 for an unknown host; 409 while a
   task of the other kind runs there, or to drain a host that is down;
 * ``GET`` lists the running tasks (``?all=true``: ended ones too, the latest 200), each
   with its counts;

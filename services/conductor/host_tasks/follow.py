@@ -10,6 +10,10 @@ For every item ``moving``, the record of its move says:
 * **stayed** (``error``, ``failed``, ``reverted``): the item is ``failed``, with the
   reason the move's instance action gives;
 * ``cancelled`` (the server was deleted during its move): ``skipped``;
+* a **live migration** that ended without arriving (``error``, ``failed``, or
+  ``cancelled``: aborted, or the server deleted): ``pending`` again, with why; the
+  sweep's start moves it cold if the task allows it, or fails it, and skips a server
+  that is gone;
 * still ``accepted`` after ``stall`` seconds: nobody took the cast (a conductor died
   between recording the move and casting it): cast again; every receiver is idempotent.
 
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.conductor.host_tasks.movers import BY_TYPE
+from services.conductor.host_tasks.movers import BY_TYPE, LIVE
 from services.conductor.rpcapi import ConductorAPI
 from shared.context import RequestContext
 from shared.db import host_tasks, move_requests, moves
@@ -36,6 +40,7 @@ from shared.objects.migration import MigrationStatus
 LOG = logging.getLogger(__name__)
 
 MOVING = [ItemStatus.MOVING]
+S = MigrationStatus
 
 
 @dataclass
@@ -72,6 +77,13 @@ class Follower:
             return False
         if state.status in mover.arrived:
             return await self._end(item, ItemStatus.MOVED, state.dest, f"moved by {mover.name}")
+        if mover is LIVE and (state.status in mover.stayed or state.status == S.CANCELLED):
+            # The sweep's start decides what comes next (a cold migration, if the task
+            # allows one); a server deleted meanwhile is skipped by its reconcile.
+            why = state.message or f"it ended {state.status}"
+            return await self._end(
+                item, ItemStatus.PENDING, None, f"its live migration did not arrive ({why})"
+            )
         if state.status == MigrationStatus.CANCELLED:
             return await self._end(item, ItemStatus.SKIPPED, None, "deleted during its move")
         if state.status in mover.stayed:

@@ -6,10 +6,12 @@ and which record statuses mean the server arrived, awaits the task's confirm, or
 where it was.
 
 * **evacuate** moves every server by evacuation (:data:`EVACUATE`);
-* **drain** moves each server by the first mover of :func:`drain_movers` the task
-  allows. Today that is cold migration alone, allowed by ``cold_fallback``; live
-  migration, once it exists, goes first in that list (a mover whose record ends with
-  nothing to confirm), and cold migration stays the fallback the operator allows.
+* **drain** moves each server live (:data:`LIVE`) where it can: an ACTIVE or PAUSED
+  server, in a deployment whose conductors and agents all speak live migration. A
+  server that cannot move live — stopped, or in a deployment not yet upgraded — or
+  whose live migration failed or was aborted moves by cold migration (:data:`COLD`) if
+  the task allows it (``cold_fallback``); otherwise it is left on the host, its item
+  failed with the reason (:func:`drain_mover`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ from uuid import UUID
 
 from services.conductor.rpcapi import ConductorAPI
 from shared.context import RequestContext
-from shared.objects.host_task import HostTask, TaskKind
-from shared.objects.migration import EVACUATION, MIGRATION, MigrationStatus, MoveKind
+from shared.objects.host_task import HostTask
+from shared.objects.migration import (
+    EVACUATION,
+    LIVE_MIGRATION,
+    MIGRATION,
+    MigrationStatus,
+    MoveKind,
+)
 
 S = MigrationStatus
 
@@ -58,19 +66,53 @@ COLD = Mover(
     stayed=frozenset({S.ERROR, S.FAILED, S.REVERTED}),
 )
 
+LIVE = Mover(
+    name="live migration",
+    kind=LIVE_MIGRATION,
+    cast=lambda conductor: conductor.live.live_migrate_instance,
+    arrived=frozenset({S.COMPLETED}),
+    to_confirm=frozenset(),
+    # An aborted live migration ends ``cancelled`` with the server where it was; the
+    # follower puts every live migration that did not arrive back to pending, and the
+    # sweep's start decides what comes next (:func:`drain_mover`).
+    stayed=frozenset({S.ERROR, S.FAILED}),
+)
+
 #: Every mover by the record type its moves write (how an item's move is followed).
-BY_TYPE = {mover.kind.migration_type.value: mover for mover in (EVACUATE, COLD)}
+BY_TYPE = {mover.kind.migration_type.value: mover for mover in (EVACUATE, COLD, LIVE)}
 
 
-def drain_movers(task: HostTask) -> tuple[Mover, ...]:
-    """The movers a drain may use, in the order it tries them."""
-    # Live migration goes first here once keel has it.
-    return (COLD,) if task.cold_fallback else ()
+@dataclass(frozen=True)
+class Choice:
+    """How a drain moves one server: a mover, or why it cannot move it."""
+
+    mover: Mover | None
+    refused: str | None = None
 
 
-def mover_for(task: HostTask) -> Mover | None:
-    """How the task moves its next server; ``None``: it may not move any."""
-    if task.kind == TaskKind.EVACUATE:
-        return EVACUATE
-    movers = drain_movers(task)
-    return movers[0] if movers else None
+def drain_mover(
+    task: HostTask, vm_state: str, *, live_possible: str | None, live_failed: str | None
+) -> Choice:
+    """How a drain moves a server in ``vm_state``.
+
+    ``live_possible``: ``None`` when the deployment can migrate live, else why not;
+    ``live_failed``: why this server's last live migration by this task did not arrive
+    (``None``: it has had none, or it arrived and the server came back).
+    """
+    why_not_live = live_failed or live_possible
+    if why_not_live is None and vm_state not in LIVE.kind.movable:
+        why_not_live = (
+            f"its vm_state is {vm_state}: a live migration moves only servers in "
+            f"{', '.join(s.value for s in LIVE.kind.movable)}"
+        )
+    if why_not_live is None:
+        return Choice(LIVE)
+    if not task.cold_fallback:
+        return Choice(None, f"{why_not_live}; cold migration was not allowed (cold_fallback)")
+    if vm_state not in COLD.kind.movable:
+        return Choice(
+            None,
+            f"{why_not_live}; and its vm_state is {vm_state}: a cold migration moves only "
+            f"servers in {', '.join(s.value for s in COLD.kind.movable)}",
+        )
+    return Choice(COLD)

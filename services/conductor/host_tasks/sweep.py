@@ -19,7 +19,9 @@ lease runs out, and every step below is a compare-and-swap anyway):
    conductors never exceed it): each move recorded as keel-api and the automatic
    evacuation record theirs (:mod:`shared.db.move_requests`) with the item claimed in the
    same transaction, so each server's move is started once, then cast. A server with a
-   task waits; one in a state its move cannot start from fails, saying so;
+   task waits; a drain chooses each server's move (:func:`.movers.drain_mover`: live
+   where it can, cold where the task allows it); one no allowed move can start from
+   fails, saying why;
 6. **end**: with nothing pending or moving, ``done`` if every server moved, ``failed``
    otherwise, with what is left and why.
 """
@@ -31,9 +33,10 @@ import uuid
 
 import asyncpg
 
+from services.compute.rpcapi import ComputeAPI
 from services.conductor.host_tasks.follow import Follower
 from services.conductor.host_tasks.gates import Gate, gate_for
-from services.conductor.host_tasks.movers import Mover, mover_for
+from services.conductor.host_tasks.movers import EVACUATE, LIVE, Mover, drain_mover
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.context import RequestContext
@@ -41,8 +44,8 @@ from shared.db import compute_nodes, host_tasks, move_requests, services
 from shared.db.host_tasks import ServerOnHost
 from shared.db.pool import Connection
 from shared.exceptions import ServiceNotFound
-from shared.objects.host_task import HostTask, HostTaskItem, ItemStatus, TaskStatus
-from shared.objects.migration import Migration
+from shared.objects.host_task import HostTask, HostTaskItem, ItemStatus, TaskKind, TaskStatus
+from shared.objects.migration import Migration, MigrationType
 from shared.objects.states import VmState
 
 LOG = logging.getLogger(__name__)
@@ -79,9 +82,17 @@ def listing(items: list[HostTaskItem]) -> str:
 class HostTasks:
     """The host task sweep of one conductor (see the module's text)."""
 
-    def __init__(self, pool: asyncpg.Pool, conductor: ConductorAPI, settings: Settings) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        conductor: ConductorAPI,
+        compute: ComputeAPI,
+        settings: Settings,
+    ) -> None:
         self.pool = pool
+        #: Both with the deployment's RPC caps: whether a drain may move servers live.
         self.conductor = conductor
+        self.compute = compute
         self.down_time = settings.service_down_time
         self.margin = settings.fencing.margin
         self.stall = 2 * settings.rpc.call_timeout
@@ -137,12 +148,11 @@ class HostTasks:
             items = await host_tasks.items(conn, task.id)
         follower = Follower(self.pool, self.conductor, ctx, self.stall)
         moving = await follower.follow(task, items)
-        mover = mover_for(task)
         waiting = gate.waiting
-        if waiting is None and mover is not None and moving < task.parallel:
+        if waiting is None and moving < task.parallel:
             async with self.pool.acquire() as conn:
                 items = await host_tasks.items(conn, task.id)
-            waiting = await self._start(task, mover, ctx, items, on_host)
+            waiting = await self._start(task, ctx, items, on_host)
         async with self.pool.acquire() as conn:
             items = await host_tasks.items(conn, task.id)
             if not any(i.status in (ItemStatus.PENDING, ItemStatus.MOVING) for i in items):
@@ -175,34 +185,87 @@ class HostTasks:
     async def _start(
         self,
         task: HostTask,
-        mover: Mover,
         ctx: RequestContext,
         items: list[HostTaskItem],
         on_host: dict[uuid.UUID, ServerOnHost],
     ) -> str | None:
         """Start moves of pending servers up to the bound; what the rest waits for."""
+        pending = [
+            i for i in items if i.status == ItemStatus.PENDING and i.instance_uuid in on_host
+        ]
+        if not pending:
+            return None
+        live_failed = await self._live_failures(pending)
+        live_possible = await self._live_possible() if task.kind == TaskKind.DRAIN else None
         busy = 0
-        for item in items:
-            server = on_host.get(item.instance_uuid)
-            if item.status != ItemStatus.PENDING or server is None:
-                continue
+        for item in pending:
+            server = on_host[item.instance_uuid]
             if server.task_state is not None or server.vm_state == VmState.BUILDING:
                 busy += 1
                 continue
-            if server.vm_state not in mover.kind.movable:
+            if task.kind == TaskKind.EVACUATE:
+                mover: Mover | None = EVACUATE
+                refused = (
+                    None
+                    if server.vm_state in EVACUATE.kind.movable
+                    else f"its vm_state is {server.vm_state}: an evacuation moves only servers "
+                    f"in {', '.join(s.value for s in EVACUATE.kind.movable)}"
+                )
+            else:
+                choice = drain_mover(
+                    task,
+                    server.vm_state,
+                    live_possible=live_possible,
+                    live_failed=live_failed.get(item.id),
+                )
+                mover, refused = choice.mover, choice.refused
+            if mover is None or refused is not None:
                 async with self.pool.acquire() as conn:
                     await host_tasks.swap_item(
                         conn,
                         item.id,
                         expected=[ItemStatus.PENDING],
                         new=ItemStatus.FAILED,
-                        message=f"its vm_state is {server.vm_state}: a {mover.name} moves only "
-                        f"servers in {', '.join(s.value for s in mover.kind.movable)}",
+                        message=refused,
                     )
                 continue
             if not await self._start_one(task, mover, ctx, item, server):
                 break  # at the bound (or another sweep took it): the next pass goes on
         return f"{busy} server(s) wait for their task to end" if busy else None
+
+    async def _live_possible(self) -> str | None:
+        """``None`` if every conductor and agent speaks live migration; else why not."""
+        if not await self.conductor.live.can_live_migrate():
+            return (
+                "live migration needs every keel-conductor at release yawl or later (or "
+                "KEEL_UPGRADE_LEVELS__CONDUCTOR lifted)"
+            )
+        if not await self.compute.can_send("live_migrate"):
+            return (
+                "live migration needs every keel-compute at release yawl or later (or "
+                "KEEL_UPGRADE_LEVELS__COMPUTE lifted)"
+            )
+        return None
+
+    async def _live_failures(self, pending: list[HostTaskItem]) -> dict[int, str]:
+        """Pending items whose last move by this task was a live migration that did not
+        arrive (failed, aborted): why, by item id."""
+        last = {i.id: i.migration_uuid for i in pending if i.migration_uuid is not None}
+        if not last:
+            return {}
+        async with self.pool.acquire() as conn:
+            states = await host_tasks.moves_of(conn, list(last.values()))
+        failed = {}
+        for item_id, migration_uuid in last.items():
+            state = states.get(migration_uuid)
+            if (
+                state is not None
+                and state.migration_type == MigrationType.LIVE_MIGRATION.value
+                and state.status not in LIVE.arrived
+            ):
+                why = state.message or f"it ended {state.status}"
+                failed[item_id] = f"its live migration {migration_uuid} did not arrive ({why})"
+        return failed
 
     async def _start_one(
         self,

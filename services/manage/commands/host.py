@@ -44,9 +44,12 @@ LIST_LIMIT = 200
 DRAIN_HELP = (
     "Move every server off HOST, then leave it disabled for maintenance. The host's "
     "compute service is disabled first (its reason names the task), then its servers are "
-    "moved, at most --parallel at once, each confirmed on arrival. Live migration is not "
-    "available in this release: every server moves by cold migration (shut down, moved, "
-    "started again on another host), which --cold-fallback allows and a drain requires."
+    "moved, at most --parallel at once: each ACTIVE or PAUSED server by live migration "
+    "(it runs on throughout). With --cold-fallback, a server that cannot move live "
+    "(stopped, a live migration that failed or was aborted, services not yet "
+    "upgraded) moves by cold migration (shut down, moved, started again on another host, "
+    "confirmed on arrival); without it, such a server stays and the task ends failed, "
+    "naming it."
 )
 EVACUATE_HELP = (
     "Rebuild every server of HOST elsewhere, as 'openstack server evacuate' does for one: "
@@ -111,8 +114,6 @@ def _request(args: argparse.Namespace, kind: TaskKind) -> TaskRequest:
         request.check()
     except HostTaskRefused as exc:
         raise UsageError(exc.message) from None
-    if kind is TaskKind.DRAIN and not request.cold_fallback:
-        raise UsageError(f"Cannot drain {args.host}: {host_task_requests.LIVE_MISSING}")
     return request
 
 
@@ -215,7 +216,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--cold-fallback",
         action="store_true",
         help="allow cold migration (the guest is shut down, moved and started again) where a "
-        "server cannot move live; required today: keel has no live migration yet",
+        "server cannot move live",
     )
     set_handler(draining, drain)
     evacuating = actions.add_parser(

@@ -225,8 +225,9 @@
       title: `Drain ${host.host}?`,
       text:
         `The host is disabled first, then each of its ${host.servers} server(s) is moved to ` +
-        "another host, at most 2 at once, by cold migration: keel has no live migration " +
-        "yet, so each server is shut down, moved and started again. The conductors carry " +
+        "another host, at most 2 at once: live where it can (it runs throughout), by cold " +
+        "migration where it cannot (a stopped server, or a live migration that failed: " +
+        "shut down, moved and started again). The conductors carry " +
         "the drain out; its progress shows under Host tasks, and the host stays disabled " +
         "once it is empty.",
       ok: "Drain",

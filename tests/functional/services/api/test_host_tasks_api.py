@@ -91,7 +91,7 @@ async def test_members_are_refused_and_see_nothing(
         ({"host_task": {**DRAIN, "deadline": -5}}, 400, "field/attribute deadline"),
         ({"host_task": {**DRAIN, "extra": 1}}, 400, "field/attribute extra"),
         ({"host_task": {**DRAIN, "host": "nowhere"}}, 404, "Compute host nowhere could not"),
-        ({"host_task": {**DRAIN, "cold_fallback": False}}, 400, "Live migration is not available"),
+        ({"host_task": {**DRAIN, "cold_fallback": "maybe"}}, 400, "field/attribute cold_fallback"),
         ({"host_task": {"kind": "evacuate", "host": "ht-a"}}, 400, "is still in use"),
         ({"host_task": {"kind": "drain", "host": "ht-down", "cold_fallback": True}}, 409, "down"),
     ],

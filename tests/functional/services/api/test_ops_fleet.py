@@ -265,9 +265,11 @@ async def test_drain_starts_one_host_task_whose_progress_the_page_shows(
     client: httpx.AsyncClient, db_pool: asyncpg.Pool, fleet: dict[str, str]
 ) -> None:
     host = (await hosts(client))["alive"]
-    live_only = await client.post(f"/ops/api/hosts/{host['uuid']}/drain", headers=ADMIN, json={})
-    assert live_only.status_code == 400
-    assert "Live migration is not available" in live_only.json()["badRequest"]["message"]
+    unsure = await client.post(
+        f"/ops/api/hosts/{host['uuid']}/drain", headers=ADMIN, json={"cold_fallback": "maybe"}
+    )
+    assert unsure.status_code == 400
+    assert "A drain takes" in unsure.json()["badRequest"]["message"]
     bad = await client.post(
         f"/ops/api/hosts/{host['uuid']}/drain", headers=ADMIN, json={"parallel": "many"}
     )

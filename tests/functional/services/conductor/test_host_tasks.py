@@ -17,7 +17,10 @@ from uuid import UUID
 import asyncpg
 import pytest
 
+from services.compute.rpcapi import RPC_VERSION as COMPUTE_RPC_VERSION
+from services.compute.rpcapi import ComputeAPI
 from services.conductor.host_tasks.sweep import HostTasks
+from services.conductor.live_rpc import LiveConductorAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared import host_task_requests
 from shared.config import DatabaseSettings, FencingSettings, RpcSettings, Settings
@@ -39,6 +42,17 @@ FENCED = FENCE + MARGIN + 1
 ADMIN = RequestContext(user_id="operator", project_id="ops", roles=("admin",))
 
 
+class RecordingLive(LiveConductorAPI):
+    """Records the live migrations cast (by migration uuid)."""
+
+    def __init__(self, conductor: ConductorAPI) -> None:
+        super().__init__(conductor.client)
+        self.cast: list[UUID] = []
+
+    async def live_migrate_instance(self, ctx: RequestContext, migration_uuid: UUID) -> None:
+        self.cast.append(migration_uuid)
+
+
 class RecordingConductor(ConductorAPI):
     """Records the moves and confirms cast (by migration uuid)."""
 
@@ -47,6 +61,7 @@ class RecordingConductor(ConductorAPI):
         self.migrations: list[UUID] = []
         self.evacuations: list[UUID] = []
         self.confirms: list[UUID] = []
+        self.live: RecordingLive = RecordingLive(self)
 
     async def migrate_instance(self, ctx: RequestContext, migration_uuid: UUID) -> None:
         self.migrations.append(migration_uuid)
@@ -67,15 +82,22 @@ def settings(call_timeout: float = 10.0) -> Settings:
     )
 
 
+#: The compute RPC cap of a deployment whose agents do not all speak live migration.
+BEFORE_LIVE = "1.15"
+
+
 @dataclass
 class World:
     pool: asyncpg.Pool
+    #: The compute RPC cap the sweeps see (the deployment's agents).
+    compute_cap: str = COMPUTE_RPC_VERSION
     conductor: RecordingConductor = field(default_factory=RecordingConductor)
     nodes: dict[str, int] = field(default_factory=dict)
 
     def sweep(self, pool: asyncpg.Pool | None = None, call_timeout: float = 10.0) -> HostTasks:
         """A conductor's sweep (each call: another conductor)."""
-        return HostTasks(pool or self.pool, self.conductor, settings(call_timeout))
+        compute = ComputeAPI(FakeTransport(), version_cap=self.compute_cap)
+        return HostTasks(pool or self.pool, self.conductor, compute, settings(call_timeout))
 
     async def host(self, name: str) -> int:
         """A compute host of this release, its fence armed, up; its node's id."""
@@ -108,8 +130,8 @@ class World:
         self.nodes[name] = node.id
         return node.id
 
-    async def servers(self, host: str, count: int) -> list[UUID]:
-        """``count`` ACTIVE servers on ``host``."""
+    async def servers(self, host: str, count: int, vm_state: str = "active") -> list[UUID]:
+        """``count`` servers on ``host``, ACTIVE unless ``vm_state`` says otherwise."""
         made = []
         for _ in range(count):
             server = await create_instance(self.pool)
@@ -119,6 +141,9 @@ class World:
                     conn, server, host=host, node=node.hypervisor_hostname, compute_id=node.id
                 )
                 await instances.set_active(conn, server)
+                await conn.execute(
+                    "UPDATE instances SET vm_state = $2 WHERE uuid = $1", server, vm_state
+                )
             made.append(server)
         return made
 
@@ -144,7 +169,7 @@ class World:
     async def carry_out(self, dest: str, *, fail: UUID | None = None) -> None:
         """Every recorded move as the workflow would carry it out: cold migrations to
         ``finished`` on ``dest`` (or ``error``, for server ``fail``), confirms to
-        ``confirmed``, evacuations to ``done``."""
+        ``confirmed``, evacuations to ``done``, live migrations to ``completed``."""
         async with self.pool.acquire() as conn, conn.transaction():
             node = await compute_nodes.get_by_id(conn, self.nodes[dest])
             failed = await conn.fetch(
@@ -163,17 +188,18 @@ class World:
                 )
             moved = await conn.fetch(
                 """UPDATE migrations SET status = CASE migration_type
-                          WHEN 'evacuation' THEN 'done' ELSE 'finished' END,
+                          WHEN 'evacuation' THEN 'done' WHEN 'live-migration' THEN 'completed'
+                          ELSE 'finished' END,
                           dest_compute = $1, dest_compute_id = $2, updated_at = now()
                     WHERE status = 'accepted' RETURNING instance_uuid, migration_type""",
                 dest,
                 node.id,
             )
             for row in moved:
-                vm = "active" if row["migration_type"] == "evacuation" else "resized"
+                vm = {"evacuation": "active", "migration": "resized"}.get(row["migration_type"])
                 await conn.execute(
-                    """UPDATE instances SET task_state = NULL, vm_state = $2, host = $3,
-                              compute_id = $4 WHERE uuid = $1""",
+                    """UPDATE instances SET task_state = NULL, vm_state = COALESCE($2, vm_state),
+                              host = $3, compute_id = $4 WHERE uuid = $1""",
                     row["instance_uuid"],
                     vm,
                     dest,
@@ -207,6 +233,13 @@ class World:
 
 @pytest.fixture
 def world(db_pool: asyncpg.Pool) -> World:
+    """A deployment whose agents do not speak live migration: drains move cold."""
+    return World(db_pool, compute_cap=BEFORE_LIVE)
+
+
+@pytest.fixture
+def live_world(db_pool: asyncpg.Pool) -> World:
+    """A deployment of this release: drains move servers live where they can."""
     return World(db_pool)
 
 
@@ -268,8 +301,8 @@ async def test_starting_twice_resumes_the_same_task_and_the_other_kind_is_refuse
 
     with pytest.raises(Conflict, match=f"host task {first.id} \\(drain\\) runs on it"):
         await world.start(TaskKind.EVACUATE, "src")
-    with pytest.raises(HostTaskRefused, match="Live migration is not available"):
-        await world.start(TaskKind.DRAIN, "other", cold_fallback=False)
+    with pytest.raises(HostTaskRefused, match="parallel must be between"):
+        await world.start(TaskKind.DRAIN, "other", parallel=0)
 
 
 async def test_two_sweeps_at_once_start_each_move_once_within_the_bound(world: World) -> None:
@@ -430,3 +463,155 @@ async def test_a_move_that_fails_is_kept_with_its_reason_and_the_task_fails(worl
         items = {i.instance_uuid: i for i in await host_tasks.items(conn, task.id)}
     assert (items[bad].status, items[bad].message) == ("failed", "No valid host was found.")
     assert items[good].status == "moved"
+
+
+async def items_by_server(world: World, task: HostTask) -> dict[UUID, tuple[str, str]]:
+    async with world.pool.acquire() as conn:
+        found = await host_tasks.items(conn, task.id)
+    return {i.instance_uuid: (i.status, i.message or "") for i in found}
+
+
+async def test_a_drain_moves_running_servers_live_and_a_stopped_one_cold(
+    live_world: World,
+) -> None:
+    world = live_world
+    await world.host("src")
+    await world.host("dst")
+    running = await world.servers("src", 3) + await world.servers("src", 1, vm_state="paused")
+    (stopped,) = await world.servers("src", 1, vm_state="stopped")
+    task = await world.start(TaskKind.DRAIN, "src", parallel=2, cold_fallback=True)
+
+    ended = await drained(world, task, "dst")
+
+    assert ended.status == "done", ended.message
+    assert sorted(world.conductor.live.cast) == sorted(
+        await migration_uuids(world, "live-migration")
+    )
+    assert len(world.conductor.live.cast) == 4
+    assert len(world.conductor.migrations) == 1, "only the stopped server moved cold"
+    assert len(world.conductor.confirms) == 1, "a live migration has nothing to confirm"
+    outcomes = await items_by_server(world, task)
+    assert {outcomes[s] for s in running} == {("moved", "moved by live migration")}
+    assert outcomes[stopped] == ("moved", "moved by cold migration")
+    assert await world.migrations_per_server() == {s: 1 for s in [*running, stopped]}
+
+
+async def migration_uuids(world: World, migration_type: str) -> list[UUID]:
+    async with world.pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT uuid FROM migrations WHERE migration_type = $1", migration_type
+        )
+    return [row["uuid"] for row in rows]
+
+
+async def test_without_cold_fallback_what_cannot_move_live_stays_and_the_task_says_why(
+    live_world: World,
+) -> None:
+    world = live_world
+    await world.host("src")
+    await world.host("dst")
+    (live,) = await world.servers("src", 1)
+    (stopped,) = await world.servers("src", 1, vm_state="stopped")
+    (suspended,) = await world.servers("src", 1, vm_state="suspended")
+    task = await world.start(TaskKind.DRAIN, "src", parallel=3)
+
+    ended = await drained(world, task, "dst")
+
+    assert ended.status == "failed"
+    assert "2 of 3 server(s) could not be moved off src" in (ended.message or "")
+    outcomes = await items_by_server(world, task)
+    assert outcomes[live] == ("moved", "moved by live migration")
+    assert outcomes[stopped] == (
+        "failed",
+        "its vm_state is stopped: a live migration moves only servers in active, paused; "
+        "cold migration was not allowed (cold_fallback)",
+    )
+    assert outcomes[suspended][0] == "failed"
+    assert world.conductor.migrations == []
+
+
+@pytest.mark.parametrize("cold_fallback", [True, False])
+async def test_a_live_migration_that_fails_moves_the_server_cold_only_if_allowed(
+    live_world: World, cold_fallback: bool
+) -> None:
+    world = live_world
+    await world.host("src")
+    await world.host("dst")
+    bad, good = await world.servers("src", 2)
+    task = await world.start(TaskKind.DRAIN, "src", parallel=2, cold_fallback=cold_fallback)
+    await world.sweep().sweep()
+    await world.carry_out("dst", fail=bad)
+
+    ended = await drained(world, task, "dst")
+
+    outcomes = await items_by_server(world, task)
+    assert outcomes[good] == ("moved", "moved by live migration")
+    assert len(world.conductor.live.cast) == 2, "each server's live migration is tried once"
+    if cold_fallback:
+        assert ended.status == "done", ended.message
+        assert outcomes[bad] == ("moved", "moved by cold migration")
+        assert await world.migrations_per_server() == {bad: 2, good: 1}
+    else:
+        assert ended.status == "failed"
+        status, message = outcomes[bad]
+        assert status == "failed"
+        assert "did not arrive (No valid host was found.)" in message
+        assert message.endswith("cold migration was not allowed (cold_fallback)")
+        assert await world.migrations_per_server() == {bad: 1, good: 1}
+
+
+async def test_an_aborted_live_migration_moves_the_server_cold(live_world: World) -> None:
+    world = live_world
+    await world.host("src")
+    await world.host("dst")
+    (server,) = await world.servers("src", 1)
+    task = await world.start(TaskKind.DRAIN, "src", cold_fallback=True)
+    await world.sweep().sweep()
+    async with world.pool.acquire() as conn:  # aborted: ended, the server where it was
+        await conn.execute("UPDATE migrations SET status = 'cancelled', updated_at = now()")
+        await conn.execute("UPDATE instances SET task_state = NULL WHERE uuid = $1", server)
+
+    ended = await drained(world, task, "dst")
+
+    assert ended.status == "done", ended.message
+    assert (await items_by_server(world, task))[server] == ("moved", "moved by cold migration")
+    assert await world.migrations_per_server() == {server: 2}
+
+
+async def test_a_deployment_not_speaking_live_migration_drains_cold_or_says_why(
+    world: World,
+) -> None:
+    await world.host("src")
+    await world.host("dst")
+    (server,) = await world.servers("src", 1)
+    task = await world.start(TaskKind.DRAIN, "src")
+
+    ended = await drained(world, task, "dst")
+
+    assert ended.status == "failed"
+    status, message = (await items_by_server(world, task))[server]
+    assert status == "failed"
+    assert message.startswith("live migration needs every keel-compute at release yawl")
+    assert world.conductor.live.cast == []
+    assert world.conductor.migrations == []
+
+
+async def test_two_sweeps_at_once_start_each_live_migration_once(live_world: World) -> None:
+    world = live_world
+    await world.host("src")
+    await world.host("dst")
+    servers = await world.servers("src", 5)
+    task = await world.start(TaskKind.DRAIN, "src", parallel=2)
+    one, two = world.sweep(), world.sweep()
+
+    for _ in range(12):
+        current = await world.task(task)
+        await asyncio.gather(one.advance(current), two.advance(current))
+        assert await world.moving(task) <= 2
+        await world.carry_out("dst")
+        if not (await world.task(task)).running:
+            break
+
+    assert (await world.task(task)).status == "done"
+    assert await world.migrations_per_server() == {s: 1 for s in servers}
+    assert len(world.conductor.live.cast) == 5
