@@ -18,7 +18,8 @@ from shared.db.pool import Connection
 
 #: Move statuses that are not an end: the move, or its clean-up, still has work to do.
 #: ``done`` (an evacuation waiting for its source host to remove the old copy) and
-#: ``finished`` (a cold migration waiting for its confirm or revert) included.
+#: ``finished`` (a cold migration waiting for its confirm or revert) included, and a
+#: live migration's ``preparing``, ``running`` and ``post-migrating``.
 OPEN_STATUSES = (
     "accepted",
     "pre-migrating",
@@ -26,6 +27,9 @@ OPEN_STATUSES = (
     "finished",
     "confirming",
     "reverting",
+    "preparing",
+    "running",
+    "post-migrating",
 )
 
 

@@ -22,8 +22,9 @@ from shared.objects.host_task import HostTask, HostTaskItem, TaskCounts
 from shared.objects.states import PowerState
 from shared.versions import release_name
 
-#: The move statuses a deadline (``KEEL_MOVE_TIMEOUT``) applies to.
-TIMED_STATUSES = ("accepted", "pre-migrating")
+#: The move statuses a deadline (``KEEL_MOVE_TIMEOUT``) applies to (a live migration's
+#: switch-over is carried forward at its deadline, never ended with an error).
+TIMED_STATUSES = ("accepted", "pre-migrating", "preparing", "running")
 
 
 class HostActions(BaseModel):
@@ -221,6 +222,8 @@ def _waiting_for(move: OpenMove) -> str | None:
         return f"{move.source}'s agent to remove the old copy (when it starts again)"
     if move.status == "finished":
         return "its owner's confirm or revert"
+    if move.status == "post-migrating":
+        return f"{move.dest or 'the destination'}'s agent to start the server (the switch-over)"
     return None
 
 

@@ -20,9 +20,10 @@ from services.api.app import create_app
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import DatabaseSettings, FencingSettings, Settings
-from shared.db import moves, recoveries, services
+from shared.context import RequestContext
+from shared.db import compute_nodes, instances, move_requests, moves, recoveries, services
 from shared.db.pool import create_pool
-from shared.objects.migration import MigrationStatus
+from shared.objects.migration import LIVE_MIGRATION, MigrationStatus
 from shared.rpc.amqp import AmqpTransport
 from shared.versions import SERVICE_VERSION, apis_for
 from tests.broker import remove_exchange
@@ -203,6 +204,36 @@ async def test_evacuate_only_once_the_host_is_fenced_one_move_per_server(
     assert [e["server_id"] for e in events["evacuations"]] == [server]
     assert events["evacuations"][0]["user_id"] == "root"
     assert events["evacuations"][0]["asked_by"] == "root"  # a static token's user id
+
+
+async def test_a_live_migration_under_way_shows_its_deadline_then_what_it_waits_for(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, fleet: dict[str, str]
+) -> None:
+    server = UUID(fleet["alive"])
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, server)
+        assert instance.compute_id is not None
+        node = await compute_nodes.get_by_id(conn, instance.compute_id)
+    operator = RequestContext(user_id="operator", roles=("admin",))
+    migration = await move_requests.record(
+        db_pool, operator, LIVE_MIGRATION, instance_uuid=server, source=node
+    )
+    assert migration is not None
+    S = MigrationStatus
+    for before, now in ((S.ACCEPTED, S.PREPARING), (S.PREPARING, S.RUNNING)):
+        async with db_pool.acquire() as conn:
+            assert await moves.swap_status(conn, migration.uuid, expected=[before], new=now)
+        (shown,) = (await client.get("/ops/api/moves", headers=ADMIN)).json()["moves"]
+        assert (shown["type"], shown["status"]) == ("live-migration", now.value)
+        assert "KEEL_MOVE_TIMEOUT" in shown["deadline"]
+
+    async with db_pool.acquire() as conn:
+        assert await moves.swap_status(
+            conn, migration.uuid, expected=[S.RUNNING], new=S.POST_MIGRATING
+        )
+    (switching,) = (await client.get("/ops/api/moves", headers=ADMIN)).json()["moves"]
+    assert switching["deadline"] is None
+    assert "to start the server (the switch-over)" in switching["waiting_for"]
 
 
 async def test_force_up_is_refused_while_evacuations_away_are_unconfirmed(
