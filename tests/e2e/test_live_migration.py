@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 HOSTS = ("lm-a", "lm-b")
 #: The simulated copy: long enough to abort or force-complete it in flight.
-COPY_SECONDS = 45
+COPY_SECONDS = 20
 V = ("--os-compute-api-version", "2.30")
 
 
