@@ -33,7 +33,7 @@ from typing import Any, cast
 import asyncpg
 
 from shared.exceptions import MessagingError
-from shared.rpc.transport import Transport
+from shared.rpc.transport import Consumer, DeadLetter, Handler, Transport
 
 #: The connection methods that send a statement.
 _STATEMENTS = frozenset({"execute", "executemany", "fetch", "fetchrow", "fetchval"})
@@ -195,10 +195,10 @@ class BrokerFailsOnce(_Countdown, Transport):
     async def close(self) -> None:
         await self._transport.close()
 
-    async def serve(self, topic: str, handler: Any, *, prefetch: int) -> Any:
+    async def serve(self, topic: str, handler: Handler, *, prefetch: int) -> Consumer:
         return await self._transport.serve(topic, handler, prefetch=prefetch)
 
-    async def dead_letters(self, limit: int = 100, *, calls: bool = False) -> Any:
+    async def dead_letters(self, limit: int = 100, *, calls: bool = False) -> list[DeadLetter]:
         return await self._transport.dead_letters(limit, calls=calls)
 
     async def purge_dead_letters(self, *, calls: bool = False) -> int:
