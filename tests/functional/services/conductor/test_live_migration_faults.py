@@ -36,7 +36,7 @@ from services.conductor.live_rpc import (
     LiveMigrationSwitch,
     SwitchOutcome,
 )
-from services.conductor.moves import live
+from services.conductor.moves import live, live_deadline
 from services.conductor.rpcapi import ConductorAPI, Registration
 from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances, moves
@@ -215,14 +215,16 @@ async def only_on_the_destination(move: Running) -> None:
 
 
 @contextlib.asynccontextmanager
-async def failing_once(flaky: FailsOnce | BrokerFailsOnce) -> Any:
-    """Expect the fault to fire and be raised, or (past the last call) no fault at all."""
+async def failing_once(flaky: FailsOnce | BrokerFailsOnce, *, caught: bool = False) -> Any:
+    """Expect the fault to fire and be raised, or (past the last call) no fault at all;
+    ``caught``: the handler may also log it and return (the deadline's sweep leaves
+    what a broker failure stopped to its next pass)."""
     try:
         yield
     except FAILED:
         assert flaky.failed, flaky.calls
     else:
-        assert not flaky.failed, flaky.calls
+        assert caught or not flaky.failed, flaky.calls
 
 
 @pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
@@ -357,3 +359,111 @@ async def test_a_source_whose_call_to_the_conductor_fails_once_switches_over_whe
 
     # Progress twice (a quarter-second copy), then the switch-over.
     assert await every_call(scenario) == 3
+
+
+async def overdue() -> None:
+    """Past the tests' deadline: every record unchanged for longer than ``TIMEOUT``."""
+    await asyncio.sleep(TIMEOUT * 2)
+
+
+TIMEOUT = 0.05
+
+
+async def sweep_once_failed(
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    transport: AmqpTransport,
+    *,
+    db_at: int | None,
+    broker_at: int | None,
+    answered: bool,
+) -> FailsOnce | BrokerFailsOnce:
+    """A migration stalled during its switch-over (the conductor that recorded
+    ``post-migrating`` died): the deadline's sweep carries it forward, one of its calls
+    failing; the next sweep finishes it."""
+    move = await running(pool, conductor, transport)
+    await move.source.driver.pause(move.instance_uuid)
+    async with pool.acquire() as conn:
+        assert await moves.swap_status(
+            conn, move.migration.uuid, expected=[S.RUNNING], new=S.POST_MIGRATING
+        )
+    await overdue()
+    flaky_db = FailsOnce(pool, db_at, answered=answered)
+    flaky_broker = BrokerFailsOnce(transport, broker_at, answered=answered)
+    flaky = flaky_db if db_at is not None else flaky_broker
+
+    async with failing_once(flaky, caught=flaky is flaky_broker):
+        await live_deadline.sweep(
+            flaky_db.as_pool(),
+            ComputeAPI(flaky_broker, timeout=SOON),
+            timeout=TIMEOUT,
+            down_time=DOWN_TIME,
+        )
+    assert await where(pool, move) in (
+        before_switch(move, S.POST_MIGRATING),
+        switched(move),
+    ), flaky.calls
+    await overdue()
+    await live_deadline.sweep(
+        pool, ComputeAPI(transport, timeout=SOON), timeout=TIMEOUT, down_time=DOWN_TIME
+    )
+    assert await where(pool, move) == switched(move), flaky.calls
+    await only_on_the_destination(move)
+    return flaky
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+async def test_a_stalled_switch_over_whose_sweep_fails_once_is_carried_forward_by_the_next(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport, answered: bool
+) -> None:
+    async def on_the_database(at: int) -> FailsOnce | BrokerFailsOnce:
+        return await sweep_once_failed(
+            db_pool, conductor, agent_transport, db_at=at, broker_at=None, answered=answered
+        )
+
+    async def on_the_broker(at: int) -> FailsOnce | BrokerFailsOnce:
+        return await sweep_once_failed(
+            db_pool, conductor, agent_transport, db_at=None, broker_at=at, answered=answered
+        )
+
+    assert await every_call(on_the_database) >= 10
+    # start_live_copy to the destination, then the source's copy removed.
+    assert await every_call(on_the_broker) == 2
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+async def test_an_overdue_copy_whose_sweep_fails_once_ends_on_the_source_running(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport, answered: bool
+) -> None:
+    async def scenario(at: int) -> FailsOnce:
+        move = await running(db_pool, conductor, agent_transport)
+        # The source paused its guest to switch over, and was never heard from again.
+        await move.source.driver.pause(move.instance_uuid)
+        await overdue()
+        flaky = FailsOnce(db_pool, at, answered=answered)
+        compute = ComputeAPI(agent_transport, timeout=SOON)
+        ended = (
+            S.ERROR,
+            move.source.node_id,
+            VmState.ACTIVE,
+            None,
+            move.token,
+            {("instance", move.source.node_id)},
+            True,
+        )
+        async with failing_once(flaky):
+            await live_deadline.sweep(
+                flaky.as_pool(), compute, timeout=TIMEOUT, down_time=DOWN_TIME
+            )
+        assert await where(db_pool, move) in (before_switch(move, S.RUNNING), ended)
+        await overdue()
+        await live_deadline.sweep(db_pool, compute, timeout=TIMEOUT, down_time=DOWN_TIME)
+        assert await where(db_pool, move) == ended
+        # The source's live_migrate delivered again finds the migration ended.
+        assert isinstance(move.source.manager, HeldSource)
+        await ComputeManager.live_migrate(move.source.manager, RequestContext(), move.request)
+        assert move.source.driver.is_running(move.instance_uuid)
+        assert move.dest.driver.guest(move.instance_uuid) is None
+        return flaky
+
+    assert await every_call(scenario) >= 5
