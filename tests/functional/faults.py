@@ -48,6 +48,11 @@ class _Countdown:
         #: What each call was, in order (``acquire``, a statement's first words, ``commit``).
         self.calls: list[str] = []
 
+    def arm(self, at: int | None, *, answered: bool = False) -> None:
+        """Count again from 0, with call number ``at`` to fail (a long-lived holder of
+        the pool or transport, such as an API app, serves several scenarios)."""
+        self.at, self.answered, self.calls = at, answered, []
+
     @property
     def failed(self) -> bool:
         return self.at is not None and len(self.calls) > self.at
