@@ -10,51 +10,19 @@ cleanly (a 4xx saying the first one took effect), leaving the write whole.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
-from services.api.app import create_app
-from services.compute.rpcapi import ComputeAPI
-from services.conductor.rpcapi import ConductorAPI
-from shared.config import Settings
-from shared.rpc.amqp import AmqpTransport
-from tests.functional.faults import FailsOnce, every_call
-from tests.functional.services.api.conftest import MEMBER
+from tests.functional.services.api.conftest import MEMBER, Faulty, Look, Send, every_fault
 from tests.functional.services.api.test_project_networks import new_network
 
 pytestmark = pytest.mark.functional
 
 BASE = "/network/v2.0"
-_names = itertools.count()
-
-Send = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
-Look = Callable[[], Awaitable[Any]]
-
-
-@dataclass
-class Faulty:
-    """keel-api on a pool whose calls fail once when armed, and that pool."""
-
-    client: httpx.AsyncClient
-    pool: FailsOnce
-
-
-@pytest.fixture
-async def faulty(
-    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
-) -> AsyncIterator[Faulty]:
-    flaky = FailsOnce(db_pool, None)
-    app = create_app(settings, flaky.as_pool(), ConductorAPI(transport), ComputeAPI(transport))
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
-    ) as client:
-        yield Faulty(client, flaky)
 
 
 async def network_state(pool: asyncpg.Pool, name: str) -> set[tuple[Any, ...]]:
@@ -81,39 +49,6 @@ async def group_state(pool: asyncpg.Pool, name: str) -> set[tuple[Any, ...]]:
             name,
         )
     return {tuple(row.values()) for row in rows}
-
-
-async def every_fault(
-    faulty: Faulty,
-    client: httpx.AsyncClient,
-    answered: bool,
-    write: Callable[[str], Awaitable[tuple[Send, Look]]],
-    *,
-    done: int,
-    again: frozenset[int] = frozenset(),
-) -> int:
-    """Send a write through ``faulty`` with each of its calls failing in turn, then again
-    through ``client``: 503 (or, past its last call, its answer), what it wrote whole
-    or absent in between, and whole once sent again. Each scenario writes something of
-    its own, made by ``write(name)``. How many calls the write makes."""
-
-    async def scenario(at: int) -> FailsOnce:
-        send, look = await write(f"fault-{next(_names)}")
-        before = await look()
-        flaky = faulty.pool
-        flaky.arm(at, answered=answered)
-        first = await send(faulty.client)
-        between = await look()
-        retried = await send(client)
-        after = await look()
-        what = (flaky.calls, before, between, after, first.text, retried.text)
-        assert first.status_code == (503 if flaky.failed else done), what
-        assert between in (before, after), what
-        assert after != before, what
-        assert retried.status_code == done or retried.status_code in again, what
-        return flaky
-
-    return await every_call(scenario)
 
 
 Write = Callable[[str], Awaitable[tuple[Send, Look]]]
