@@ -38,6 +38,7 @@ from services.conductor.live_rpc import (
 )
 from services.conductor.moves import live, live_deadline
 from services.conductor.rpcapi import ConductorAPI, Registration
+from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances, moves
 from shared.exceptions import MessagingError
@@ -46,6 +47,7 @@ from shared.objects.migration import Migration, MigrationStatus, MigrationType
 from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
+from shared.rpc.transport import Transport
 from tests.functional.faults import BrokerFailsOnce, FailsOnce, every_call
 from tests.functional.services.conductor.conftest import SOON
 from tests.functional.services.conductor.stand_in import (
@@ -103,20 +105,24 @@ async def agent(
 
 @dataclass
 class Running:
-    """A live migration the conductor started: ``running``, its copy under way."""
+    """A live migration keel-api recorded (``accepted``), or that the conductor started
+    (``running``, its copy under way)."""
 
     instance_uuid: UUID
     migration: Migration
     source: Agent
     dest: Agent
-    #: The ``live_migrate`` the conductor sent the source.
-    request: LiveMigrate
     #: The copy token of the server's guest on its source.
     token: UUID | None
+    #: The ``live_migrate`` the conductor sent the source (once running).
+    request: LiveMigrate | None = None
 
 
-async def running(pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport) -> Running:
-    """A server built on a host of its own, live-migrating to another (named, forced)."""
+async def accepted(
+    pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport
+) -> Running:
+    """A server built on a host of its own, whose live migration to another (named,
+    forced) keel-api recorded."""
     n = next(_names)
     source = await agent(conductor, transport, f"lmf-{n}-a", HeldSource)
     instance_uuid = await create_instance(pool)
@@ -141,20 +147,31 @@ async def running(pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTr
             dest_host=f"lmf-{n}-b",
             forced=True,
         )
-    await conductor.live.live_migrate_instance(RequestContext(), migration.uuid)
-    assert isinstance(source.manager, HeldSource)
-    request = await asyncio.wait_for(source.manager.held.get(), SOON)
+        token = (await instances.get(conn, instance_uuid)).copy_token
+    return Running(instance_uuid, migration, source, dest, token)
+
+
+async def copying(pool: asyncpg.Pool, move: Running) -> Running:
+    """Once the source was sent its ``live_migrate`` and the record is ``running``."""
+    assert isinstance(move.source.manager, HeldSource)
+    request = await asyncio.wait_for(move.source.manager.held.get(), SOON)
 
     async def started() -> Migration | None:
         async with pool.acquire() as conn:
-            found = await moves.get(conn, migration.uuid)
+            found = await moves.get(conn, move.migration.uuid)
         return found if found.status == S.RUNNING else None
 
     migration = await eventually(started)
-    assert migration.dest_compute_id == dest.node_id
-    async with pool.acquire() as conn:
-        token = (await instances.get(conn, instance_uuid)).copy_token
-    return Running(instance_uuid, migration, source, dest, request, token)
+    assert migration.dest_compute_id == move.dest.node_id
+    move.migration, move.request = migration, request
+    return move
+
+
+async def running(pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport) -> Running:
+    """A live migration the conductor started: ``running``, the source's copy held."""
+    move = await accepted(pool, conductor, transport)
+    await conductor.live.live_migrate_instance(RequestContext(), move.migration.uuid)
+    return await copying(pool, move)
 
 
 async def where(pool: asyncpg.Pool, move: Running) -> tuple[Any, ...]:
@@ -348,6 +365,7 @@ async def test_a_source_whose_call_to_the_conductor_fails_once_switches_over_whe
             )
 
         ctx = RequestContext()
+        assert move.request is not None
         async with failing_once(flaky):
             await manager(flaky).live_migrate(ctx, move.request)
         # Delivered again (the failed delivery's guest is paused, or already gone).
@@ -461,9 +479,88 @@ async def test_an_overdue_copy_whose_sweep_fails_once_ends_on_the_source_running
         assert await where(db_pool, move) == ended
         # The source's live_migrate delivered again finds the migration ended.
         assert isinstance(move.source.manager, HeldSource)
+        assert move.request is not None
         await ComputeManager.live_migrate(move.source.manager, RequestContext(), move.request)
         assert move.source.driver.is_running(move.instance_uuid)
         assert move.dest.driver.guest(move.instance_uuid) is None
         return flaky
 
     assert await every_call(scenario) >= 5
+
+
+async def start_once_failed(
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    transport: AmqpTransport,
+    *,
+    db_at: int | None,
+    broker_at: int | None,
+    answered: bool,
+) -> FailsOnce | BrokerFailsOnce:
+    """The conductor starts a live migration (scheduling, preparing the destination,
+    sending the source its copy) and one of its calls fails; the message is delivered
+    again; the source then copies and switches over."""
+    move = await accepted(pool, conductor, transport)
+    flaky_db = FailsOnce(pool, db_at, answered=answered)
+    flaky_broker = BrokerFailsOnce(transport, broker_at, answered=answered)
+    flaky = flaky_db if db_at is not None else flaky_broker
+
+    def task(on: asyncpg.Pool, over: Transport) -> live.LiveMoveTask:
+        return live.LiveMoveTask(
+            RequestContext(),
+            move.migration.uuid,
+            pool=on,
+            scheduler=SchedulerAPI(over, timeout=SOON),
+            compute=ComputeAPI(over, timeout=SOON),
+            service_down_time=DOWN_TIME,
+        )
+
+    async with failing_once(flaky):
+        await task(flaky_db.as_pool(), flaky_broker).run()
+    state = await where(pool, move)
+    assert state[0] in (S.ACCEPTED, S.PREPARING, S.RUNNING), (flaky.calls, state)
+    assert state[1:5] == before_switch(move, state[0])[1:5], (flaky.calls, state)
+
+    await task(pool, transport).run()  # delivered again
+    await copying(pool, move)
+    assert await where(pool, move) == before_switch(move, S.RUNNING), flaky.calls
+    # The source copies, and switches over, for each live_migrate it was sent.
+    assert isinstance(move.source.manager, HeldSource)
+    held = [move.request]
+    while not move.source.manager.held.empty():
+        held.append(move.source.manager.held.get_nowait())
+    await asyncio.gather(
+        *(
+            ComputeManager.live_migrate(move.source.manager, RequestContext(), request)
+            for request in held
+            if request is not None
+        )
+    )
+    assert await where(pool, move) == switched(move), flaky.calls
+    await only_on_the_destination(move)
+    return flaky
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+async def test_a_start_whose_database_call_fails_once_goes_on_when_delivered_again(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport, answered: bool
+) -> None:
+    async def scenario(at: int) -> FailsOnce | BrokerFailsOnce:
+        return await start_once_failed(
+            db_pool, conductor, agent_transport, db_at=at, broker_at=None, answered=answered
+        )
+
+    assert await every_call(scenario) >= 10
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+async def test_a_start_whose_broker_call_fails_once_goes_on_when_delivered_again(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport, answered: bool
+) -> None:
+    async def scenario(at: int) -> FailsOnce | BrokerFailsOnce:
+        return await start_once_failed(
+            db_pool, conductor, agent_transport, db_at=None, broker_at=at, answered=answered
+        )
+
+    # The scheduler's choice, the destination's check, the source's live_migrate.
+    assert await every_call(scenario) >= 3
