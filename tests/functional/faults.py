@@ -8,10 +8,11 @@ calls in turn and running it again:
 
 * :class:`FailsOnce` wraps an ``asyncpg`` pool. It counts the handler's database calls
   in order (each ``acquire()``, each statement, each transaction's commit) and makes
-  call number ``at`` raise :class:`asyncpg.ConnectionDoesNotExistError`, once. With
-  ``answered=True`` the call is carried out first and only its answer is lost (a
-  statement outside a transaction, or a commit, that took effect); otherwise it never
-  reached PostgreSQL, and the transaction it was in is rolled back.
+  call number ``at`` raise :class:`asyncpg.ConnectionDoesNotExistError`, once: it never
+  reached PostgreSQL, and the transaction it was in is rolled back. With
+  ``answered=True`` the call is carried out first and only its answer is lost; then
+  only the calls whose answer matters are numbered (each commit, each statement outside
+  a transaction): a statement inside one is rolled back with it either way.
 * :class:`BrokerFailsOnce` wraps a :class:`~shared.rpc.transport.Transport` the same
   way for calls and casts, raising the :class:`~shared.exceptions.MessagingError` a
   publish RabbitMQ did not confirm ends in; with ``answered=True`` the message went out
@@ -47,23 +48,30 @@ class _Countdown:
         self.answered = answered
         #: What each call was, in order (``acquire``, a statement's first words, ``commit``).
         self.calls: list[str] = []
+        #: How many of them were numbered (could have been the one to fail).
+        self.numbered = 0
 
     def arm(self, at: int | None, *, answered: bool = False) -> None:
         """Count again from 0, with call number ``at`` to fail (a long-lived holder of
         the pool or transport, such as an API app, serves several scenarios)."""
-        self.at, self.answered, self.calls = at, answered, []
+        self.at, self.answered, self.calls, self.numbered = at, answered, [], 0
 
     @property
     def failed(self) -> bool:
-        return self.at is not None and len(self.calls) > self.at
+        return self.at is not None and self.numbered > self.at
 
-    def due(self, what: str) -> bool:
-        """Count a call; True if it is the one to fail."""
+    def due(self, what: str, *, answer_matters: bool = True) -> bool:
+        """Count a call; True if it is the one to fail. A call whose answer does not
+        matter is not numbered when only answers are lost."""
         self.calls.append(what)
-        return self.at is not None and len(self.calls) - 1 == self.at
+        if self.answered and not answer_matters:
+            return False
+        self.numbered += 1
+        return self.at is not None and self.numbered - 1 == self.at
 
     def describe(self) -> str:
-        return f"call {self.at} ({self.calls[-1]}) failed (injected)"
+        lost = "its answer lost" if self.answered else "failed"
+        return f"call {self.at} ({self.calls[-1]}): {lost} (injected)"
 
 
 class FailsOnce(_Countdown):
@@ -94,7 +102,7 @@ class _Acquire:
         self._borrowed: Any = None
 
     async def __aenter__(self) -> _Connection:
-        if self._faulty.due("acquire"):
+        if self._faulty.due("acquire", answer_matters=False):
             raise self._faulty.error()
         self._borrowed = self._faulty._pool.acquire(timeout=self._timeout)
         conn = await self._borrowed.__aenter__()
@@ -126,7 +134,8 @@ class _Connection:
             return found
 
         async def statement(query: str, *args: Any, **kwargs: Any) -> Any:
-            if not self._faulty.due(" ".join(query.split()[:3])):
+            what = " ".join(query.split()[:3])
+            if not self._faulty.due(what, answer_matters=not self._conn.is_in_transaction()):
                 return await found(query, *args, **kwargs)
             if not self._faulty.answered:
                 raise self._faulty.error()
@@ -216,11 +225,11 @@ class BrokerFailsOnce(_Countdown, Transport):
 async def every_call(scenario: Callable[[int], Awaitable[_Countdown]], *, most: int = 60) -> int:
     """Run ``scenario(at)`` for ``at`` = 0, 1, 2, … until a run in which the fault never
     fired (every call the handler makes has failed once by then); how many calls that
-    last run made. ``scenario`` returns the :class:`FailsOnce` or
+    last run numbered. ``scenario`` returns the :class:`FailsOnce` or
     :class:`BrokerFailsOnce` it used, and asserts what must hold after its fault."""
     for at in range(most):
         faulty = await scenario(at)
         if not faulty.failed:
             assert at > 0, "the scenario made no call that could fail"
-            return len(faulty.calls)
+            return faulty.numbered
     raise AssertionError(f"the scenario still made a call numbered {most}: raise most=")

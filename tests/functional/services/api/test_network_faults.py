@@ -188,4 +188,5 @@ async def test_a_network_write_whose_database_call_fails_once_is_whole_or_absent
     calls = await every_fault(
         faulty, client, answered, writes(client, db_pool)[write], done=done, again=again
     )
-    assert calls >= 3  # acquire, a statement, commit
+    # Acquire, a statement and the commit; of them, only the commit's answer matters.
+    assert calls >= (1 if answered else 3)

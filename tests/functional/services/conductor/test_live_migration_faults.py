@@ -273,7 +273,7 @@ async def test_progress_whose_database_call_fails_once_is_recorded_when_asked_ag
         )
         return flaky
 
-    assert await every_call(scenario) >= 3
+    assert await every_call(scenario) >= (2 if answered else 3)
     assert await where(db_pool, move) == before_switch(move, S.RUNNING)
 
 
@@ -332,7 +332,7 @@ async def test_a_switch_over_whose_database_call_fails_once_completes_when_asked
             db_pool, conductor, agent_transport, db_at=at, broker_at=None, answered=answered
         )
 
-    assert await every_call(scenario) >= 10
+    assert await every_call(scenario) >= (3 if answered else 10)
 
 
 @pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
@@ -444,7 +444,7 @@ async def test_a_stalled_switch_over_whose_sweep_fails_once_is_carried_forward_b
             db_pool, conductor, agent_transport, db_at=None, broker_at=at, answered=answered
         )
 
-    assert await every_call(on_the_database) >= 10
+    assert await every_call(on_the_database) >= (3 if answered else 10)
     # start_live_copy to the destination, then the source's copy removed.
     assert await every_call(on_the_broker) == 2
 
@@ -485,7 +485,7 @@ async def test_an_overdue_copy_whose_sweep_fails_once_ends_on_the_source_running
         assert move.dest.driver.guest(move.instance_uuid) is None
         return flaky
 
-    assert await every_call(scenario) >= 5
+    assert await every_call(scenario) >= (2 if answered else 5)
 
 
 async def start_once_failed(
@@ -550,7 +550,7 @@ async def test_a_start_whose_database_call_fails_once_goes_on_when_delivered_aga
             db_pool, conductor, agent_transport, db_at=at, broker_at=None, answered=answered
         )
 
-    assert await every_call(scenario) >= 10
+    assert await every_call(scenario) >= (3 if answered else 10)
 
 
 @pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])

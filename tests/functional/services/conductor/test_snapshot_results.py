@@ -131,4 +131,5 @@ async def test_a_snapshot_result_whose_database_call_fails_once_ends_it_when_del
         return flaky
 
     calls = await every_call(scenario)
-    assert calls >= 4  # acquire, at least two statements, commit
+    # Acquire, two statements or more, the commit; only the commit's answer matters.
+    assert calls >= (1 if answered else 4)
