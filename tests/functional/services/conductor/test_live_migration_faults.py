@@ -521,7 +521,8 @@ async def start_once_failed(
     assert state[0] in (S.ACCEPTED, S.PREPARING, S.RUNNING), (flaky.calls, state)
     assert state[1:5] == before_switch(move, state[0])[1:5], (flaky.calls, state)
 
-    await task(pool, transport).run()  # delivered again
+    # Delivered again, twice at once.
+    await asyncio.gather(task(pool, transport).run(), task(pool, transport).run())
     await copying(pool, move)
     assert await where(pool, move) == before_switch(move, S.RUNNING), flaky.calls
     # The source copies, and switches over, for each live_migrate it was sent.
