@@ -1,17 +1,20 @@
-"""Live migration's progress and switch-over, each of their database and broker calls
-failing once, on real PostgreSQL and RabbitMQ.
+"""Live migration's start, progress, switch-over and deadline sweep, each of their
+database and broker calls failing once, on real PostgreSQL and RabbitMQ.
 
-The source's agent reports progress and asks for the switch-over with calls; a call
-that fails (the connection dropped before a statement or a commit reached PostgreSQL,
-or after it took effect with its answer lost; the destination's ``start_live_copy``
-not confirmed, or handled with its answer lost) is retried by the conductor's RPC
-server or, once that gives up, by the agent's ``live_migrate`` delivered again. Each
-call fails in turn; after the fault the migration is where it was or one step on, never
-half-switched, and once asked again the server runs on its destination alone with one
-claim there, its action ended once.
+The conductor's start (``live_migrate_instance``) is a cast, delivered again after a
+transient failure; the source's agent reports progress and asks for the switch-over
+with calls, retried by the conductor's RPC server or, once that gives up, by the
+agent's ``live_migrate`` delivered again; the deadline's sweep tries again on its next
+pass. A call fails when the connection dropped before a statement or a commit reached
+PostgreSQL, or after it took effect with its answer lost; when a publish was not
+confirmed, or a call was handled with its answer lost. Each call fails in turn; after
+the fault the migration is where it was or one step on, never half-switched, and once
+the work is done again the server runs on its destination alone with one claim there,
+its action ended once (or, past the deadline before the switch-over, on its source,
+running).
 
 The source is a real agent (fake driver) whose ``live_migrate`` is held, so the test
-runs it, or the conductor's switch-over, itself; the destination is a real agent.
+runs it, or the conductor's step, itself; the destination is a real agent.
 """
 
 from __future__ import annotations
