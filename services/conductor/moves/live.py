@@ -9,7 +9,10 @@ task ``migrating``; its vm state, ACTIVE or PAUSED, never changes). Then:
    (:class:`LiveMoveTask`, the move workflow's scheduling and claim);
 2. ``preparing``: the destination's agent checks it can take the copy
    (``prepare_live_migration``: builds nothing); ``preparing`` → ``running``; the source's
-   agent is asked to copy (``live_migrate``);
+   agent is asked to copy (``live_migrate``), and asked again each time this step is
+   delivered again once ``running`` (the first may never have arrived: its cast not
+   confirmed, or the swap to ``running`` done with its answer lost; the source runs a
+   repeat after the copy under way, and a repeat only asks the conductor);
 3. ``running``: the source reports its progress (:func:`progress`, recorded in the
    record's memory and disk fields) and is told to go on, to abort, or to complete at
    once (``force_complete``);
@@ -151,6 +154,20 @@ class LiveMoveTask(MoveTask):
             instance = await instances.find(conn, migration.instance_uuid)
         self.migration = migration
         self.kind = LIVE_MIGRATION
+        if migration.status == S.RUNNING and instance is not None and instance.deleted_at is None:
+            # Delivered again after the record became running: the source may never have
+            # been sent its copy (that cast was not confirmed, or the swap to running
+            # took effect but its answer was lost). Sent again: a source that has it
+            # already runs the repeat after it, and the repeat only asks the conductor.
+            source = await _host(self.pool, migration.source_compute_id, self.service_down_time)
+            await self._send_copy(source, instance)
+            LOG.info(
+                "live migration %s is running: sent its source %s the copy again",
+                migration.uuid,
+                source.node.host,
+                extra=self._extra(),
+            )
+            return
         if migration.status not in (S.ACCEPTED, S.PREPARING):
             LOG.info(
                 "live migration %s is %s: already handled",
@@ -192,20 +209,7 @@ class LiveMoveTask(MoveTask):
                 extra=self._extra(),
             )
             return
-        try:
-            await live.live_migrate(
-                self.ctx,
-                source.service.uuid,
-                instance.uuid,
-                migration.uuid,
-                paused=instance.vm_state == VmState.PAUSED,
-                memory_mb=instance.flavor.memory_mb,
-                disk_gb=instance.flavor.root_gb,
-            )
-        except Unroutable as exc:
-            raise KeelError(
-                f"the source {source.node.host} has no queue on the broker ({exc.message})"
-            ) from None
+        await self._send_copy(source, instance)
         LOG.info(
             "live migration %s of server %s from %s to %s: the source copies it",
             migration.uuid,
@@ -214,6 +218,23 @@ class LiveMoveTask(MoveTask):
             destination.node.host,
             extra={**self._extra(), "decision": "live_migration_running"},
         )
+
+    async def _send_copy(self, source: HostState, instance: Instance) -> None:
+        """Ask the source's agent to copy the guest and then ask for the switch-over."""
+        try:
+            await LiveComputeAPI(self.compute).live_migrate(
+                self.ctx,
+                source.service.uuid,
+                instance.uuid,
+                self.migration_uuid,
+                paused=instance.vm_state == VmState.PAUSED,
+                memory_mb=instance.flavor.memory_mb,
+                disk_gb=instance.flavor.root_gb,
+            )
+        except Unroutable as exc:
+            raise KeelError(
+                f"the source {source.node.host} has no queue on the broker ({exc.message})"
+            ) from None
 
     async def rollback(self, exc: KeelError) -> None:
         status = S.ERROR if isinstance(exc, NoValidHost) else S.FAILED

@@ -8,8 +8,11 @@ a compute agent): it records the casts the API sends, so a test can see them arr
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -29,6 +32,7 @@ from shared.objects.service import Service
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
 from tests.broker import remove_exchange
+from tests.functional.faults import FailsOnce, every_call
 
 #: Bound on waiting for a cast that should arrive almost at once.
 SOON = 10.0
@@ -227,3 +231,64 @@ async def place_on(pool: asyncpg.Pool, server_id: str, node: ComputeNode) -> Non
             compute_id=node.id,
         )
     assert placed is not None
+
+
+#: A write sent by :func:`every_fault`, and a look at what it changes.
+Send = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
+Look = Callable[[], Awaitable[Any]]
+_faults = itertools.count()
+
+
+@dataclass
+class Faulty:
+    """keel-api on a pool whose calls fail once when armed, and that pool."""
+
+    client: httpx.AsyncClient
+    pool: FailsOnce
+
+
+@pytest.fixture
+async def faulty(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> AsyncIterator[Faulty]:
+    """keel-api on the test's database through a :class:`FailsOnce` pool, which fails
+    nothing until armed."""
+    flaky = FailsOnce(db_pool, None)
+    app = create_app(settings, flaky.as_pool(), ConductorAPI(transport), ComputeAPI(transport))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        yield Faulty(client, flaky)
+
+
+async def every_fault(
+    faulty: Faulty,
+    client: httpx.AsyncClient,
+    answered: bool,
+    write: Callable[[str], Awaitable[tuple[Send, Look]]],
+    *,
+    done: int,
+    again: frozenset[int] = frozenset(),
+) -> int:
+    """Send a write through ``faulty`` with each of its calls failing in turn, then again
+    through ``client``: 503 (or, past its last call, its answer), what it wrote whole
+    or absent in between, and whole once sent again. Each scenario writes something of
+    its own, made by ``write(name)``. How many calls the write makes."""
+
+    async def scenario(at: int) -> FailsOnce:
+        send, look = await write(f"fault-{next(_faults)}")
+        before = await look()
+        flaky = faulty.pool
+        flaky.arm(at, answered=answered)
+        first = await send(faulty.client)
+        between = await look()
+        retried = await send(client)
+        after = await look()
+        what = (flaky.calls, before, between, after, first.text, retried.text)
+        assert first.status_code == (503 if flaky.failed else done), what
+        assert between in (before, after), what
+        assert after != before, what
+        assert retried.status_code == done or retried.status_code in again, what
+        return flaky
+
+    return await every_call(scenario)

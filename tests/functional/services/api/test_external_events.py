@@ -16,10 +16,14 @@ from shared.config import Settings, TokenInfo
 from tests.functional.services.api.conftest import (
     ADMIN,
     MEMBER,
+    Faulty,
+    Look,
     Recorder,
+    Send,
     add_compute,
     add_image,
     at,
+    every_fault,
     place_on,
 )
 from tests.functional.services.api.test_servers import create
@@ -204,3 +208,40 @@ async def test_members_are_refused(
     )
     assert refused.status_code == 403
     assert await actions_of(db_pool, placed) == []
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+async def test_events_whose_database_call_fails_once_are_all_recorded_or_none_then_again(
+    client: httpx.AsyncClient, faulty: Faulty, db_pool: asyncpg.Pool, placed: str, answered: bool
+) -> None:
+    """Each database call failing in turn: 503, then every event of the request is
+    recorded (and finished) or none is; sent again, each is recorded (once more, if the
+    first took effect: each delivery is one record)."""
+    names = ("network-vif-plugged", "volume-extended", "power-update")
+
+    async def write(tag: str) -> tuple[Send, Look]:
+        events = [{"name": name, "server_uuid": placed, "tag": tag} for name in names]
+
+        async def post(c: httpx.AsyncClient) -> httpx.Response:
+            return await send(c, events)
+
+        async def look() -> tuple[frozenset[str], bool, int]:
+            async with db_pool.acquire() as conn:
+                rows = await conn.fetch(
+                    """SELECT action, count(*) AS n FROM instance_actions
+                        WHERE instance_uuid = $1 AND message LIKE $2 GROUP BY action""",
+                    UUID(placed),
+                    f"%(tag {tag}):%",
+                )
+                unfinished = await conn.fetchval(
+                    """SELECT count(*) FROM instance_actions
+                        WHERE instance_uuid = $1 AND finish_time IS NULL AND action <> 'create'""",
+                    UUID(placed),
+                )
+            counts = {row["action"]: row["n"] for row in rows}
+            return frozenset(counts), len(set(counts.values())) <= 1, unfinished
+
+        return post, look
+
+    numbered = await every_fault(faulty, client, answered, write, done=200)
+    assert numbered >= (1 if answered else 5)

@@ -14,7 +14,17 @@ from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.rpc.amqp import AmqpTransport
-from tests.functional.services.api.conftest import ADMIN, MEMBER, Recorder, add_image, at
+from tests.functional.services.api.conftest import (
+    ADMIN,
+    MEMBER,
+    Faulty,
+    Look,
+    Recorder,
+    Send,
+    add_image,
+    at,
+    every_fault,
+)
 from tests.functional.services.api.test_quotas import DEFAULTS, INJECTED, create_server
 
 pytestmark = pytest.mark.functional
@@ -183,3 +193,27 @@ async def test_bad_class_names_and_bodies_are_400(client: httpx.AsyncClient) -> 
     assert not_json.status_code == 400
     query = await client.get("/v2.1/os-quota-class-sets/default?x=1", headers=at("2.102", ADMIN))
     assert query.status_code == 400
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+async def test_a_class_set_whose_database_call_fails_once_is_whole_or_absent_and_repeats(
+    client: httpx.AsyncClient, faulty: Faulty, db_pool: asyncpg.Pool, answered: bool
+) -> None:
+    """Each database call of a PUT failing in turn: 503, then the class has all of the
+    limits it sets or none of them, and the PUT sent again sets them all."""
+
+    async def write(name: str) -> tuple[Send, Look]:
+        async def put(c: httpx.AsyncClient) -> httpx.Response:
+            return await put_class(c, "2.57", name, cores=7, ram=4096, instances=3)
+
+        async def look() -> set[tuple[str, int]]:
+            async with db_pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT resource, hard_limit FROM quota_classes WHERE class_name = $1", name
+                )
+            return {(row["resource"], row["hard_limit"]) for row in rows}
+
+        return put, look
+
+    numbered = await every_fault(faulty, client, answered, write, done=200)
+    assert numbered >= (1 if answered else 5)

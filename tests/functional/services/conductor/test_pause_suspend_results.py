@@ -19,6 +19,7 @@ from services.conductor.rpcapi import ConductorAPI, InstanceActionResult, PowerA
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
 from shared.objects.states import PowerState, TaskState, VmState
+from tests.functional.faults import FailsOnce
 from tests.functional.services.conductor.stand_in import create_instance, eventually
 
 pytestmark = pytest.mark.functional
@@ -88,20 +89,6 @@ async def test_a_result_delivered_twice_at_once_ends_the_task_once(
     await eventually(ended)
 
 
-class FailsOnce:
-    """A pool whose first ``acquire`` fails, as a dropped database connection does."""
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
-        self.failed = False
-
-    def acquire(self) -> Any:
-        if not self.failed:
-            self.failed = True
-            raise asyncpg.ConnectionDoesNotExistError("connection was closed (injected)")
-        return self._pool.acquire()
-
-
 async def test_a_result_whose_database_call_failed_once_ends_the_task_when_handled_again(
     db_pool: asyncpg.Pool,
 ) -> None:
@@ -109,14 +96,14 @@ async def test_a_result_whose_database_call_failed_once_ends_the_task_when_handl
     result = InstanceActionResult(
         instance_uuid=instance_uuid, action=PowerAction.SUSPEND, success=True
     )
-    flaky = FailsOnce(db_pool)
+    flaky = FailsOnce(db_pool).as_pool()
     with pytest.raises(asyncpg.ConnectionDoesNotExistError):
-        await instance_events.record_action_result(flaky, result)  # type: ignore[arg-type]
+        await instance_events.record_action_result(flaky, result)
     assert (await outcome(db_pool, instance_uuid, PowerAction.SUSPEND))[:2] == (
         "active",
         "suspending",
     )
-    await instance_events.record_action_result(flaky, result)  # type: ignore[arg-type]
+    await instance_events.record_action_result(flaky, result)
     await instance_events.record_action_result(db_pool, result)
     assert await outcome(db_pool, instance_uuid, PowerAction.SUSPEND) == (
         "suspended",

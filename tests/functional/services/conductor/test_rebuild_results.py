@@ -24,13 +24,13 @@ from shared.db.rebuilds import RebuildChange
 from shared.objects.instance import Instance
 from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
+from tests.functional.faults import FailsOnce
 from tests.functional.services.conductor.stand_in import (
     create_instance,
     eventually,
     until_active,
 )
 from tests.functional.services.conductor.test_migrations import host
-from tests.functional.services.conductor.test_pause_suspend_results import FailsOnce
 
 pytestmark = pytest.mark.functional
 
@@ -191,11 +191,11 @@ async def test_a_result_whose_database_call_failed_once_ends_the_rebuild_when_ha
     result = InstanceActionResult(
         instance_uuid=before.uuid, action=PowerAction.REBUILD, success=True
     )
-    flaky = FailsOnce(db_pool)
+    flaky = FailsOnce(db_pool).as_pool()
     with pytest.raises(asyncpg.ConnectionDoesNotExistError):
-        await instance_events.record_action_result(flaky, result)  # type: ignore[arg-type]
+        await instance_events.record_action_result(flaky, result)
     assert (await shown(db_pool, before.uuid)).task_state == TaskState.REBUILD_SPAWNING
-    await instance_events.record_action_result(flaky, result)  # type: ignore[arg-type]
+    await instance_events.record_action_result(flaky, result)
     await instance_events.record_action_result(db_pool, result)
     instance = await shown(db_pool, before.uuid)
     assert (instance.vm_state, instance.task_state, instance.image_ref) == (
