@@ -143,6 +143,11 @@ class ComputeManager(LiveMigrationHandlers):
             verdict = await self._verdict(ctx, spec.uuid, "before building", have)
             if verdict is BuildVerdict.ABANDON and existed:
                 await self._discard(spec.uuid, "a build nobody wants any more left it")
+                if have is not None and have.token != spec.origin:
+                    # That guest was another copy (one an offload left, say), not this
+                    # build's: this build may still be wanted. Ask again, with none here.
+                    existed, have = False, None
+                    verdict = await self._verdict(ctx, spec.uuid, "before building", None)
             if verdict is not BuildVerdict.BUILD:
                 return
             if existed:

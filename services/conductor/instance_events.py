@@ -226,6 +226,14 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
             reason=f"its task is now {instance.task_state or 'none'}, not spawning",
         )
     if instance.vm_state == VmState.SHELVED_OFFLOADED:
+        if req.guest is not None and not copy_tokens.is_current(instance, req.guest.token):
+            # A copy an offload left here (its agent was away): not the server's, whose
+            # disk is in its shelved image. It goes; the unshelve builds the server anew.
+            return BuildCheck(
+                verdict=BuildVerdict.ABANDON,
+                reason=f"the guest here is {copy_tokens.describe(req.guest.token)}, left by "
+                "an offload: not the server's copy",
+            )
         if instance.task_state == TaskState.SPAWNING:
             return BuildCheck(
                 verdict=BuildVerdict.BUILD, reason="the instance is being unshelved here"
