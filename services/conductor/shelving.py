@@ -51,7 +51,13 @@ from shared.db import (
     shelves,
 )
 from shared.db.pool import Connection
-from shared.exceptions import ImageNotFound, KeelError, MessagingError, NoValidHost
+from shared.exceptions import (
+    ImageNotFound,
+    KeelError,
+    MessagingError,
+    NoValidHost,
+    ServiceTooOld,
+)
 from shared.faults import FaultPoints
 from shared.objects.instance import Instance, RequestedDestination
 from shared.objects.states import TaskState, VmState
@@ -89,7 +95,7 @@ async def send_offload(
         return False
     try:
         await compute.shelve_offload_instance(ctx, host.service.uuid, instance.uuid)
-    except MessagingError as exc:
+    except (MessagingError, ServiceTooOld) as exc:
         LOG.warning(
             "could not ask host %s to destroy the guest of offloading server %s (%s): its "
             "offload completes at its deadline",
