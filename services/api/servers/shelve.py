@@ -58,7 +58,7 @@ from shared.context import RequestContext
 from shared.db import compute_nodes, images, instance_actions, request_specs, shelves
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
-from shared.exceptions import ImageNotFound, Unroutable
+from shared.exceptions import ImageNotFound, MessagingError, Unroutable
 from shared.objects.image import Image
 from shared.objects.instance import Instance, RequestedDestination
 from shared.objects.states import TaskState, VmState
@@ -424,22 +424,27 @@ async def _unshelve_offloaded(
 
     if not await in_transaction(pool, begin, what=f"starting the unshelve of {instance.uuid}"):
         raise _conflict(UNSHELVE, instance)
-    failed = await publish.send(
-        lambda: conductor.unshelve_instance(ctx, instance.uuid, destination),
-        what=f"the unshelve of server {instance.uuid}",
-    )
+    failed: MessagingError | None
+    try:
+        failed = await publish.send(
+            lambda: conductor.unshelve_instance(ctx, instance.uuid, destination),
+            what=f"the unshelve of server {instance.uuid}",
+        )
+    except Unroutable as exc:
+        failed = exc
     if failed is not None:
+        why = failed.message
 
         async def withdraw(conn: Connection) -> bool:
             if not await shelves.withdraw_unshelve(conn, instance.uuid):
                 return False
-            await instance_actions.withdraw(conn, instance.uuid, ctx.request_id, failed.message)
+            await instance_actions.withdraw(conn, instance.uuid, ctx.request_id, why)
             return True
 
         if await in_transaction(pool, withdraw, what=f"withdrawing unshelve of {instance.uuid}"):
             raise ServiceUnavailable(
                 f"The server was not unshelved: keel-conductor could not be reached "
-                f"({failed.message}). Retry once it is available."
+                f"({why}). Retry once it is available."
             )
     LOG.info(
         "unshelve of offloaded server %s accepted%s",

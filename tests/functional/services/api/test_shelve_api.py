@@ -23,8 +23,8 @@ from services.conductor.rpcapi import ConductorAPI
 from shared.config import ImageSettings, Settings
 from shared.context import RequestContext
 from shared.db import allocations, instances, request_specs, shelves
-from shared.exceptions import MessagingTimeout
-from shared.objects.instance import Instance
+from shared.exceptions import MessagingTimeout, Unroutable
+from shared.objects.instance import Instance, RequestedDestination
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
 from tests.functional.services.api.conftest import (
@@ -411,3 +411,33 @@ async def test_a_shelve_that_cannot_be_sent_is_503_and_leaves_no_image(
         {},
     )
     assert [image["id"] for image in listed.json()["images"]] == [str(IMAGE_ID)]
+
+
+class NoConductor(ConductorAPI):
+    """No keel-conductor consumes its queue."""
+
+    async def unshelve_instance(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        requested_destination: RequestedDestination | None = None,
+    ) -> None:
+        raise Unroutable("no queue is bound for topic 'conductor'")
+
+
+async def test_an_unshelve_no_conductor_can_take_is_503_and_changes_nothing(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport, agent: ShelveAgent
+) -> None:
+    app = create_app(settings, db_pool, NoConductor(transport), ComputeAPI(transport))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server = await offloaded_server(client, db_pool, agent, "shelve-no-conductor")
+        before = await row(db_pool, server)
+
+        answer = await act(client, server, {"unshelve": None}, MEMBER)
+
+    assert answer.status_code == 503, answer.text
+    after = await row(db_pool, server)
+    assert (after.vm_state, after.task_state, after.host) == ("shelved_offloaded", None, None)
+    assert after.system_metadata == before.system_metadata
