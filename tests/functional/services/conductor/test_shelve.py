@@ -368,3 +368,41 @@ async def test_an_unshelve_build_past_its_deadline_goes_back_and_its_late_guest_
     check = await conductor.check_build(CTX, instance_uuid, host.node_uuid, None)
     assert check is not None
     assert check.verdict is not BuildVerdict.BUILD
+
+
+async def test_a_positive_offload_time_offloads_a_server_shelved_longer_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    host = await register(conductor, "shelf-timed")
+    agent = ShelvingCompute(conductor)
+    agent.node = host.node_uuid
+    await serve_stand_in(agent_transport, host, agent)
+    instance_uuid = await active_server(db_pool, conductor, agent)
+    compute = ComputeAPI(agent_transport)
+    timed = Shelving(db_pool, compute, offload_time=3600, service_down_time=60)
+    await shelve(db_pool, instance_uuid)
+    result = InstanceActionResult(
+        instance_uuid=instance_uuid, action=PowerAction.SHELVE, success=True
+    )
+    await timed.record_result(CTX, result)
+    sweep = ShelveDeadline(
+        db_pool, compute, task_timeout=600, build_timeout=600, offload_time=3600, down_time=60
+    )
+
+    assert await sweep.sweep() == 0  # shelved just now: kept
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE instances
+                  SET system_metadata = system_metadata
+                      || jsonb_build_object('shelved_at', (now() - interval '2 hours')::text)
+                WHERE uuid = $1""",
+            instance_uuid,
+        )
+    begun = await asyncio.gather(sweep.sweep(), sweep.sweep())
+
+    assert sum(begun) == 1
+    offloaded = await reaches(db_pool, instance_uuid, "shelved_offloaded")
+    assert offloaded.host is None
+    assert agent.offloaded == [instance_uuid]
+    assert await held(db_pool, instance_uuid) == []
+    assert (await actions(db_pool, instance_uuid))["shelveOffload"] == ("Success", 1)
