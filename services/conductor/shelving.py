@@ -7,9 +7,10 @@ handler may run twice, concurrently, or be cut off between its awaits:
   is SHELVED; with ``KEEL_SHELVED_OFFLOAD_TIME`` = 0 it moves in the same statement to
   task ``shelving_offloading`` with its copy token replaced by one no guest carries (so
   its guest is no longer its current copy), and only then is its agent asked to destroy
-  the guest (``shelve_offload_instance``). A failure clears the task (the server as it
-  was) and kills the unfinished image; a failure reported once the image is whole (a
-  repeated delivery refused its second upload) changes nothing;
+  the guest (``shelve_offload_instance``; a broker failure then has the result delivered
+  again, which finds the server offloading and asks again). A failure clears the task
+  (the server as it was) and kills the unfinished image; a failure reported once the
+  image is whole (a repeated delivery refused its second upload) changes nothing;
 * **the offload's result**: SHELVED_OFFLOADED, host and node cleared, claims released.
   A repeat changes nothing; a result that lost its message is replaced by the deadline;
 * **an unshelve of a SHELVED server** (``unshelve``): its guest powered on; ACTIVE;
@@ -57,10 +58,12 @@ from shared.exceptions import (
     MessagingError,
     NoValidHost,
     ServiceTooOld,
+    Unroutable,
 )
 from shared.faults import FaultPoints
 from shared.objects.instance import Instance, RequestedDestination
 from shared.objects.states import TaskState, VmState
+from shared.rpc.settlement import is_transient
 
 LOG = logging.getLogger(__name__)
 
@@ -78,10 +81,18 @@ def _extra(instance_uuid: UUID, decision: str | None = None) -> dict[str, str]:
 
 
 async def send_offload(
-    pool: asyncpg.Pool, compute: ComputeAPI, ctx: RequestContext, instance: Instance, down: float
+    pool: asyncpg.Pool,
+    compute: ComputeAPI,
+    ctx: RequestContext,
+    instance: Instance,
+    down: float,
+    *,
+    retry: bool = False,
 ) -> bool:
     """Ask the agent of ``instance``'s host to destroy its guest (the server is offloading);
-    False if it could not be asked (the offload deadline completes it then)."""
+    False if it could not be asked (the offload deadline completes it then). ``retry``: a
+    broker failure is raised instead, so the message that led here is delivered again
+    (and, finding the server offloading, asks again)."""
     async with pool.acquire() as conn:
         host = await placement.host_of(conn, instance, down)
     if host is None:
@@ -96,6 +107,8 @@ async def send_offload(
     try:
         await compute.shelve_offload_instance(ctx, host.service.uuid, instance.uuid)
     except (MessagingError, ServiceTooOld) as exc:
+        if retry and not isinstance(exc, Unroutable | ServiceTooOld) and is_transient(exc):
+            raise
         LOG.warning(
             "could not ask host %s to destroy the guest of offloading server %s (%s): its "
             "offload completes at its deadline",
@@ -161,7 +174,7 @@ class Shelving:
                 # A repeat of a result whose offload may never have been asked for (its
                 # conductor was cut off after the commit): ask again; the agent's
                 # destroy is idempotent.
-                await send_offload(self.pool, self.compute, ctx, current, self.down)
+                await send_offload(self.pool, self.compute, ctx, current, self.down, retry=True)
                 return
             LOG.info(
                 "ignoring the shelve result for server %s: it is no longer shelving "
@@ -179,7 +192,7 @@ class Shelving:
         )
         if offload:
             self.faults.reached("conductor.shelve.offload_begun")
-            await send_offload(self.pool, self.compute, ctx, done, self.down)
+            await send_offload(self.pool, self.compute, ctx, done, self.down, retry=True)
 
     async def _shelve_failed(self, req: InstanceActionResult) -> None:
         uuid_ = req.instance_uuid

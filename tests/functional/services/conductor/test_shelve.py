@@ -29,6 +29,7 @@ from services.conductor.shelving import ShelveDeadline, Shelving, UnshelveTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.db import allocations, images, instance_actions, instances, request_specs, shelves
+from shared.exceptions import MessagingTimeout
 from shared.objects.instance import Instance
 from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
@@ -406,3 +407,43 @@ async def test_a_positive_offload_time_offloads_a_server_shelved_longer_once(
     assert agent.offloaded == [instance_uuid]
     assert await held(db_pool, instance_uuid) == []
     assert (await actions(db_pool, instance_uuid))["shelveOffload"] == ("Success", 1)
+
+
+class FlakyCompute(ComputeAPI):
+    """The broker fails the first offload cast, as a dropped connection does."""
+
+    failures = 1
+
+    async def shelve_offload_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise MessagingTimeout("the connection closed before the broker confirmed it")
+        await super().shelve_offload_instance(ctx, service_uuid, instance_uuid)
+
+
+async def test_an_offload_the_broker_lost_is_asked_again_when_the_result_comes_back(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    host = await register(conductor, "shelf-flaky")
+    agent = ShelvingCompute(conductor)
+    agent.node = host.node_uuid
+    await serve_stand_in(agent_transport, host, agent)
+    instance_uuid = await active_server(db_pool, conductor, agent)
+    shelving = Shelving(
+        db_pool, FlakyCompute(agent_transport), offload_time=0, service_down_time=60
+    )
+    await shelve(db_pool, instance_uuid)
+    result = InstanceActionResult(
+        instance_uuid=instance_uuid, action=PowerAction.SHELVE, success=True
+    )
+
+    with pytest.raises(MessagingTimeout):
+        await shelving.record_result(CTX, result)
+    assert (await get(db_pool, instance_uuid)).task_state == "shelving_offloading"
+    await shelving.record_result(CTX, result)  # the result, delivered again
+
+    offloaded = await reaches(db_pool, instance_uuid, "shelved_offloaded")
+    assert offloaded.host is None
+    assert agent.offloaded == [instance_uuid]
