@@ -509,6 +509,10 @@ class Settings(BaseSettings):
     #: force-delete it meanwhile. 0 (the default) deletes at once (Nova's
     #: reclaim_instance_interval). keel-api and every conductor must agree on it.
     reclaim_instance_interval: float = Field(default=0.0, ge=0)
+    #: Seconds a shelved server keeps its guest and claim on its host before the
+    #: conductors offload it (Nova's shelved_offload_time): 0 (the default) offloads at
+    #: once, -1 never (only ``shelveOffload`` does).
+    shelved_offload_time: float = Field(default=0.0, ge=-1)
     #: For tests and rehearsals only: the process kills itself (SIGKILL) on reaching this
     #: fault-injection point (see docs/architecture.md, "Fault injection").
     fault_inject: str | None = None

@@ -30,6 +30,13 @@ POINTS: dict[str, str] = {
     "one is not made",
     "compute.snapshot.before_upload": "a snapshot's data is written on the agent; none of "
     "it is uploaded",
+    "compute.shelve.powered_off": "a shelve powered the guest off; its disk is not written",
+    "compute.shelve.before_upload": "a shelve's data is written on the agent; none of it "
+    "is uploaded",
+    "conductor.shelve.offload_begun": "a shelve is recorded and its offload begun (the "
+    "server has no current copy); the agent was not asked to destroy the guest",
+    "conductor.unshelve.after_placement": "an unshelve's host is claimed and recorded "
+    "(spawning); the build is not sent",
     "conductor.confirm.after_remove": "the source's copy of a confirmed cold migration is "
     "removed; the record is still confirming and both claims are held",
 }

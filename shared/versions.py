@@ -86,6 +86,12 @@ History:
 * 27 (``yawl``) — live migration: compute 1.16 (``prepare_live_migration``,
   ``live_migrate``, ``start_live_copy``, ``rollback_live_migration``), conductor 1.17
   (``live_migrate_instance``, ``live_migration_progress``, ``live_migration_switch``).
+* 28 (``zephyr``) — shelve: compute 1.17 (``shelve_instance``: power the guest off and
+  write its disk into the shelved image; ``shelve_offload_instance``: destroy a shelved
+  guest; ``unshelve_instance``: power a shelved guest on again), conductor 1.18
+  (``unshelve_instance``: schedule an offloaded server again and build it from its
+  shelved image; ``instance_action_result`` reports ``shelve``, ``shelve_offload`` and
+  ``unshelve``).
 """
 
 from __future__ import annotations
@@ -140,6 +146,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.14", conductor="1.15", scheduler="1.3"),
     ReleaseApis(compute="1.15", conductor="1.16", scheduler="1.3"),
     ReleaseApis(compute="1.16", conductor="1.17", scheduler="1.3"),
+    ReleaseApis(compute="1.17", conductor="1.18", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -177,6 +184,7 @@ RELEASE_NAMES: dict[str, int] = {
     "xebec": 25,
     "yardarm": 26,
     "yawl": 27,
+    "zephyr": 28,
 }
 
 #: The first release whose agents never register without an identity file the

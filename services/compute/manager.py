@@ -45,6 +45,7 @@ from services.compute.rpcapi import (
     RebuildGuest,
     RebuildInstance,
     RemoveMovedGuest,
+    ShelveInstance,
     SnapshotInstance,
     StartInstance,
     StopInstance,
@@ -142,6 +143,11 @@ class ComputeManager(LiveMigrationHandlers):
             verdict = await self._verdict(ctx, spec.uuid, "before building", have)
             if verdict is BuildVerdict.ABANDON and existed:
                 await self._discard(spec.uuid, "a build nobody wants any more left it")
+                if have is not None and have.token != spec.origin:
+                    # That guest was another copy (one an offload left, say), not this
+                    # build's: this build may still be wanted. Ask again, with none here.
+                    existed, have = False, None
+                    verdict = await self._verdict(ctx, spec.uuid, "before building", None)
             if verdict is not BuildVerdict.BUILD:
                 return
             if existed:
@@ -366,38 +372,110 @@ class ComputeManager(LiveMigrationHandlers):
                 ctx, uuid, "snapshot", task="image_snapshot", node=self._node_uuid
             ):
                 return
+            message = await self._write_image(req, "snapshot")
+            await self._conductor.instance_action_result(
+                ctx, uuid, PowerAction.SNAPSHOT, success=message is None, message=message or ""
+            )
+
+    async def shelve_instance(self, ctx: RequestContext, req: ShelveInstance) -> None:
+        """A shelve: the guest powered off, then its disk written into the shelved image.
+
+        Taken only while the server's shelve is under way on this node; the guest is
+        kept (an offload, which the conductor decides, destroys it later). Repeated, it
+        writes the image again if it is not whole yet.
+        """
+        uuid = req.instance_uuid
+        async with self.operations.hold(uuid, "shelve"):
+            if not await self._taken(ctx, uuid, "shelve", task="shelving", node=self._node_uuid):
+                return
             message: str | None = None
             try:
-                with tempfile.TemporaryDirectory(prefix="keel-snapshot-") as scratch:
-                    data = Path(scratch) / "disk"
-                    await self._driver.snapshot(uuid, data, req.disk_format)
-                    self._faults.reached("compute.snapshot.before_upload")
-                    size = await asyncio.to_thread(upload, req.upload_url, data)
+                await self._driver.power_off(uuid)
             except KeelError as exc:
                 message = exc.message
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
-                LOG.exception("snapshot of guest %s failed unexpectedly", uuid, extra=_extra(uuid))
+                LOG.exception("shelve of guest %s failed unexpectedly", uuid, extra=_extra(uuid))
             if message is None:
-                LOG.info(
-                    "guest %s: snapshot written into image %s (%d bytes, %s)",
-                    uuid,
-                    req.image_id,
-                    size,
-                    req.disk_format,
-                    extra=_extra(uuid),
-                )
-            else:
-                LOG.warning(
-                    "snapshot of guest %s into image %s failed: %s",
-                    uuid,
-                    req.image_id,
-                    message,
-                    extra=_extra(uuid),
-                )
+                self._faults.reached("compute.shelve.powered_off")
+                message = await self._write_image(req, "shelve")
             await self._conductor.instance_action_result(
-                ctx, uuid, PowerAction.SNAPSHOT, success=message is None, message=message or ""
+                ctx, uuid, PowerAction.SHELVE, success=message is None, message=message or ""
             )
+
+    async def shelve_offload_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        """An offload: destroy the guest of a shelved server.
+
+        Taken only while the server is offloading from this node: the conductor cleared
+        its copy token when the offload began, so this guest is no longer its current
+        copy; the shelved image holds its disk. Repeated, it finds the guest gone.
+        """
+        uuid = req.instance_uuid
+        async with self.operations.hold(uuid, "shelve offload"):
+            if not await self._taken(
+                ctx, uuid, "shelve offload", task="shelving_offloading", node=self._node_uuid
+            ):
+                return
+            message: str | None = None
+            try:
+                await self._driver.destroy(uuid)
+            except KeelError as exc:
+                message = exc.message
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                LOG.exception("offload of guest %s failed unexpectedly", uuid, extra=_extra(uuid))
+            if message is None:
+                LOG.info("guest %s destroyed: its server is shelved and offloaded", uuid,
+                         extra={**_extra(uuid), "decision": "guest_offloaded"})  # fmt: skip
+            await self._conductor.instance_action_result(
+                ctx,
+                uuid,
+                PowerAction.SHELVE_OFFLOAD,
+                success=message is None,
+                message=message or "",
+            )
+
+    async def unshelve_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        """Power the guest of a shelved (not offloaded) server on again."""
+        await self._power(
+            ctx, req.instance_uuid, PowerAction.UNSHELVE, self._driver.power_on, starts=True
+        )
+
+    async def _write_image(self, req: SnapshotInstance, what: str) -> str | None:
+        """Write the guest's disk into ``req``'s image; why it failed, or ``None``."""
+        uuid = req.instance_uuid
+        message: str | None = None
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"keel-{what}-") as scratch:
+                data = Path(scratch) / "disk"
+                await self._driver.snapshot(uuid, data, req.disk_format)
+                self._faults.reached(f"compute.{what}.before_upload")
+                size = await asyncio.to_thread(upload, req.upload_url, data)
+        except KeelError as exc:
+            message = exc.message
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            LOG.exception("%s of guest %s failed unexpectedly", what, uuid, extra=_extra(uuid))
+        if message is None:
+            LOG.info(
+                "guest %s: %s written into image %s (%d bytes, %s)",
+                uuid,
+                what,
+                req.image_id,
+                size,
+                req.disk_format,
+                extra=_extra(uuid),
+            )
+        else:
+            LOG.warning(
+                "%s of guest %s into image %s failed: %s",
+                what,
+                uuid,
+                req.image_id,
+                message,
+                extra=_extra(uuid),
+            )
+        return message
 
     async def _taken(
         self,

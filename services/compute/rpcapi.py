@@ -59,6 +59,11 @@ Compute RPC API history:
 * 1.16 — live migration: prepare_live_migration, start_live_copy,
   rollback_live_migration (calls), live_migrate (cast); see
   :mod:`services.compute.live_rpc`.
+* 1.17 — shelve: shelve_instance (cast: power the guest off, write its disk into the
+  shelved image through a signed upload URL, report ``shelve``), shelve_offload_instance
+  (cast: destroy a shelved guest that is no longer the server's current copy, report
+  ``shelve_offload``), unshelve_instance (cast: power a shelved guest on, report
+  ``unshelve``); conductor 1.18 takes those results.
 """
 
 from __future__ import annotations
@@ -106,6 +111,9 @@ SINCE: dict[str, str] = {
     "live_migrate": "1.16",
     "start_live_copy": "1.16",
     "rollback_live_migration": "1.16",
+    "shelve_instance": "1.17",
+    "shelve_offload_instance": "1.17",
+    "unshelve_instance": "1.17",
 }
 
 #: The version whose agents check guest origins (rebuild_instance, remove_moved_guest).
@@ -294,6 +302,10 @@ class SnapshotInstance(KeelModel):
     disk_format: str = "qcow2"
     #: A signed URL keel-api takes the data on, valid for minutes (``PUT``).
     upload_url: str
+
+
+class ShelveInstance(SnapshotInstance):
+    """Power the guest off and write its disk into the shelved image ``image_id`` (1.17)."""
 
 
 class PrepareMigration(KeelModel):
@@ -734,3 +746,22 @@ class ComputeAPI:
         self, ctx: RequestContext, service_uuid: UUID, req: SnapshotInstance
     ) -> None:
         await self._cast_since(ctx, service_uuid, "snapshot_instance", req)
+
+    async def shelve_instance(
+        self, ctx: RequestContext, service_uuid: UUID, req: ShelveInstance
+    ) -> None:
+        await self._cast_since(ctx, service_uuid, "shelve_instance", req)
+
+    async def shelve_offload_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "shelve_offload_instance", GuestAction(instance_uuid=instance_uuid)
+        )
+
+    async def unshelve_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        await self._cast_since(
+            ctx, service_uuid, "unshelve_instance", GuestAction(instance_uuid=instance_uuid)
+        )

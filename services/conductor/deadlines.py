@@ -16,6 +16,10 @@ the others), so one of them wins and the rest find it done. A pass:
   (:mod:`services.conductor.moves.held`): sent on;
 * **soft-deleted servers** older than ``KEEL_RECLAIM_INSTANCE_INTERVAL``
   (:mod:`services.conductor.reclaim`): deleted for good;
+* **shelves** (:class:`~services.conductor.shelving.ShelveDeadline`): a shelve or an
+  in-place unshelve past ``KEEL_TASK_TIMEOUT`` left as it was, an offload past it
+  completed, an unshelve's build past ``KEEL_BUILD_TIMEOUT`` back to SHELVED_OFFLOADED,
+  and servers shelved for longer than a positive ``KEEL_SHELVED_OFFLOAD_TIME`` offloaded;
 * **every other task** — stop, start, reboot, delete, rebuild, soft delete, restore,
   snapshot — past ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a
   server still building goes back to its build's task, which the build deadline ends; a
@@ -40,6 +44,7 @@ from services.conductor.moves.held import HeldMoves
 from services.conductor.moves.sweep import MigrationSweep
 from services.conductor.reclaim import SoftDeleteReclaim
 from services.conductor.rpcapi import ConductorAPI
+from services.conductor.shelving import ShelveDeadline
 from shared.config import Settings
 from shared.db import instance_actions, snapshots
 from shared.objects.states import SNAPSHOT_TASKS, TaskState
@@ -165,9 +170,22 @@ class Deadlines:
         self.reclaim = SoftDeleteReclaim(
             pool, compute, interval=settings.reclaim_instance_interval, down_time=down_time
         )
+        self.shelves = ShelveDeadline(
+            pool,
+            compute,
+            task_timeout=settings.task_timeout,
+            build_timeout=settings.build_timeout,
+            offload_time=settings.shelved_offload_time,
+            down_time=down_time,
+        )
         self._timeouts = [
             t
-            for t in (settings.build_timeout, settings.move_timeout, settings.task_timeout)
+            for t in (
+                settings.build_timeout,
+                settings.move_timeout,
+                settings.task_timeout,
+                settings.shelved_offload_time,
+            )
             if t > 0
         ]
 
@@ -197,6 +215,7 @@ class Deadlines:
             ("live migration", self._live_migrations),
             ("migration", self.endings.sweep),
             ("reclaim", self.reclaim.sweep),
+            ("shelve", self.shelves.sweep),
         ]
         if self.held is not None:
             steps.append(("held evacuation", self.held.sweep))

@@ -14,6 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
+from services.conductor import shelving
 from services.conductor.builds.task import CREATE_ACTION
 from services.conductor.rpcapi import (
     BuildCheck,
@@ -34,6 +35,7 @@ from shared.db import (
     instances,
     placement,
     rebuilds,
+    shelves,
     snapshots,
 )
 from shared.db.pool import Connection
@@ -104,6 +106,12 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> I
     extra = {"instance_uuid": str(req.instance_uuid)}
     if req.built is not None and not await _for_the_current_copy(pool, req):
         return None
+    async with pool.acquire() as conn:
+        current = await instances.find(conn, req.instance_uuid)
+    if current is not None and current.vm_state == VmState.SHELVED_OFFLOADED:
+        # The build of an unshelve: it ends in ACTIVE or back in SHELVED_OFFLOADED.
+        await shelving.record_unshelve_build(pool, req)
+        return None
     async with pool.acquire() as conn, conn.transaction():
         if req.success:
             instance = await instances.set_active(conn, req.instance_uuid)
@@ -164,13 +172,14 @@ async def _for_the_current_copy(pool: asyncpg.Pool, req: InstanceBuildResult) ->
 
 async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
     """Release the instance's claims and addresses, soft-delete it, close its delete
-    action, kill the image of a snapshot it was taking."""
+    action, kill the image of a snapshot it was taking, delete its shelved image."""
     async with pool.acquire() as conn, conn.transaction():
         released = await allocations.release_instance(conn, instance_uuid)
         deleted = await instances.soft_delete(conn, instance_uuid)
         await fixed_ips.release(conn, instance_uuid)
         # A snapshot the delete cut short (its agent will not take it now) leaves no image.
         await snapshots.kill_unfinished(conn, instance_uuid)
+        await shelves.delete_image_of_deleted(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION)
     if deleted or released:
         LOG.info(
@@ -215,6 +224,23 @@ async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
         return BuildCheck(
             verdict=BuildVerdict.ABANDON,
             reason=f"its task is now {instance.task_state or 'none'}, not spawning",
+        )
+    if instance.vm_state == VmState.SHELVED_OFFLOADED:
+        if req.guest is not None and not copy_tokens.is_current(instance, req.guest.token):
+            # A copy an offload left here (its agent was away): not the server's, whose
+            # disk is in its shelved image. It goes; the unshelve builds the server anew.
+            return BuildCheck(
+                verdict=BuildVerdict.ABANDON,
+                reason=f"the guest here is {copy_tokens.describe(req.guest.token)}, left by "
+                "an offload: not the server's copy",
+            )
+        if instance.task_state == TaskState.SPAWNING:
+            return BuildCheck(
+                verdict=BuildVerdict.BUILD, reason="the instance is being unshelved here"
+            )
+        return BuildCheck(
+            verdict=BuildVerdict.ABANDON,
+            reason=f"its unshelve ended (task {instance.task_state or 'none'}, not spawning)",
         )
     if instance.vm_state == VmState.ERROR and instance.launched_at is None:
         if req.guest is not None and copy_tokens.is_current(instance, req.guest.token):

@@ -63,6 +63,7 @@ async def run_conductor(
         same_host_resize=settings.allow_resize_to_same_host,
         fence_margin=settings.fencing.margin,
         metrics=lifecycle.metrics,
+        shelved_offload_time=settings.shelved_offload_time,
     )
     server = RPCServer(
         transport,

@@ -42,6 +42,7 @@ from services.conductor.rpcapi import (
     InstanceDeleted,
     MigrateInstance,
     MoveResult,
+    PowerAction,
     RegisterCompute,
     Registration,
     ReportGuests,
@@ -51,13 +52,18 @@ from services.conductor.rpcapi import (
     RevertMigration,
     ServiceHeartbeat,
     TakeRequest,
+    UnshelveInstance,
 )
+from services.conductor.shelving import Shelving, UnshelveTask
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.faults import FaultPoints
 from shared.metrics import Metrics
 from shared.objects.states import VmState
 from shared.version_pins import MinimumVersions
+
+#: The results :class:`~services.conductor.shelving.Shelving` records.
+SHELVE_RESULTS = (PowerAction.SHELVE, PowerAction.SHELVE_OFFLOAD, PowerAction.UNSHELVE)
 
 
 class ConductorManager:
@@ -76,6 +82,7 @@ class ConductorManager:
         same_host_resize: bool = False,
         fence_margin: float = 30.0,
         metrics: Metrics | None = None,
+        shelved_offload_time: float = 0.0,
     ) -> None:
         self._pool = pool
         self._fence_margin = fence_margin
@@ -86,6 +93,13 @@ class ConductorManager:
         self._compute = compute
         self._service_down_time = service_down_time
         self._faults = faults or FaultPoints()
+        self._shelving = Shelving(
+            pool,
+            compute,
+            offload_time=shelved_offload_time,
+            service_down_time=service_down_time,
+            faults=self._faults,
+        )
         self._registry = ComputeRegistry(
             pool,
             service_down_time=service_down_time,
@@ -132,7 +146,24 @@ class ConductorManager:
         await instance_events.record_deleted(self._pool, req.instance_uuid)
 
     async def instance_action_result(self, ctx: RequestContext, req: InstanceActionResult) -> None:
+        if req.action in SHELVE_RESULTS:
+            await self._shelving.record_result(ctx, req)
+            return
         await instance_events.record_action_result(self._pool, req)
+
+    async def unshelve_instance(self, ctx: RequestContext, req: UnshelveInstance) -> None:
+        task = UnshelveTask(
+            ctx,
+            req.instance_uuid,
+            pool=self._pool,
+            scheduler=self._scheduler,
+            compute=self._compute,
+            service_down_time=self._service_down_time,
+            requested_destination=req.requested_destination,
+            faults=self._faults,
+            boot_images=self._boot_images,
+        )
+        await task.run()
 
     async def check_build(self, ctx: RequestContext, req: CheckBuild) -> BuildCheck:
         return await instance_events.check_build(self._pool, req)

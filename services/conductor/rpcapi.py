@@ -52,6 +52,9 @@ Conductor RPC API history:
 * 1.17 — live migration: live_migrate_instance (cast, from keel-api),
   live_migration_progress and live_migration_switch (calls, from the source's agent);
   see :mod:`services.conductor.live_rpc`.
+* 1.18 — shelve: unshelve_instance (cast, from keel-api): schedule a shelved and
+  offloaded server again and build it from its shelved image; instance_action_result may
+  report ``shelve``, ``shelve_offload`` and ``unshelve`` (sent at 1.18 only for those).
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ FENCE_LEASE_VERSION = "1.12"
 TOKEN_VERSION = "1.12"
 #: check_move: a destination asks before and after it builds a move's copy.
 CHECK_MOVE_VERSION = "1.13"
+#: Shelve: unshelve_instance, and the results of a shelve, an offload and an unshelve.
+SHELVE_VERSION = "1.18"
 
 
 class BuildInstances(KeelModel):
@@ -247,6 +252,10 @@ class PowerAction(StrEnum):
     RESTORE = "restore"
     #: From conductor RPC 1.16.
     SNAPSHOT = "snapshot"
+    #: From conductor RPC 1.18.
+    SHELVE = "shelve"
+    SHELVE_OFFLOAD = "shelve_offload"
+    UNSHELVE = "unshelve"
 
 
 #: The conductor RPC version that takes each action's result.
@@ -265,6 +274,10 @@ ACTION_RESULT_SINCE: dict[PowerAction, str] = {
     PowerAction.SOFT_DELETE: "1.15",
     PowerAction.RESTORE: "1.15",
     PowerAction.SNAPSHOT: "1.16",
+    **{
+        action: SHELVE_VERSION
+        for action in (PowerAction.SHELVE, PowerAction.SHELVE_OFFLOAD, PowerAction.UNSHELVE)
+    },
 }
 #: The conductor RPC version whose take_request may name the task and node (1.14).
 TAKE_CURRENT_VERSION = "1.14"
@@ -305,6 +318,14 @@ class TakeRequest(KeelModel):
 class RequestTaken(KeelModel):
     #: False: keel-api withdrew the request; the agent must not act on it.
     proceed: bool
+
+
+class UnshelveInstance(KeelModel):
+    """Schedule shelved and offloaded server ``instance_uuid`` again and build it (1.18)."""
+
+    instance_uuid: UUID
+    #: Where an admin asked it to go (compute API 2.91 ``host``); this unshelve only.
+    requested_destination: RequestedDestination | None = None
 
 
 class EvacuateInstance(KeelModel):
@@ -617,6 +638,21 @@ class ConductorAPI:
     async def instance_deleted(self, ctx: RequestContext, instance_uuid: UUID) -> None:
         req = InstanceDeleted(instance_uuid=instance_uuid)
         await self.client.cast(ctx, "instance_deleted", req, version="1.0")
+
+    async def can_unshelve(self) -> bool:
+        """Whether the conductor cap allows a shelve and an unshelve (1.18)."""
+        return await self.client.can_send_version(SHELVE_VERSION)
+
+    async def unshelve_instance(
+        self,
+        ctx: RequestContext,
+        instance_uuid: UUID,
+        requested_destination: RequestedDestination | None = None,
+    ) -> None:
+        req = UnshelveInstance(
+            instance_uuid=instance_uuid, requested_destination=requested_destination
+        )
+        await self.client.cast(ctx, "unshelve_instance", req, version=SHELVE_VERSION)
 
     async def evacuate_instance(self, ctx: RequestContext, migration_uuid: UUID) -> None:
         req = EvacuateInstance(migration_uuid=migration_uuid)

@@ -41,12 +41,13 @@ async def begin(
     min_disk: int,
     min_ram: int,
     properties: dict[str, Any],
+    task: TaskState = TaskState.IMAGE_SNAPSHOT,
+    vm_states: tuple[VmState, ...] = SNAPSHOTTABLE,
 ) -> tuple[Instance, Image] | None:
-    """Start the snapshot: the task and the ``queued`` image; ``None`` if the swap was lost
-    (the server is in another state, or has a task: the caller answers 409)."""
-    instance = await begin_task(
-        conn, instance_uuid, TaskState.IMAGE_SNAPSHOT, vm_states=SNAPSHOTTABLE
-    )
+    """Start the snapshot: the task (``task``: a shelve begins ``shelving``) and the
+    ``queued`` image; ``None`` if the swap was lost (the server is in another state, or
+    has a task: the caller answers 409)."""
+    instance = await begin_task(conn, instance_uuid, task, vm_states=vm_states)
     if instance is None:
         return None
     image = await images.create(
@@ -128,8 +129,8 @@ async def snapshot_of(conn: Connection, image_id: UUID) -> UUID | None:
 
 async def kill_abandoned(conn: Connection, older_than: float) -> list[UUID]:
     """Kill the snapshot images older than ``older_than`` seconds that still wait for
-    their data while their server is no longer taking a snapshot (it was deleted, reset,
-    or its snapshot ended without a result). Their ids."""
+    their data while their server is no longer taking a snapshot or shelving (it was
+    deleted, reset, or its snapshot ended without a result). Their ids."""
     rows = await conn.fetch(
         """UPDATE images im SET status = 'killed', deleted_at = now(), upload_token = NULL,
                                 updated_at = now()
@@ -142,6 +143,6 @@ async def kill_abandoned(conn: Connection, older_than: float) -> list[UUID]:
                        AND i.deleted_at IS NULL AND i.task_state = ANY($2::text[]))
         RETURNING im.id""",
         older_than,
-        [task.value for task in SNAPSHOT_TASKS],
+        [task.value for task in (*SNAPSHOT_TASKS, TaskState.SHELVING)],
     )
     return [row["id"] for row in rows]

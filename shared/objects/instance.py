@@ -77,6 +77,9 @@ class Instance(KeelModel):
     #: When a DELETE with soft delete on made it SOFT_DELETED (``None`` in any other
     #: state): the reclaim sweep deletes it for good once the interval has passed.
     soft_deleted_at: datetime | None = None
+    #: What keel keeps about the server for itself (Nova's system metadata): a shelved
+    #: server's ``shelved_image_id``, ``shelved_at`` and ``shelved_host``.
+    system_metadata: dict[str, str] = Field(default_factory=dict)
 
     @property
     def guest_hostname(self) -> str:

@@ -20,6 +20,12 @@ class VmState(StrEnum):
     #: guest is off, claims and addresses kept, until restored, force-deleted or
     #: reclaimed (status SOFT_DELETED; Nova's name).
     SOFT_DELETED = "soft-delete"
+    #: Shelved (``shelve``): the guest is off on its host and a snapshot of its disk is
+    #: kept as an image; its claim is kept (status SHELVED).
+    SHELVED = "shelved"
+    #: Shelved and offloaded: the guest is gone from its host, its claim released, and
+    #: only the shelved image holds its disk (status SHELVED_OFFLOADED; no host).
+    SHELVED_OFFLOADED = "shelved_offloaded"
     DELETED = "deleted"
 
 
@@ -57,6 +63,13 @@ class TaskState(StrEnum):
     IMAGE_SNAPSHOT = "image_snapshot"
     IMAGE_PENDING_UPLOAD = "image_pending_upload"
     IMAGE_UPLOADING = "image_uploading"
+    #: A shelve: the agent powers the guest off and writes its disk into the shelved
+    #: image; then the offload: the guest destroyed on its host (Nova's names).
+    SHELVING = "shelving"
+    SHELVING_OFFLOADING = "shelving_offloading"
+    #: An unshelve: a shelved guest powered on again, or an offloaded server scheduled
+    #: again (then ``spawning`` on its new host, from the shelved image).
+    UNSHELVING = "unshelving"
 
 
 #: The tasks of a snapshot, in their order.

@@ -40,6 +40,9 @@ SOFT_DELETABLE = ("active", "stopped")
 #: The vm states a snapshot (``createImage``) starts from, with no task, as in Nova.
 SNAPSHOTTABLE = ("active", "stopped", "paused", "suspended")
 
+#: The vm states a shelve starts from, with no task, as in Nova: a snapshot's.
+SHELVABLE = SNAPSHOTTABLE
+
 
 def _instance_transitions() -> set[tuple[State, State]]:
     allowed: set[tuple[State, State]] = set()
@@ -115,6 +118,30 @@ def _instance_transitions() -> set[tuple[State, State]]:
         add((vm, None), (vm, snapshot[0]))
         for earlier, task in enumerate(snapshot):
             add((vm, task), (vm, None), *((vm, later) for later in snapshot[earlier + 1 :]))
+    # Shelve (services/api/servers/shelve.py, the conductor's services/conductor/
+    # shelving.py): the agent powers the guest off and writes the shelved image, then the
+    # server is SHELVED, or at once (KEEL_SHELVED_OFFLOAD_TIME 0) offloading: its copy
+    # token cleared, the guest destroyed, its claim released and its host cleared
+    # (SHELVED_OFFLOADED). A failure, a withdrawal or the task deadline leaves it as it
+    # was; an offload always completes (its copy is no longer current).
+    for vm in SHELVABLE:
+        add((vm, None), (vm, "shelving"))
+        add((vm, "shelving"), ("shelved", None), ("shelved", "shelving_offloading"), (vm, None))
+    add(("shelved", None), ("shelved", "shelving_offloading"), ("shelved", "unshelving"))
+    add(("shelved", "shelving_offloading"), ("shelved_offloaded", None))
+    # Unshelve of a SHELVED server: its guest powered on where it is (ACTIVE); a failure,
+    # a withdrawal or the task deadline leaves it SHELVED.
+    add(("shelved", "unshelving"), ("active", None), ("shelved", None))
+    # Unshelve of an offloaded server: scheduled (unshelving), placed (spawning), built
+    # from the shelved image (ACTIVE); no valid host, a failed spawn or the deadline send
+    # it back to SHELVED_OFFLOADED, its claim released, as Nova does.
+    add(("shelved_offloaded", None), ("shelved_offloaded", "unshelving"))
+    add(
+        ("shelved_offloaded", "unshelving"),
+        ("shelved_offloaded", "spawning"),
+        ("shelved_offloaded", None),
+    )
+    add(("shelved_offloaded", "spawning"), ("active", None), ("shelved_offloaded", None))
     # Cold migration: prepare, copy, then VERIFY_RESIZE; failed → ERROR; no valid host or
     # withdrawn → as it was.
     for vm in ("active", "stopped"):
@@ -166,6 +193,12 @@ NODE_CHANGES: frozenset[tuple[str | None, str | None]] = frozenset(
         ("resize_migrating", None),
         ("resize_reverting", "resize_reverting"),
         ("migrating", None),
+        # A shelve's offload clears the host; an unshelve places the server again, or
+        # (no valid host, a failed spawn, its deadline) clears it once more.
+        ("shelving_offloading", None),
+        ("unshelving", "spawning"),
+        ("unshelving", None),
+        ("spawning", None),
     }
 )
 
@@ -309,4 +342,6 @@ _VM_STATES = (
     "suspended",
     "error",
     "soft-delete",
+    "shelved",
+    "shelved_offloaded",
 )

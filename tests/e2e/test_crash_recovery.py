@@ -1,7 +1,8 @@
-"""Processes killed with SIGKILL half-way through a build: the cloud converges by itself.
+"""Processes killed with SIGKILL half-way through a build, a shelve's offload or an
+unshelve: the cloud converges by itself.
 
 Real processes, real RabbitMQ and PostgreSQL. A process armed with ``KEEL_FAULT_INJECT``
-kills itself at a named point of the build, as a power cut would. Whatever it held
+kills itself at a named point of the workflow, as a power cut would. Whatever it held
 goes back to its queue; what it wrote stays. Afterwards every instance is ACTIVE, or in
 ERROR by the build deadline, with exactly the claims it should hold, and every node's
 usage equals the sum of its allocations.
@@ -233,3 +234,47 @@ def test_topic_queues_are_quorum_queues_with_a_delivery_limit(cloud: Cloud) -> N
         assert mine[name]["type"] == "quorum", name
         assert arguments["x-delivery-limit"] == 5, name
         assert arguments["x-dead-letter-exchange"] == f"{cloud.exchange}.dead", name
+
+
+async def act(cloud: Cloud, server_id: UUID, body: dict[str, Any]) -> None:
+    async with cloud.http(cloud.admin_token) as client:
+        response = await client.post(f"servers/{server_id}/action", json=body)
+    assert response.status_code == 202, response.text
+
+
+@pytest.mark.parametrize(
+    "point", ["conductor.shelve.offload_begun", "conductor.unshelve.after_placement"]
+)
+async def test_conductor_killed_mid_shelve_another_carries_it_on(cloud: Cloud, point: str) -> None:
+    """Killed once the offload is recorded (the guest not yet destroyed), or once the
+    unshelve's host is claimed and recorded (the build not sent): the message goes back
+    to the queue and the next conductor carries it on, once."""
+    server_id = await create(cloud, f"shelf-{point.split('.')[1]}")
+    await reaches(cloud, server_id, "ACTIVE")
+    guest = cloud.state_dir("compute1") / "instances" / str(server_id)
+    doomed = replace(cloud, "conductor", "keel-conductor", "controller", KEEL_FAULT_INJECT=point)
+    await up(cloud, "keel-conductor", "controller")
+
+    await act(cloud, server_id, {"shelve": None})
+    if point == "conductor.shelve.offload_begun":
+        await killed(doomed)
+        cloud.start("conductor", "keel-conductor", "controller")
+    offloaded = await reaches(cloud, server_id, "SHELVED_OFFLOADED")
+    assert offloaded is not None
+    assert offloaded["OS-EXT-SRV-ATTR:host"] is None
+    assert await claims_of(cloud, server_id) == 0
+    assert not guest.exists()
+    await act(cloud, server_id, {"unshelve": None})
+    if point == "conductor.unshelve.after_placement":
+        await killed(doomed)
+        cloud.start("conductor", "keel-conductor", "controller")
+
+    server = await reaches(cloud, server_id, "ACTIVE")
+    assert server is not None
+    assert server["OS-EXT-SRV-ATTR:host"] == "compute1"
+    assert await claims_of(cloud, server_id) == 1
+    assert guest.is_dir()
+    await balanced(cloud)
+    async with cloud.http(cloud.admin_token) as client:
+        assert (await client.delete(f"servers/{server_id}")).status_code == 204
+    await reaches(cloud, server_id, None)  # the module's one host has room for the next

@@ -1,5 +1,6 @@
 """What Nova users type, with the real openstack CLI: several servers at once, an empty
-page, pause/unpause, suspend/resume and the console log that shows them."""
+page, pause/unpause, suspend/resume and the console log that shows them, shelve and
+unshelve."""
 
 from __future__ import annotations
 
@@ -62,6 +63,32 @@ def test_pause_unpause_suspend_resume_and_the_console_log(cloud: Cloud) -> None:
     for line in ("paused", "unpaused", "suspended: memory saved", "resumed from its saved memory"):
         assert line in log
     assert [a["Action"] for a in actions][:4] == ["resume", "suspend", "unpause", "pause"]
+
+
+def test_shelve_offloads_and_unshelve_brings_it_back_from_its_shelved_image(
+    cloud: Cloud,
+) -> None:
+    server: dict[str, Any] = cloud.openstack(
+        "server", "create", "--flavor", "m1.tiny", "--image", "cirros", "--wait", "shelf"
+    )
+    sid = server["id"]
+
+    cloud.openstack("server", "shelve", "shelf", as_json=False)
+    offloaded = wait_for_status(cloud, sid, {"SHELVED_OFFLOADED", "ERROR"})
+    shelved_images = cloud.openstack("image", "list", "--name", "shelf-shelved")
+    cloud.openstack("server", "unshelve", "shelf", as_json=False)
+    back = wait_for_status(cloud, sid, {"ACTIVE", "ERROR"})
+    left = cloud.openstack("image", "list", "--name", "shelf-shelved")
+    actions = cloud.openstack("server", "event", "list", "shelf")
+    cloud.openstack("server", "delete", "--wait", sid, as_json=False)
+
+    assert offloaded["status"] == "SHELVED_OFFLOADED"
+    assert offloaded["OS-EXT-SRV-ATTR:host"] is None
+    assert [i["Status"] for i in shelved_images] == ["active"]
+    assert back["status"] == "ACTIVE"
+    assert back["OS-EXT-SRV-ATTR:host"]
+    assert left == []
+    assert [a["Action"] for a in actions][:2] == ["unshelve", "shelve"]
 
 
 async def test_a_hypervisors_uptime_comes_from_its_agent(cloud: Cloud) -> None:

@@ -43,7 +43,8 @@ class ModelDriver(FakeDriver):
         super().__init__(host.hypervisor, vcpus=VCPUS, memory_mb=MEMORY_MB, local_gb=LOCAL_GB)
         self._host = host
         self._on_destroy = on_destroy
-        #: Operations ("spawn", "rebuild") that fail the next time they are asked for.
+        #: Operations ("spawn", "rebuild"; "destroy" in scripted examples) that fail the
+        #: next time they are asked for.
         self.fail_next: set[str] = set()
 
     async def init_host(self, node_uuid: UUID) -> None:
@@ -63,6 +64,9 @@ class ModelDriver(FakeDriver):
             raise InjectedFailure(f"{operation} of {instance_uuid} failed (injected)")
 
     async def destroy(self, instance_uuid: UUID) -> None:
+        if "destroy" in self.fail_next and instance_uuid in self._guests:
+            self.fail_next.discard("destroy")
+            raise InjectedFailure(f"destroy of {instance_uuid} failed (injected)")
         guest = self._guests.get(instance_uuid)
         if guest is not None:
             await self._on_destroy(self._host, instance_uuid, guest.origin)

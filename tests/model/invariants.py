@@ -189,7 +189,9 @@ def claim_problems(snap: Snapshot) -> list[str]:
         # The scheduler claims before the conductor records the node: one claim, anywhere
         # — also once an admin reset the server from its scheduling to ERROR, until its
         # build is handled again and gives the claim back (checked strictly at quiescence).
+        # So does an unshelve of an offloaded server, until its placement is recorded.
         placing = instance.node is None and instance.vm in ("building", "error")
+        placing |= instance.node is None and instance.task == "unshelving"
         if placing and sum(1 for c in snap.claims if c.instance == instance.uuid) == 1:
             continue
         for move in snap.moves_of(instance.uuid):

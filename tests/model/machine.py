@@ -125,12 +125,34 @@ class KeelMachine(MachineBase):
     @rule(i=index, plan=plans)
     def snapshot(self, i: int, plan: dict[str, Any] | None = None) -> None:
         """Snapshot a server (createImage), in any state: keel-api refuses what it must.
-        The model's agents reach no keel-api over HTTP, so every upload fails: the
-        snapshot ends failed, its image killed, the server as it was."""
+        The agents' uploads are taken by the world as keel-api takes them."""
         if not self.servers:
             return
         body = {"createImage": {"name": "snap"}}
         self.api("snapshot", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
+
+    @rule(
+        i=index,
+        action=st.sampled_from(["shelve", "shelveOffload", "unshelve", "unshelve-az"]),
+        plan=plans,
+    )
+    def shelve(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
+        """Shelve, offload or unshelve a server (into its zone, 2.77), in any state:
+        keel-api refuses what it must. The search runs with KEEL_SHELVED_OFFLOAD_TIME 0
+        (a shelve offloads at once); ``shelveOffload`` meets SHELVED servers only in the
+        findings' examples that set it otherwise."""
+        if not self.servers:
+            return
+        value: Any = {"availability_zone": "nova"} if action == "unshelve-az" else None
+        name = "unshelve" if action == "unshelve-az" else action
+        self.api(
+            name,
+            "POST",
+            f"/v2.1/servers/{self.server(i)}/action",
+            body={name: value},
+            version="2.77",
+            plan=plan,
+        )
 
     @rule(i=index, action=st.sampled_from(["restore", "forceDelete"]), plan=plans)
     def deferred_delete(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:

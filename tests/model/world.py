@@ -42,12 +42,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import UUID
 
 import asyncpg
 import httpx
 
 from services.api.app import create_app
+from services.compute import manager as manager_module
 from services.compute.agent import Agent, start_agent
 from services.compute.fence_link import FenceLink
 from services.compute.rpcapi import ComputeAPI
@@ -169,8 +171,8 @@ def base_settings(
             tokens={ADMIN_TOKEN: TokenInfo(user_id="root", project_id="ops", roles=["admin"])}
         ),
         network=NetworkSettings(cidr="10.20.0.0/24"),
-        # Snapshots need signed URLs; nothing listens where they point (port 9, discard),
-        # so every upload fails.
+        # Snapshots and shelves need signed URLs; nothing listens where they point (port
+        # 9, discard): the agents' uploads are taken by World.upload instead.
         images=ImageSettings(
             url_secret="model-image-url-secret",
             download_url="http://127.0.0.1:9",
@@ -215,6 +217,37 @@ class World:
         self._app: Any = None
         #: The scheduler's choices among equal hosts: reseeded at each step (see seed()).
         self.rng = random.Random(0)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._real_upload = getattr(manager_module, "upload")  # noqa: B009
+
+    # -- the agents' uploads -----------------------------------------------------------
+
+    async def _upload_arrives(self, image_id: UUID, size: int) -> bool:
+        async with self.db.acquire() as conn:
+            found = await conn.fetchval(
+                """UPDATE images SET status = 'active', size = $2, updated_at = now()
+                    WHERE id = $1 AND deleted_at IS NULL AND status IN ('queued', 'saving')
+                RETURNING id""",
+                image_id,
+                size,
+            )
+        return found is not None
+
+    def upload(self, url: str, path: Path, *, timeout: float = 0.0) -> int:
+        """What keel-api does with an agent's upload of a snapshot's or a shelve's data,
+        done here (the model's agents reach no keel-api over HTTP): the image is made
+        active, or the upload refused as keel-api refuses one for an image that has its
+        data already or is gone. Runs in the agent's worker thread, as the real upload."""
+        assert self._loop is not None
+        image_id = UUID(urlsplit(url).path.rsplit("/", 1)[-1])
+        size = path.stat().st_size
+        taken = asyncio.run_coroutine_threadsafe(self._upload_arrives(image_id, size), self._loop)
+        if not taken.result():
+            raise KeelError(
+                f"keel-api refused the data of image {image_id} (409): it has its data "
+                "already, or is gone"
+            )
+        return size
 
     # -- once per test -----------------------------------------------------------------
 
@@ -225,6 +258,8 @@ class World:
         directory (its identity file), so an example starts every process on them
         without registering anything anew.
         """
+        self._loop = asyncio.get_running_loop()
+        setattr(manager_module, "upload", self.upload)  # noqa: B010
         async with self.db.acquire() as conn:
             await fixed_ips.ensure_network(conn, self.settings.network)
             await images.create(conn, image_id=IMAGE_ID, name="model-image")
@@ -373,6 +408,7 @@ class World:
         await asyncio.sleep(0)
 
     async def close(self) -> None:
+        setattr(manager_module, "upload", self._real_upload)  # noqa: B010
         await self.stop()
         if self.http is not None:
             await self.http.aclose()

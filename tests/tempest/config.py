@@ -26,7 +26,7 @@ FEATURES: dict[str, bool] = {
     "resize": True,
     "pause": True,
     "suspend": True,
-    "shelve": False,
+    "shelve": True,
     "shelve_migrate": False,
     "console_output": True,
     # changePassword needs an agent inside the guest to set it; keel's guests have none.

@@ -33,6 +33,8 @@ from shared.exceptions import ConfigError
 ADMIN_API = "admin_api"
 REQUESTED_DESTINATION = "compute:servers:create:requested_destination"
 FORCED_HOST = "os_compute_api:servers:create:forced_host"
+SHELVE_OFFLOAD = "os_compute_api:os-shelve:shelve_offload"
+UNSHELVE_TO_HOST = "os_compute_api:os-shelve:unshelve_to_host"
 
 #: The rules keel enforces and their defaults.
 DEFAULTS: dict[str, str] = {
@@ -41,6 +43,10 @@ DEFAULTS: dict[str, str] = {
     REQUESTED_DESTINATION: "rule:admin_api",
     #: ``availability_zone="zone:host[:node]"`` on server create: skips the filters.
     FORCED_HOST: "rule:admin_api",
+    #: ``shelveOffload``: offload a SHELVED server now.
+    SHELVE_OFFLOAD: "rule:admin_api",
+    #: ``unshelve`` with a ``host`` (2.91).
+    UNSHELVE_TO_HOST: "rule:admin_api",
 }
 
 #: Other names accepted for a rule in a policy file.

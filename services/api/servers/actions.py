@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from services.api.http.auth import Context
 from services.api.http.deps import (
+    AppPolicy,
     AppSettings,
     Compute,
     Conductor,
@@ -26,6 +27,7 @@ from services.api.http.deps import (
 from services.api.http.faults import BadRequest
 from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
+from services.api.http.policy import Policy
 from services.api.servers import (
     console,
     inject_network_info,
@@ -35,6 +37,7 @@ from services.api.servers import (
     reset_state,
     resize,
     security_groups,
+    shelve,
     snapshot,
     soft_delete,
 )
@@ -75,6 +78,7 @@ class ActionCall:
     instance: Instance
     value: Any
     links: Links
+    policy: Policy
 
 
 #: An action; it answers 202 with no body unless it returns its own response.
@@ -322,6 +326,48 @@ async def _force_delete(call: ActionCall) -> Response | None:
     return None
 
 
+async def _shelve(call: ActionCall) -> Response | None:
+    await shelve.shelve(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
+async def _shelve_offload(call: ActionCall) -> Response | None:
+    await shelve.shelve_offload(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        policy=call.policy,
+        ctx=call.ctx,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
+async def _unshelve(call: ActionCall) -> Response | None:
+    await shelve.unshelve(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        policy=call.policy,
+        version=call.version,
+        ctx=call.ctx,
+        instance=call.instance,
+        value=call.value,
+    )
+    return None
+
+
 #: Action name in the body → its handler.
 ACTIONS: dict[str, Handler] = {
     "os-stop": _stop,
@@ -348,6 +394,9 @@ ACTIONS: dict[str, Handler] = {
     soft_delete.FORCE_DELETE_ACTION: _force_delete,
     security_groups.ADD: _add_security_group,
     security_groups.REMOVE: _remove_security_group,
+    shelve.SHELVE: _shelve,
+    shelve.SHELVE_OFFLOAD: _shelve_offload,
+    shelve.UNSHELVE: _unshelve,
 }
 #: Actions a locked server takes from anyone, as in Nova: its security groups change
 #: what reaches it, not the server itself.
@@ -366,6 +415,7 @@ async def server_action(
     settings: AppSettings,
     version: Version,
     links: RequestLinks,
+    policy: AppPolicy,
 ) -> Response:
     if len(body) != 1:
         raise BadRequest("The request body must name exactly one action.")
@@ -378,6 +428,6 @@ async def server_action(
     if name not in _UNLOCKED:
         locks.check_unlocked(ctx, instance)
     answer = await handler(
-        ActionCall(pool, compute, conductor, settings, version, ctx, instance, value, links)
+        ActionCall(pool, compute, conductor, settings, version, ctx, instance, value, links, policy)
     )
     return answer or Response(status_code=202)

@@ -36,7 +36,15 @@ from services.api.servers import publish
 from services.api.servers.lookup import host_service
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes, fixed_ips, instance_actions, instances, moves
+from shared.db import (
+    allocations,
+    compute_nodes,
+    fixed_ips,
+    instance_actions,
+    instances,
+    moves,
+    shelves,
+)
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import (
@@ -48,7 +56,7 @@ from shared.exceptions import (
 from shared.objects.instance import Allocation, Instance
 from shared.objects.migration import Migration
 from shared.objects.service import Service
-from shared.objects.states import TaskState
+from shared.objects.states import TaskState, VmState
 
 LOG = logging.getLogger(__name__)
 
@@ -79,6 +87,7 @@ async def local_delete(
             await instance_actions.start(conn, ctx, instance_uuid, DELETE_ACTION)
         released = await allocations.release_instance(conn, instance_uuid)
         await fixed_ips.release(conn, instance_uuid)
+        await shelves.delete_image_of_deleted(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, DELETE_ACTION, reason, error=False)
         return released
 
@@ -115,7 +124,11 @@ async def delete_server(
 ) -> None:
     """Delete ``instance``; see the module docstring for who does the work."""
     if not instance.host:
-        reason = "never scheduled to a host"
+        reason = (
+            "shelved and offloaded: no host holds it"
+            if instance.vm_state == VmState.SHELVED_OFFLOADED
+            else "never scheduled to a host"
+        )
         if await local_delete(pool, ctx, instance.uuid, reason, started=False, unplaced_only=True):
             return
         async with pool.acquire() as conn:

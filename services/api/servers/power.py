@@ -97,6 +97,7 @@ STARTS = (
     TaskState.UNPAUSING,
     TaskState.RESUMING,
     TaskState.RESTORING,
+    TaskState.UNSHELVING,
 )
 
 
@@ -259,6 +260,7 @@ async def run_power_action(
             "resume_instance": compute.resume_instance,
             "soft_delete_instance": compute.soft_delete_instance,
             "restore_instance": compute.restore_instance,
+            "unshelve_instance": compute.unshelve_instance,
         }[action.method]
         await send(ctx, service.uuid, instance.uuid)
 

@@ -34,6 +34,8 @@ _STATUS: dict[str, str] = {
     VmState.SUSPENDED: "SUSPENDED",
     VmState.ERROR: "ERROR",
     VmState.SOFT_DELETED: "SOFT_DELETED",
+    VmState.SHELVED: "SHELVED",
+    VmState.SHELVED_OFFLOADED: "SHELVED_OFFLOADED",
     VmState.DELETED: "DELETED",
 }
 
@@ -62,8 +64,6 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
         for status in (
             "PASSWORD",
             "RESCUE",
-            "SHELVED",
-            "SHELVED_OFFLOADED",
             "UNKNOWN",
         )
     },

@@ -22,7 +22,7 @@ import pytest
 from services.api.app import create_app
 from services.compute.rpcapi import ComputeAPI, TerminateInstance, topic_for
 from services.conductor.rpcapi import RPC_VERSION as CONDUCTOR_RPC_VERSION
-from services.conductor.rpcapi import BuildInstances, ConductorAPI
+from services.conductor.rpcapi import BuildInstances, ConductorAPI, UnshelveInstance
 from shared.config import AuthSettings, NetworkSettings, RpcSettings, Settings, TokenInfo
 from shared.context import RequestContext
 from shared.db import compute_nodes, images, instances, services
@@ -56,6 +56,8 @@ class Recorder:
         #: The requested destination each build carried (None when it carried none).
         self.destinations: dict[UUID, RequestedDestination | None] = {}
         self.terminations: asyncio.Queue[UUID] = asyncio.Queue()
+        #: The unshelves of offloaded servers, with the destination each carried.
+        self.unshelves: asyncio.Queue[tuple[UUID, RequestedDestination | None]] = asyncio.Queue()
 
     async def next_build(self) -> tuple[RequestContext, UUID]:
         return await asyncio.wait_for(self.builds.get(), SOON)
@@ -71,6 +73,9 @@ class _ConductorEndpoint:
     async def build_instances(self, ctx: RequestContext, req: BuildInstances) -> None:
         self._recorder.destinations[req.instance_uuid] = req.requested_destination
         await self._recorder.builds.put((ctx, req.instance_uuid))
+
+    async def unshelve_instance(self, ctx: RequestContext, req: UnshelveInstance) -> None:
+        await self._recorder.unshelves.put((req.instance_uuid, req.requested_destination))
 
 
 class _ComputeEndpoint:

@@ -20,7 +20,7 @@ from services.api.http.microversion import MAX_VERSION
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
 from tests.docs import page
-from tests.functional.services.api import test_snapshot_api
+from tests.functional.services.api import test_shelve_api, test_snapshot_api
 from tests.functional.services.api.conftest import ADMIN, MEMBER, add_compute, place_on
 from tests.functional.services.api.test_microversions import (
     CASES,
@@ -410,6 +410,8 @@ def guide_table() -> dict[str, str]:
 #: the request): version → the module and test that check it at that version and below.
 TESTED_ELSEWHERE = {
     "2.45": (test_snapshot_api, "test_from_2_45_the_answer_is_the_image_id"),
+    "2.77": (test_shelve_api, "test_unshelve_into_a_zone_or_onto_a_host"),
+    "2.91": (test_shelve_api, "test_unshelve_into_a_zone_or_onto_a_host"),
 }
 
 

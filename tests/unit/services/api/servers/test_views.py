@@ -49,7 +49,17 @@ def test_status_filters_select_vm_states() -> None:
     assert STATUS_FILTERS["BUILD"] == ("building",)
     assert STATUS_FILTERS["SHUTOFF"] == ("stopped",)
     assert STATUS_FILTERS["PAUSED"] == ("paused",)
-    assert STATUS_FILTERS["SHELVED"] == ()
+    assert STATUS_FILTERS["SHELVED"] == ("shelved",)
+    assert STATUS_FILTERS["SHELVED_OFFLOADED"] == ("shelved_offloaded",)
+    assert STATUS_FILTERS["RESCUE"] == ()
+
+
+def test_shelved_servers_show_as_nova_shows_them() -> None:
+    """SHELVED and SHELVED_OFFLOADED whatever the task (an offload or unshelve under way)."""
+    assert server_status("shelved", "shelving_offloading") == "SHELVED"
+    assert server_status("shelved", "unshelving") == "SHELVED"
+    assert server_status("shelved_offloaded", "spawning") == "SHELVED_OFFLOADED"
+    assert server_status("active", "shelving") == "ACTIVE"
 
 
 def test_soft_deleted_servers_show_and_filter_as_nova_shows_them() -> None:
