@@ -18,6 +18,10 @@ is kept only once whole; as in Glance:
   with the reason;
 * ``PUT /image/upload/{id}?expires=..&signature=..`` is how an agent writes a server
   snapshot's data (:func:`signed_upload`), under the same rules as a ``PUT`` of a user.
+
+A server backup's image (``createBackup``) rotates its server's backups in the same
+transaction that makes it ``active`` (:func:`shared.db.backups.rotate`); the data of the
+backups it deletes is removed after, as an image delete removes it.
 """
 
 from __future__ import annotations
@@ -46,12 +50,12 @@ from services.api.http.faults import (
     ItemNotFound,
     ServiceUnavailable,
 )
-from services.api.resources.image_store import UPLOAD_PREFIX, data_path
+from services.api.resources.image_store import UPLOAD_PREFIX, data_path, remove_data
 from services.api.resources.images import can_see
 from shared import image_urls
 from shared.config import Settings
+from shared.db import backups, snapshots
 from shared.db import images as images_db
-from shared.db import snapshots
 from shared.exceptions import ImageNotFound
 from shared.objects.image import Image
 from shared.objects.states import TaskState
@@ -122,10 +126,11 @@ async def _store(
             request, scratch, limit, pool=pool, image_id=image.id, token=token, started=started
         )
         await asyncio.to_thread(scratch.replace, data_path(store, image.id))
-        async with pool.acquire() as conn:
+        async with pool.acquire() as conn, conn.transaction():
             done = await images_db.finish_upload(
                 conn, image.id, token, size=size, checksum=md5, os_hash_value=sha512
             )
+            rotated = [] if done is None else await backups.rotate(conn, image.id)
     except BaseException as exc:
         await _abandon(pool, image.id, token, before, (scratch, data_path(store, image.id)))
         LOG.info("upload of image %s stopped (%s)", image.id, exc)
@@ -134,6 +139,15 @@ async def _store(
         await asyncio.to_thread(data_path(store, image.id).unlink, missing_ok=True)
         raise ConflictingRequest(f"Image {image.id} was deleted while its data was uploaded.")
     LOG.info("image %s has data: %d bytes, md5 %s", image.id, size, md5)
+    for deleted in rotated:
+        await asyncio.to_thread(remove_data, store, deleted)
+    if rotated:
+        LOG.info(
+            "backup %s is whole: rotated out (deleted) backup(s) %s",
+            image.id,
+            ", ".join(map(str, rotated)),
+            extra={"decision": "backups_rotated"},
+        )
 
 
 def _check_declared(request: Request, limit: int) -> None:
