@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from services.conductor import instance_events
+from services.conductor.deadlines import TaskDeadline
 from services.conductor.rpcapi import InstanceActionResult, PowerAction
 from shared.config import Settings
 from shared.db import backups
@@ -393,3 +394,53 @@ async def test_a_database_call_failing_once_in_the_upload_rotates_whole_or_not_a
         return faulty.pool
 
     assert await every_call(scenario) > 3
+
+
+async def backup_record(pool: asyncpg.Pool, server_id: str) -> Any:
+    async with pool.acquire() as conn:
+        return await conn.fetchrow(
+            """SELECT finish_time, result, message FROM instance_actions
+                WHERE instance_uuid = $1 AND action = 'createBackup'""",
+            UUID(server_id),
+        )
+
+
+async def test_a_failed_or_overrun_backup_ends_its_action_and_kills_its_image(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agent: SnapshotRecorder
+) -> None:
+    server_id = await server_on(client, db_pool, agent, "backup-failed")
+    old = await add_backup_row(db_pool, server_id, "daily", 30)
+    answer = await create_backup(client, server_id, daily("b", 0), at("2.45", MEMBER))
+    image_id = answer.json()["image_id"]
+    failed = InstanceActionResult(
+        instance_uuid=UUID(server_id), action=PowerAction.SNAPSHOT, success=False, message="no"
+    )
+
+    await asyncio.gather(
+        instance_events.record_action_result(db_pool, failed),
+        instance_events.record_action_result(db_pool, failed),
+    )
+
+    assert await state(db_pool, server_id) == ("active", None)
+    assert (await image_row(db_pool, image_id))["status"] == "killed"
+    assert (await image_row(db_pool, str(old)))["deleted_at"] is None
+    record = await backup_record(db_pool, server_id)
+    assert (record["result"], record["message"]) == ("Error", "no")
+
+    async with db_pool.acquire() as conn:
+        await conn.execute("DELETE FROM instance_actions WHERE instance_uuid = $1", UUID(server_id))
+    answer = await create_backup(client, server_id, daily("late", 0), at("2.45", MEMBER))
+    late = answer.json()["image_id"]
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
+            UUID(server_id),
+        )
+
+    assert await TaskDeadline(db_pool, 60).sweep() == 1
+
+    assert (await image_row(db_pool, late))["status"] == "killed"
+    record = await backup_record(db_pool, server_id)
+    assert record["finish_time"] is not None
+    assert record["result"] == "Error"
+    assert (await image_row(db_pool, str(old)))["deleted_at"] is None
