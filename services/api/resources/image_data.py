@@ -121,6 +121,7 @@ async def _store(
     store = settings.images.store_dir
     await asyncio.to_thread(store.mkdir, parents=True, exist_ok=True)
     scratch = store / f"{UPLOAD_PREFIX}{image.id}-{secrets.token_hex(4)}"
+    md5: str | None = None
     try:
         size, md5, sha512 = await _receive(
             request, scratch, limit, pool=pool, image_id=image.id, token=token, started=started
@@ -132,6 +133,14 @@ async def _store(
             )
             rotated = [] if done is None else await backups.rotate(conn, image.id)
     except BaseException as exc:
+        if md5 is not None and await _finished(pool, image.id, md5):
+            # The commit took effect and only its answer was lost: the image is whole.
+            LOG.warning(
+                "image %s has its data, but the answer to its upload was lost (%s)",
+                image.id,
+                exc,
+            )
+            raise
         await _abandon(pool, image.id, token, before, (scratch, data_path(store, image.id)))
         LOG.info("upload of image %s stopped (%s)", image.id, exc)
         raise
@@ -155,6 +164,17 @@ def _check_declared(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Image exceeds the storage quota: {declared} > {limit} bytes.")
+
+
+async def _finished(pool: asyncpg.Pool, image_id: UUID, md5: str) -> bool:
+    """Whether an upload whose end failed made the image whole after all (a commit whose
+    answer was lost): then its data is the image's, and must stay."""
+    try:
+        async with pool.acquire() as conn:
+            image = await images_db.get(conn, image_id)
+    except Exception:  # unknown: the upload is given back as failed
+        return False
+    return image.status == "active" and image.checksum == md5
 
 
 async def _abandon(

@@ -60,10 +60,10 @@ async def count_images(pool: asyncpg.Pool) -> int:
     return found
 
 
-async def end_snapshot(pool: asyncpg.Pool, server_id: str) -> None:
+async def end_snapshot(pool: asyncpg.Pool, server_id: str, *, success: bool = True) -> None:
     """The agent's result: the server's snapshot task ends."""
     result = InstanceActionResult(
-        instance_uuid=UUID(server_id), action=PowerAction.SNAPSHOT, success=True
+        instance_uuid=UUID(server_id), action=PowerAction.SNAPSHOT, success=success
     )
     await instance_events.record_action_result(pool, result)
 
@@ -360,13 +360,22 @@ async def test_an_image_that_is_no_backup_rotates_nothing(
     assert (await image_row(db_pool, str(old)))["deleted_at"] is None
 
 
+@pytest.mark.parametrize("answered", [False, True], ids=["failed", "answer-lost"])
 async def test_a_database_call_failing_once_in_the_upload_rotates_whole_or_not_at_all(
-    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agent: SnapshotRecorder, faulty: Faulty
+    client: httpx.AsyncClient,
+    db_pool: asyncpg.Pool,
+    agent: SnapshotRecorder,
+    faulty: Faulty,
+    settings: Settings,
+    *,
+    answered: bool,
 ) -> None:
-    """The agent's upload of a backup, each of its database calls failing in turn: the
-    image is active with its rotation done, or queued with none; the upload sent again
-    makes it whole, and each excess backup is deleted once."""
+    """The agent's upload of a backup, each of its database calls failing in turn (or
+    carried out with its answer lost): the image is active with its data and its rotation
+    done, or queued with neither; the upload sent again makes it whole, and each excess
+    backup is deleted once."""
     server_id = await server_on(client, db_pool, agent, "backup-faults")
+    store: Path = settings.images.store_dir
 
     async def scenario(at_call: int) -> FailsOnce:
         kind = f"t{at_call}"
@@ -378,22 +387,36 @@ async def test_a_database_call_failing_once_in_the_upload_rotates_whole_or_not_a
         new = answer.json()["image_id"]
         _, req = await agent.next()
         url = upload_path(req.upload_url)
-        faulty.pool.arm(at_call)
+        faulty.pool.arm(at_call, answered=answered)
 
         first = await faulty.client.put(url, content=b"data")
 
         row = await image_row(db_pool, new)
         oldest = await image_row(db_pool, str(old[0]))
         whole = row["status"] == "active"
-        assert first.status_code == (503 if faulty.pool.failed else 204), first.text
-        assert (oldest["deleted_at"] is not None) == whole, (faulty.pool.calls, row["status"])
+        what = (faulty.pool.calls, row["status"], first.text)
+        assert first.status_code == (503 if faulty.pool.failed else 204), what
+        assert (oldest["deleted_at"] is not None) == whole, what
+        assert (store / new).exists() == whole, what
         again = await client.put(url, content=b"data")
+        if row["status"] == "saving":
+            # The commit that began the upload took effect, its answer lost: the image
+            # is held by that upload until it is stale, so the agent's retry is refused,
+            # and it reports the snapshot failed: no backup, nothing rotated.
+            assert answered, what
+            assert again.status_code == 409, again.text
+            await end_snapshot(db_pool, server_id, success=False)
+            assert (await image_row(db_pool, new))["status"] == "killed"
+            assert await live_backups(client, server_id, kind) == [f"{kind}-30", f"{kind}-20"]
+            return faulty.pool
         assert again.status_code == (409 if whole else 204), again.text
         await end_snapshot(db_pool, server_id)
         assert await live_backups(client, server_id, kind) == [f"{kind}-20", kind]
+        fetched = await client.get(f"/image/v2/images/{new}/file", headers=MEMBER)
+        assert fetched.content == b"data"
         return faulty.pool
 
-    assert await every_call(scenario) > 3
+    assert await every_call(scenario) > 1
 
 
 async def backup_record(pool: asyncpg.Pool, server_id: str) -> Any:
