@@ -209,7 +209,13 @@ async def list_images(
     found = sort_images(found, sort_key, sort_dir)
     page = take_page(found, paging, key=lambda image: str(image.id))
     after = next_marker(page, paging, key=lambda image: str(image.id))
-    return images_body(page, next_marker=after, limit=paging.limit if paging.limited else None)
+    carried = {k: v for k, v in request.query_params.items() if k not in ("marker", "limit")}
+    return images_body(
+        page,
+        next_marker=after,
+        limit=paging.limit if paging.limited else None,
+        carried=carried,
+    )
 
 
 @router.get("/images/{image_id}")
