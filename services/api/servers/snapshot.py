@@ -27,6 +27,9 @@ queue, the deployment signs no image URLs (``KEEL_IMAGES__URL_SECRET`` unset), o
 RPC caps are below what a snapshot needs (naming the services too old). If the message
 cannot be confirmed sent and no agent took it, the task is cleared, the image killed,
 and the answer is 503.
+
+``createBackup`` (:mod:`.backup`) takes its snapshot the same way
+(:func:`take_snapshot`), with properties of its own and a rotation.
 """
 
 from __future__ import annotations
