@@ -303,22 +303,29 @@ async def test_a_rotation_of_zero_deletes_every_backup_the_new_one_too(
 
 
 async def add_backup_row(
-    pool: asyncpg.Pool, server_id: str, backup_type: str, age: int, rotation: int | None = None
+    pool: asyncpg.Pool,
+    server_id: str,
+    backup_type: str,
+    age: int,
+    *,
+    rotation: int | None = None,
+    owner: str = "team",
 ) -> UUID:
-    """A whole backup image of the server, ``age`` minutes old."""
+    """A whole backup image of the server, ``age`` minutes old, of ``owner``'s project."""
     image_id = uuid4()
     properties = {"image_type": "backup", "backup_type": backup_type, "instance_uuid": server_id}
     async with pool.acquire() as conn:
         await conn.execute(
             """INSERT INTO images (id, name, status, visibility, owner, properties,
                                    backup_rotation, created_at)
-               VALUES ($1, $2, 'active', 'private', 'team', $3, $4,
+               VALUES ($1, $2, 'active', 'private', $6, $3, $4,
                        now() - make_interval(mins => $5))""",
             image_id,
             f"{backup_type}-{age}",
             properties,
             rotation,
             age,
+            owner,
         )
     return image_id
 
@@ -335,6 +342,8 @@ async def test_two_rotations_at_once_delete_each_excess_backup_once(
     rows = [await add_backup_row(db_pool, server_id, "daily", age) for age in (50, 40, 30, 20)]
     newest = await add_backup_row(db_pool, server_id, "daily", 10, rotation=2)
     other_server = await add_backup_row(db_pool, str(uuid4()), "daily", 60)
+    # Another project's image that says it is one of the server's backups.
+    forged = await add_backup_row(db_pool, server_id, "daily", 70, owner="elsewhere")
 
     deleted = await asyncio.gather(*(rotate(db_pool, newest) for _ in range(3)))
 
@@ -345,7 +354,7 @@ async def test_two_rotations_at_once_delete_each_excess_backup_once(
         left = await conn.fetch(
             "SELECT id FROM images WHERE deleted_at IS NULL AND properties ? 'backup_type'"
         )
-    assert {row["id"] for row in left} == {rows[3], newest, other_server}
+    assert {row["id"] for row in left} == {rows[3], newest, other_server, forged}
 
 
 async def test_an_image_that_is_no_backup_rotates_nothing(
