@@ -476,3 +476,25 @@ async def test_a_failed_or_overrun_backup_ends_its_action_and_kills_its_image(
     assert record["finish_time"] is not None
     assert record["result"] == "Error"
     assert (await image_row(db_pool, str(old)))["deleted_at"] is None
+
+
+async def test_the_agents_upload_sent_twice_at_once_rotates_once(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agent: SnapshotRecorder
+) -> None:
+    server_id = await server_on(client, db_pool, agent, "backup-put-twice")
+    old = [await add_backup_row(db_pool, server_id, "daily", age) for age in (30, 20, 10)]
+    answer = await create_backup(client, server_id, daily("b", 1), at("2.45", MEMBER))
+    new = answer.json()["image_id"]
+    _, req = await agent.next()
+    url = upload_path(req.upload_url)
+
+    puts = await asyncio.gather(
+        client.put(url, content=b"one copy"), client.put(url, content=b"one copy")
+    )
+
+    assert sorted(p.status_code for p in puts) == [204, 409], [p.text for p in puts]
+    await end_snapshot(db_pool, server_id)
+    assert await live_backups(client, server_id) == ["b"]
+    for gone in old:
+        assert (await image_row(db_pool, str(gone)))["deleted_at"] is not None
+    assert (await image_row(db_pool, new))["size"] == len(b"one copy")
