@@ -54,6 +54,9 @@ LOG = logging.getLogger(__name__)
 #: Longest pause between two sweeps, in seconds.
 MAX_INTERVAL = 60.0
 
+#: The instance action a backup's snapshot tasks belong to (a snapshot's are below).
+BACKUP_ACTION = "createBackup"
+
 #: The tasks the task deadline ends, and the instance action each belongs to.
 TASK_ACTIONS: dict[TaskState, str] = {
     TaskState.POWERING_OFF: "stop",
@@ -107,15 +110,19 @@ class TaskDeadline:
                 self.timeout,
             )
             for row in rows:
+                actions = [TASK_ACTIONS[TaskState(row["task_state"])]]
                 if TaskState(row["task_state"]) in SNAPSHOT_TASKS:
                     await snapshots.kill_unfinished(conn, row["uuid"])
-                await instance_actions.finish(
-                    conn,
-                    row["uuid"],
-                    TASK_ACTIONS[TaskState(row["task_state"])],
-                    f"timed out: no agent finished it within {self.timeout:g}s "
-                    "(KEEL_TASK_TIMEOUT); the power state follows the host's next report",
-                )
+                    # The same tasks are a backup's (createBackup).
+                    actions.append(BACKUP_ACTION)
+                for action in actions:
+                    await instance_actions.finish(
+                        conn,
+                        row["uuid"],
+                        action,
+                        f"timed out: no agent finished it within {self.timeout:g}s "
+                        "(KEEL_TASK_TIMEOUT); the power state follows the host's next report",
+                    )
             abandoned = await snapshots.kill_abandoned(conn, self.timeout)
         for image_id in abandoned:
             LOG.warning(

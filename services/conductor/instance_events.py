@@ -418,8 +418,9 @@ async def _record_rebuild_result(pool: asyncpg.Pool, req: InstanceActionResult) 
         )
 
 
-#: The instance action a snapshot is recorded as (Nova's name).
+#: The instance actions a snapshot is recorded as (Nova's names: a snapshot, a backup).
 SNAPSHOT_ACTION = "createImage"
+BACKUP_ACTION = "createBackup"
 
 
 async def _record_snapshot_result(pool: asyncpg.Pool, req: InstanceActionResult) -> None:
@@ -439,9 +440,11 @@ async def _record_snapshot_result(pool: asyncpg.Pool, req: InstanceActionResult)
                 extra=extra,
             )
             return
-        await instance_actions.finish(
-            conn, req.instance_uuid, SNAPSHOT_ACTION, None if req.success else req.message
-        )
+        # The server had one snapshot task: whichever of the two actions started it.
+        for action in (SNAPSHOT_ACTION, BACKUP_ACTION):
+            await instance_actions.finish(
+                conn, req.instance_uuid, action, None if req.success else req.message
+            )
     if req.success:
         LOG.info(
             "instance %s: snapshot done",

@@ -55,12 +55,14 @@ async def create(
     visibility: str = "public",
     properties: dict[str, Any] | None = None,
     status: str = "active",
+    backup_rotation: int | None = None,
 ) -> Image:
     try:
         row = await conn.fetchrow(
             """INSERT INTO images (id, name, disk_format, container_format, min_disk, min_ram,
-                                   size, owner, visibility, properties, status)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *""",
+                                   size, owner, visibility, properties, status,
+                                   backup_rotation)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING *""",
             image_id,
             name,
             disk_format,
@@ -72,6 +74,7 @@ async def create(
             visibility,
             properties or {},
             status,
+            backup_rotation,
         )
     except asyncpg.UniqueViolationError:
         raise Conflict(f"Image {image_id} already exists.") from None

@@ -43,10 +43,12 @@ async def begin(
     properties: dict[str, Any],
     task: TaskState = TaskState.IMAGE_SNAPSHOT,
     vm_states: tuple[VmState, ...] = SNAPSHOTTABLE,
+    backup_rotation: int | None = None,
 ) -> tuple[Instance, Image] | None:
     """Start the snapshot: the task (``task``: a shelve begins ``shelving``) and the
-    ``queued`` image; ``None`` if the swap was lost (the server is in another state, or
-    has a task: the caller answers 409)."""
+    ``queued`` image (a backup's with its rotation, :mod:`shared.db.backups`); ``None``
+    if the swap was lost (the server is in another state, or has a task: the caller
+    answers 409)."""
     instance = await begin_task(conn, instance_uuid, task, vm_states=vm_states)
     if instance is None:
         return None
@@ -62,6 +64,7 @@ async def begin(
         visibility="private",
         properties=properties,
         status="queued",
+        backup_rotation=backup_rotation,
     )
     return instance, image
 

@@ -18,6 +18,10 @@ is kept only once whole; as in Glance:
   with the reason;
 * ``PUT /image/upload/{id}?expires=..&signature=..`` is how an agent writes a server
   snapshot's data (:func:`signed_upload`), under the same rules as a ``PUT`` of a user.
+
+A server backup's image (``createBackup``) rotates its server's backups in the same
+transaction that makes it ``active`` (:func:`shared.db.backups.rotate`); the data of the
+backups it deletes is removed after, as an image delete removes it.
 """
 
 from __future__ import annotations
@@ -46,12 +50,12 @@ from services.api.http.faults import (
     ItemNotFound,
     ServiceUnavailable,
 )
-from services.api.resources.image_store import UPLOAD_PREFIX, data_path
+from services.api.resources.image_store import UPLOAD_PREFIX, data_path, remove_data
 from services.api.resources.images import can_see
 from shared import image_urls
 from shared.config import Settings
+from shared.db import backups, snapshots
 from shared.db import images as images_db
-from shared.db import snapshots
 from shared.exceptions import ImageNotFound
 from shared.objects.image import Image
 from shared.objects.states import TaskState
@@ -117,16 +121,26 @@ async def _store(
     store = settings.images.store_dir
     await asyncio.to_thread(store.mkdir, parents=True, exist_ok=True)
     scratch = store / f"{UPLOAD_PREFIX}{image.id}-{secrets.token_hex(4)}"
+    md5: str | None = None
     try:
         size, md5, sha512 = await _receive(
             request, scratch, limit, pool=pool, image_id=image.id, token=token, started=started
         )
         await asyncio.to_thread(scratch.replace, data_path(store, image.id))
-        async with pool.acquire() as conn:
+        async with pool.acquire() as conn, conn.transaction():
             done = await images_db.finish_upload(
                 conn, image.id, token, size=size, checksum=md5, os_hash_value=sha512
             )
+            rotated = [] if done is None else await backups.rotate(conn, image.id)
     except BaseException as exc:
+        if md5 is not None and await _finished(pool, image.id, md5):
+            # The commit took effect and only its answer was lost: the image is whole.
+            LOG.warning(
+                "image %s has its data, but the answer to its upload was lost (%s)",
+                image.id,
+                exc,
+            )
+            raise
         await _abandon(pool, image.id, token, before, (scratch, data_path(store, image.id)))
         LOG.info("upload of image %s stopped (%s)", image.id, exc)
         raise
@@ -134,6 +148,15 @@ async def _store(
         await asyncio.to_thread(data_path(store, image.id).unlink, missing_ok=True)
         raise ConflictingRequest(f"Image {image.id} was deleted while its data was uploaded.")
     LOG.info("image %s has data: %d bytes, md5 %s", image.id, size, md5)
+    for deleted in rotated:
+        await asyncio.to_thread(remove_data, store, deleted)
+    if rotated:
+        LOG.info(
+            "backup %s is whole: rotated out (deleted) backup(s) %s",
+            image.id,
+            ", ".join(map(str, rotated)),
+            extra={"decision": "backups_rotated"},
+        )
 
 
 def _check_declared(request: Request, limit: int) -> None:
@@ -141,6 +164,17 @@ def _check_declared(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Image exceeds the storage quota: {declared} > {limit} bytes.")
+
+
+async def _finished(pool: asyncpg.Pool, image_id: UUID, md5: str) -> bool:
+    """Whether an upload whose end failed made the image whole after all (a commit whose
+    answer was lost): then its data is the image's, and must stay."""
+    try:
+        async with pool.acquire() as conn:
+            image = await images_db.get(conn, image_id)
+    except Exception:  # unknown: the upload is given back as failed
+        return False
+    return image.status == "active" and image.checksum == md5
 
 
 async def _abandon(

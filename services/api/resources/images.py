@@ -21,7 +21,7 @@ import uuid
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.api.http.auth import Context
@@ -93,9 +93,86 @@ def _not_found(image_id: str) -> ItemNotFound:
 
 Q = Annotated[str | None, Query()]
 
+#: The list's query parameters that are Glance's own, not image properties: any other
+#: filters on the image property of its name (``image_type=backup``), as in Glance v2.
+#: Those keel does not apply (``owner``, ``tag``, ...) are ignored, as before.
+LIST_PARAMETERS = frozenset(
+    {
+        "name",
+        "id",
+        "visibility",
+        "status",
+        "os_hidden",
+        "limit",
+        "marker",
+        "sort",
+        "sort_key",
+        "sort_dir",
+        "owner",
+        "member_status",
+        "protected",
+        "tag",
+        "container_format",
+        "disk_format",
+        "size_min",
+        "size_max",
+        "created_at",
+        "updated_at",
+    }
+)
+
+#: The ``sort_key`` values keel sorts by (each image field of that name).
+SORT_KEYS = ("created_at", "updated_at", "name", "id", "status", "size")
+
+
+def _sort_value(image: Image, key: str) -> tuple[bool, Any]:
+    """A sort value that puts ``None`` first and compares like with like."""
+    value = getattr(image, key)
+    if isinstance(value, UUID):
+        value = str(value)
+    return (value is not None, value if value is not None else 0)
+
+
+def sort_images(found: list[Image], sort_key: str | None, sort_dir: str | None) -> list[Image]:
+    """``sort_key`` (one of :data:`SORT_KEYS`) and ``sort_dir`` (``asc``, ``desc``: the
+    default, as Glance's); neither: the list's own order. Anything else is a 400."""
+    if sort_key is None and sort_dir is None:
+        return found
+    key = sort_key or "created_at"
+    if key not in SORT_KEYS:
+        raise BadRequest(f"Invalid sort key: {key}. Sort keys: {', '.join(SORT_KEYS)}.")
+    direction = sort_dir or "desc"
+    if direction not in ("asc", "desc"):
+        raise BadRequest(f"Invalid sort direction: {direction}. Use asc or desc.")
+    # The id breaks ties, so that a marker finds the same order again.
+    return sorted(
+        found,
+        key=lambda image: (_sort_value(image, key), str(image.id)),
+        reverse=direction == "desc",
+    )
+
+
+def property_filters(request: Request) -> dict[str, str]:
+    """The query parameters that filter on image properties (see :data:`LIST_PARAMETERS`)."""
+    return {k: v for k, v in request.query_params.items() if k not in LIST_PARAMETERS}
+
+
+def _has_properties(image: Image, wanted: dict[str, str]) -> bool:
+    return all(
+        key in image.properties and _property_text(image.properties[key]) == value
+        for key, value in wanted.items()
+    )
+
+
+def _property_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
 
 @router.get("/images")
 async def list_images(
+    request: Request,
     pool: DbPool,
     *,
     ctx: Context,
@@ -106,12 +183,18 @@ async def list_images(
     os_hidden: Q = None,
     limit: Q = None,
     marker: Q = None,
+    sort_key: Q = None,
+    sort_dir: Q = None,
 ) -> dict[str, Any]:
+    """The images the caller sees, filtered by Glance's parameters and any image
+    property (``?image_type=backup&instance_uuid=...``), sorted by ``sort_key`` and
+    ``sort_dir`` when asked."""
     ids = parse_id_filter(image_id)
     hidden = parse_hidden(os_hidden)
     if visibility is not None and visibility not in (*VISIBILITIES, "all"):
         raise BadRequest(f"Invalid visibility value: {visibility}")
     paging = page_request(limit, marker)
+    wanted = property_filters(request)
     async with pool.acquire() as conn:
         found = await images_db.list_images(conn, name=name, ids=ids)
     found = [
@@ -121,10 +204,18 @@ async def list_images(
         and (visibility in (None, "all") or image.visibility == visibility)
         and (status is None or image.status == status)
         and bool(image.properties.get("os_hidden", False)) == hidden
+        and _has_properties(image, wanted)
     ]
+    found = sort_images(found, sort_key, sort_dir)
     page = take_page(found, paging, key=lambda image: str(image.id))
     after = next_marker(page, paging, key=lambda image: str(image.id))
-    return images_body(page, next_marker=after, limit=paging.limit if paging.limited else None)
+    carried = {k: v for k, v in request.query_params.items() if k not in ("marker", "limit")}
+    return images_body(
+        page,
+        next_marker=after,
+        limit=paging.limit if paging.limited else None,
+        carried=carried,
+    )
 
 
 @router.get("/images/{image_id}")

@@ -29,6 +29,7 @@ from services.api.http.links import Links
 from services.api.http.microversion import APIVersion
 from services.api.http.policy import Policy
 from services.api.servers import (
+    backup,
     console,
     inject_network_info,
     live_migration,
@@ -247,6 +248,20 @@ async def _rebuild(call: ActionCall) -> Response | None:
     return JSONResponse(body, status_code=202)
 
 
+async def _create_backup(call: ActionCall) -> Response | None:
+    return await backup.create_backup(
+        call.pool,
+        call.compute,
+        call.conductor,
+        settings=call.settings,
+        ctx=call.ctx,
+        version=call.version,
+        links=call.links,
+        instance=call.instance,
+        value=call.value,
+    )
+
+
 async def _create_image(call: ActionCall) -> Response | None:
     return await snapshot.create_image(
         call.pool,
@@ -386,6 +401,7 @@ ACTIONS: dict[str, Handler] = {
     console.ACTION: _console_output,
     rebuild.ACTION: _rebuild,
     snapshot.ACTION: _create_image,
+    backup.ACTION: _create_backup,
     reset_state.ACTION: _reset_state,
     inject_network_info.ACTION: _inject_network_info,
     locks.LOCK: _lock,

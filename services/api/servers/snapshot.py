@@ -27,6 +27,9 @@ queue, the deployment signs no image URLs (``KEEL_IMAGES__URL_SECRET`` unset), o
 RPC caps are below what a snapshot needs (naming the services too old). If the message
 cannot be confirmed sent and no agent took it, the task is cleared, the image killed,
 and the answer is 503.
+
+``createBackup`` (:mod:`.backup`) takes its snapshot the same way
+(:func:`take_snapshot`), with properties of its own and a rotation.
 """
 
 from __future__ import annotations
@@ -128,28 +131,30 @@ async def _check_caps(
     pool: asyncpg.Pool,
     instance: Instance,
     down: float,
+    *,
+    action: str,
 ) -> None:
     if not await compute.can_send(_METHOD):
         raise ConflictingRequest(
-            f"Cannot '{ACTION}' instance {instance.uuid}: "
-            + await too_old(pool, compute, ACTION, _METHOD, down)
+            f"Cannot '{action}' instance {instance.uuid}: "
+            + await too_old(pool, compute, action, _METHOD, down)
             + "."
         )
     if not await conductor.can_take_action_result(PowerAction.SNAPSHOT):
         raise ConflictingRequest(
-            f"Cannot '{ACTION}' instance {instance.uuid}: the conductor RPC version is "
+            f"Cannot '{action}' instance {instance.uuid}: the conductor RPC version is "
             f"capped at {await conductor.client.cap()}, and a snapshot needs "
             f"{ACTION_RESULT_SINCE[PowerAction.SNAPSHOT]}. Upgrade every keel-conductor first."
         )
 
 
-def _conflict(instance: Instance) -> ConflictingRequest:
+def _conflict(instance: Instance, action: str) -> ConflictingRequest:
     state = (
         f"task_state {instance.task_state}"
         if instance.task_state is not None
         else f"vm_state {instance.vm_state}"
     )
-    return ConflictingRequest(f"Cannot '{ACTION}' instance {instance.uuid} while it is in {state}")
+    return ConflictingRequest(f"Cannot '{action}' instance {instance.uuid} while it is in {state}")
 
 
 async def create_image(
@@ -166,26 +171,69 @@ async def create_image(
 ) -> Response:
     """Check, record, cast; the 202 answer (see the module docstring)."""
     request = parse(value)
+    return await take_snapshot(
+        pool,
+        compute,
+        conductor,
+        settings=settings,
+        ctx=ctx,
+        version=version,
+        links=links,
+        instance=instance,
+        image=SnapshotImage(name=request.name, metadata=request.metadata),
+    )
+
+
+class SnapshotImage(BaseModel):
+    """What an image made from a server is: its name, the request's metadata, and what
+    the action says of it over that (a backup's ``image_type`` and ``backup_type``)."""
+
+    name: str
+    metadata: dict[str, str] | None = None
+    #: Properties over the metadata.
+    over: dict[str, str] = {}
+    #: The instance action recorded (``createImage``, ``createBackup``).
+    action: str = ACTION
+    #: A backup's rotation (kept in the image's row, for when it is whole).
+    rotation: int | None = None
+
+
+async def take_snapshot(
+    pool: asyncpg.Pool,
+    compute: ComputeAPI,
+    conductor: ConductorAPI,
+    *,
+    settings: Settings,
+    ctx: RequestContext,
+    version: APIVersion,
+    links: Links,
+    instance: Instance,
+    image: SnapshotImage,
+) -> Response:
+    """Check, record and cast a snapshot of ``instance`` into a new ``image``; the 202
+    answer (see the module docstring)."""
+    action = image.action
     down = settings.service_down_time
     if instance.vm_state not in snapshots.SNAPSHOTTABLE or instance.task_state is not None:
-        raise _conflict(instance)
+        raise _conflict(instance, action)
     secret = settings.images.url_secret
     if secret is None:
         raise ConflictingRequest(
-            f"Cannot '{ACTION}' instance {instance.uuid}: this deployment signs no image "
+            f"Cannot '{action}' instance {instance.uuid}: this deployment signs no image "
             "URLs (KEEL_IMAGES__URL_SECRET is unset), so no agent can write a snapshot."
         )
-    await _check_caps(compute, conductor, pool, instance, down)
+    await _check_caps(compute, conductor, pool, instance, down, action=action)
     service = await host_service(pool, instance, down)
     if service is None or not service.is_up:
         raise ConflictingRequest(
-            f"Cannot '{ACTION}' instance {instance.uuid}: the compute service of its host "
+            f"Cannot '{action}' instance {instance.uuid}: the compute service of its host "
             f"{instance.host} is {'gone' if service is None else 'down'}."
         )
     async with pool.acquire() as conn:
         base = await _base_image(conn, instance)
         limits = await project_limits(conn, instance.project_id, settings.quota)
-    properties = snapshot_properties(instance, base, request.metadata)
+    properties = snapshot_properties(instance, base, image.metadata)
+    properties.update(image.over)
     check_metadata_items(limits, len(properties))
     disk_format = base.disk_format if base and base.disk_format in DISK_FORMATS else "qcow2"
     image_id = uuid.uuid4()
@@ -195,19 +243,20 @@ async def create_image(
             conn,
             instance.uuid,
             image_id=image_id,
-            name=request.name,
+            name=image.name,
             owner=instance.project_id,
             disk_format=disk_format,
             min_disk=max(instance.flavor.root_gb, base.min_disk if base else 0),
             min_ram=base.min_ram if base else 0,
             properties=properties,
+            backup_rotation=image.rotation,
         )
         if begun is not None:
-            await instance_actions.start(conn, ctx, instance.uuid, ACTION)
+            await instance_actions.start(conn, ctx, instance.uuid, action)
         return begun is not None
 
     if not await in_transaction(pool, begin, what=f"starting a snapshot of {instance.uuid}"):
-        raise _conflict(instance)
+        raise _conflict(instance, action)
     ttl = max(settings.images.url_ttl, settings.task_timeout)
     req = SnapshotInstance(
         instance_uuid=instance.uuid,
@@ -215,14 +264,16 @@ async def create_image(
         disk_format=disk_format,
         upload_url=image_urls.signed_upload_url(settings.image_download_url, secret, image_id, ttl),
     )
-    await _send(pool, compute, ctx, instance, service=(service.uuid, service.host), req=req)
+    await _send(
+        pool, compute, ctx, instance, service=(service.uuid, service.host), req=req, action=action
+    )
     LOG.info(
         "asked compute service %s on %s for a snapshot of server %s into image %s (%s)",
         service.uuid,
         service.host,
         instance.uuid,
         image_id,
-        request.name,
+        image.name,
         extra={"instance_uuid": str(instance.uuid), "decision": "snapshot_sent"},
     )
     if version.at_least(BODY_SINCE):
@@ -239,6 +290,7 @@ async def _send(
     *,
     service: tuple[UUID, str],
     req: SnapshotInstance,
+    action: str,
 ) -> None:
     """Cast the snapshot to ``service`` (its uuid and host); withdraw it (task cleared,
     image killed) if it cannot be confirmed sent and no agent took it."""
@@ -251,7 +303,7 @@ async def _send(
     except Unroutable:
         await _withdraw(pool, ctx, instance.uuid, f"no queue for compute service {service_uuid}")
         raise ConflictingRequest(
-            f"Cannot '{ACTION}' instance {instance.uuid}: the compute service of host {host} "
+            f"Cannot '{action}' instance {instance.uuid}: the compute service of host {host} "
             "has no queue on the message bus; is its agent running?"
         ) from None
     if failed is None:

@@ -49,9 +49,14 @@ def image_view(image: Image) -> dict[str, Any]:
 
 
 def images_body(
-    images: list[Image], *, next_marker: str | None, limit: int | None
+    images: list[Image],
+    *,
+    next_marker: str | None,
+    limit: int | None,
+    carried: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A list page; ``next`` points at the following page when this one was full."""
+    """A list page; ``next`` points at the following page when this one was full, with
+    the list's other query parameters (``carried``: its filters and sort) kept."""
     body: dict[str, Any] = {
         "images": [image_view(image) for image in images],
         "first": IMAGES_PATH,
@@ -59,5 +64,6 @@ def images_body(
     }
     if next_marker is not None:
         query = {"marker": next_marker, **({"limit": str(limit)} if limit else {})}
+        query.update({k: v for k, v in (carried or {}).items() if k not in query})
         body["next"] = f"{IMAGES_PATH}?{urlencode(query)}"
     return body

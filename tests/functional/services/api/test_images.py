@@ -133,3 +133,43 @@ async def test_the_compute_proxy_shows_images_as_nova_did_below_2_36(
     for path in ("/v2.1/images", "/v2.1/images/detail", f"/v2.1/images/{IMAGE_ID}"):
         gone = await client.get(path, headers={**MEMBER, "OpenStack-API-Version": "compute 2.36"})
         assert gone.status_code == 404, path
+
+
+async def test_any_other_parameter_filters_on_an_image_property_and_lists_sort(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool
+) -> None:
+    """As Glance v2: ``?image_type=backup`` filters on that property; ``sort_key`` and
+    ``sort_dir`` order the list (newest first unless asked), and ``next`` keeps both."""
+    await add_image(db_pool, "cirros")
+    await add_image(db_pool, "ubuntu", OTHER_ID)
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE images SET properties = '{"image_type": "backup", "os_hidden": false}',
+                      created_at = now() - interval '1 hour' WHERE id = $1""",
+            OTHER_ID,
+        )
+
+    typed = await client.get("/image/v2/images", headers=MEMBER, params={"image_type": "backup"})
+    none = await client.get("/image/v2/images", headers=MEMBER, params={"image_type": "other"})
+    unset = await client.get("/image/v2/images", headers=MEMBER, params={"backup_type": "daily"})
+    newest = await client.get("/image/v2/images", headers=MEMBER, params={"sort_key": "created_at"})
+    oldest = await client.get(
+        "/image/v2/images", headers=MEMBER, params={"sort_key": "created_at", "sort_dir": "asc"}
+    )
+    paged = await client.get(
+        "/image/v2/images", headers=MEMBER, params={"sort_dir": "asc", "limit": 1}
+    )
+    bad_key = await client.get("/image/v2/images", headers=MEMBER, params={"sort_key": "owner"})
+    bad_dir = await client.get("/image/v2/images", headers=MEMBER, params={"sort_dir": "up"})
+
+    assert [i["name"] for i in typed.json()["images"]] == ["ubuntu"]
+    assert none.json()["images"] == unset.json()["images"] == []
+    assert [i["name"] for i in newest.json()["images"]] == ["cirros", "ubuntu"]
+    assert [i["name"] for i in oldest.json()["images"]] == ["ubuntu", "cirros"]
+    assert [i["name"] for i in paged.json()["images"]] == ["ubuntu"]
+    following = await client.get(
+        "/image/v2" + paged.json()["next"].removeprefix("/v2"), headers=MEMBER
+    )
+    assert [i["name"] for i in following.json()["images"]] == ["cirros"]
+    assert (bad_key.status_code, bad_dir.status_code) == (400, 400), (bad_key.text, bad_dir.text)
+    assert "sort key" in bad_key.text
