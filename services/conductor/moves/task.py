@@ -69,6 +69,21 @@ from shared.objects.states import VmState
 LOG = logging.getLogger(__name__)
 
 UNDER_WAY = (MigrationStatus.ACCEPTED, MigrationStatus.PRE_MIGRATING)
+#: The statuses in which a move still holds its destination's claim under its own uuid
+#: (a claim the scheduler gives a twin delivery of the same move too): from recording the
+#: destination until an arrival hands the claim over (an evacuation's ``done``, a live
+#: migration's ``completed``, a cold migration's ``confirmed``) or an end releases it.
+HOLDS_DESTINATION_CLAIM = frozenset(
+    {
+        MigrationStatus.PRE_MIGRATING,
+        MigrationStatus.PREPARING,
+        MigrationStatus.RUNNING,
+        MigrationStatus.POST_MIGRATING,
+        MigrationStatus.FINISHED,
+        MigrationStatus.CONFIRMING,
+        MigrationStatus.REVERTING,
+    }
+)
 
 
 class MoveTask(TaskBase):
@@ -265,12 +280,26 @@ class MoveTask(TaskBase):
                     new=self.kind.building,
                 )
             current = moved or await moves.get(conn, migration.uuid)
-            lost = current.status != self.destination_status or current.dest_compute_id != dest.id
-            if lost:
-                # Someone ended the move (a delete, a withdrawal, the deadline) or a twin
-                # recorded another host while this one was chosen: give back the claim
-                # this run made, unless it is the one the move goes on with.
+            same_claim = (
+                current.dest_compute_id == dest.id and current.status in HOLDS_DESTINATION_CLAIM
+            )
+            lost = current.status != self.destination_status or not same_claim
+            if not same_claim:
+                # Someone ended the move (a delete, a withdrawal, the deadline), its claim
+                # was handed over, or a twin recorded another host while this one was
+                # chosen: give back the claim this run made. A twin that recorded this
+                # host and carried the move on goes on with this very claim: kept.
                 await allocations.release(conn, migration.uuid, dest.id)
+        if lost and same_claim:
+            LOG.info(
+                "%s %s is already %s on %s: a twin delivery carries it on with this claim",
+                self.kind.migration_type,
+                migration.uuid,
+                current.status,
+                dest.host,
+                extra=self._extra(),
+            )
+            return None
         if lost:
             LOG.info(
                 "%s %s changed while it was scheduled (%s): released the claim on %s and "

@@ -46,7 +46,7 @@ from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances, moves
 from shared.exceptions import MessagingError
 from shared.objects.instance import RequestedDestination
-from shared.objects.migration import Migration, MigrationStatus, MigrationType
+from shared.objects.migration import LIVE_MIGRATION, Migration, MigrationStatus, MigrationType
 from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from shared.rpc.server import RPCServer
@@ -568,3 +568,34 @@ async def test_a_start_whose_broker_call_fails_once_goes_on_when_delivered_again
 
     # The scheduler's choice, the destination's check, the source's live_migrate.
     assert await every_call(scenario) >= 3
+
+
+async def test_a_twin_that_records_its_choice_after_the_move_went_on_keeps_the_claim(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Two deliveries of one start: the scheduler gives both the same claim; the first
+    carries the move on to ``running`` before the second records its choice. The second
+    must leave that claim alone: the move goes on with it."""
+    move = await accepted(db_pool, conductor, agent_transport)
+
+    def task() -> live.LiveMoveTask:
+        return live.LiveMoveTask(
+            RequestContext(),
+            move.migration.uuid,
+            pool=db_pool,
+            scheduler=SchedulerAPI(agent_transport, timeout=SOON),
+            compute=ComputeAPI(agent_transport, timeout=SOON),
+            service_down_time=DOWN_TIME,
+        )
+
+    twin = task()
+    twin.kind = LIVE_MIGRATION
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, move.instance_uuid)
+    selection = await twin._schedule(move.migration, instance)
+
+    await task().run()
+    await copying(db_pool, move)
+    assert await twin._record_destination(move.migration, selection) is None
+
+    assert await where(db_pool, move) == before_switch(move, S.RUNNING)
