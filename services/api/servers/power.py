@@ -296,3 +296,13 @@ async def run_power_action(
         instance.uuid,
         extra={"instance_uuid": str(instance.uuid)},
     )
+
+
+def state_conflict(instance: Instance, action: str) -> ConflictingRequest:
+    """The 409 of an action the server's task or vm state does not allow, as Nova words it."""
+    state = (
+        f"task_state {instance.task_state}"
+        if instance.task_state is not None
+        else f"vm_state {instance.vm_state}"
+    )
+    return ConflictingRequest(f"Cannot '{action}' instance {instance.uuid} while it is in {state}")

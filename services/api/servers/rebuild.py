@@ -55,7 +55,11 @@ from services.api.servers.fields import (
 from services.api.servers.hostname import checked_hostname
 from services.api.servers.keys import find_key
 from services.api.servers.lookup import host_service, server_view
-from services.api.servers.power import refuse_while_a_stray_copy_may_run, too_old
+from services.api.servers.power import (
+    refuse_while_a_stray_copy_may_run,
+    state_conflict,
+    too_old,
+)
 from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.boot_images import BootImages
 from services.conductor.guest_data import instance_spec
@@ -220,7 +224,7 @@ async def rebuild(
     down_time = settings.service_down_time
     await _check_caps(compute, conductor, pool, instance, down_time)
     if instance.vm_state not in rebuilds.REBUILDABLE or instance.task_state is not None:
-        raise _conflict(instance)
+        raise state_conflict(instance, ACTION)
     service = await host_service(pool, instance, down_time)
     if not instance.host:
         raise ConflictingRequest(
@@ -259,7 +263,7 @@ async def rebuild(
             "made there. Delete it and create it again."
         ) from None
     if begun is None:
-        raise _conflict(instance)
+        raise state_conflict(instance, ACTION)
     before, after = begun
     spec = instance_spec(after, instance.node or "", list(addresses), boot, origin=after.copy_token)
     powered_off = before.vm_state == VmState.STOPPED
@@ -287,15 +291,6 @@ async def rebuild(
     body = view.rebuilt(after)
     body["adminPass"] = request.admin_pass if request.admin_pass is not None else new_password()
     return {"server": body}
-
-
-def _conflict(instance: Instance) -> ConflictingRequest:
-    state = (
-        f"task_state {instance.task_state}"
-        if instance.task_state is not None
-        else f"vm_state {instance.vm_state}"
-    )
-    return ConflictingRequest(f"Cannot '{ACTION}' instance {instance.uuid} while it is in {state}")
 
 
 async def _send(

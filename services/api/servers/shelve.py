@@ -46,7 +46,7 @@ from services.api.http.policy import UNSHELVE_TO_HOST as UNSHELVE_TO_HOST_POLICY
 from services.api.http.policy import Policy
 from services.api.servers import publish
 from services.api.servers.lookup import host_service
-from services.api.servers.power import PowerAction, run_power_action, too_old
+from services.api.servers.power import PowerAction, run_power_action, state_conflict, too_old
 from services.api.servers.snapshot import DISK_FORMATS, snapshot_properties
 from services.compute.rpcapi import ComputeAPI, ShelveInstance
 from services.conductor.rpcapi import SHELVE_VERSION, ConductorAPI
@@ -86,15 +86,6 @@ UNSHELVE_IN_PLACE = PowerAction(
 def _no_value(action: str, value: Any) -> None:
     if value is not None and value != {}:
         raise BadRequest(f"Invalid input for field/attribute {action}: it must be null.")
-
-
-def _conflict(action: str, instance: Instance) -> ConflictingRequest:
-    state = (
-        f"task_state {instance.task_state}"
-        if instance.task_state is not None
-        else f"vm_state {instance.vm_state}"
-    )
-    return ConflictingRequest(f"Cannot '{action}' instance {instance.uuid} while it is in {state}")
 
 
 async def _check_caps(
@@ -145,7 +136,7 @@ async def shelve(
     _no_value(SHELVE, value)
     down = settings.service_down_time
     if instance.vm_state not in shelves.SHELVABLE or instance.task_state is not None:
-        raise _conflict(SHELVE, instance)
+        raise state_conflict(instance, SHELVE)
     secret = settings.images.url_secret
     if secret is None:
         raise ConflictingRequest(
@@ -190,7 +181,7 @@ async def shelve(
         return begun is not None
 
     if not await in_transaction(pool, begin, what=f"starting a shelve of {instance.uuid}"):
-        raise _conflict(SHELVE, instance)
+        raise state_conflict(instance, SHELVE)
     ttl = max(settings.images.url_ttl, settings.task_timeout)
     req = ShelveInstance(
         instance_uuid=instance.uuid,
@@ -257,7 +248,7 @@ async def shelve_offload(
     _no_value(SHELVE_OFFLOAD, value)
     down = settings.service_down_time
     if instance.vm_state != VmState.SHELVED or instance.task_state is not None:
-        raise _conflict(SHELVE_OFFLOAD, instance)
+        raise state_conflict(instance, SHELVE_OFFLOAD)
     await _check_caps(
         pool,
         compute,
@@ -276,7 +267,7 @@ async def shelve_offload(
 
     begun = await in_transaction(pool, begin, what=f"starting the offload of {instance.uuid}")
     if begun is None:
-        raise _conflict(SHELVE_OFFLOAD, instance)
+        raise state_conflict(instance, SHELVE_OFFLOAD)
     # The server has no current copy from here on: the offload is never withdrawn. A
     # message that cannot be sent leaves it to the conductors' deadline, which completes it.
     await send_offload(pool, compute, ctx, begun, down)
@@ -370,7 +361,7 @@ async def unshelve(
         )
         return
     if instance.vm_state != VmState.SHELVED_OFFLOADED or instance.task_state is not None:
-        raise _conflict(UNSHELVE, instance)
+        raise state_conflict(instance, UNSHELVE)
     if not await conductor.can_unshelve():
         raise ConflictingRequest(
             f"Cannot '{UNSHELVE}' instance {instance.uuid}: the conductor RPC version is "
@@ -423,7 +414,7 @@ async def _unshelve_offloaded(
         return True
 
     if not await in_transaction(pool, begin, what=f"starting the unshelve of {instance.uuid}"):
-        raise _conflict(UNSHELVE, instance)
+        raise state_conflict(instance, UNSHELVE)
     failed: MessagingError | None
     try:
         failed = await publish.send(

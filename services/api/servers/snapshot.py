@@ -52,7 +52,7 @@ from services.api.resources.quotas import check_metadata_items, project_limits
 from services.api.servers import publish
 from services.api.servers.fields import Metadata, ServerName
 from services.api.servers.lookup import host_service
-from services.api.servers.power import too_old
+from services.api.servers.power import state_conflict, too_old
 from services.compute.rpcapi import ComputeAPI, SnapshotInstance
 from services.conductor.rpcapi import ACTION_RESULT_SINCE, ConductorAPI, PowerAction
 from shared import image_urls
@@ -148,15 +148,6 @@ async def _check_caps(
         )
 
 
-def _conflict(instance: Instance, action: str) -> ConflictingRequest:
-    state = (
-        f"task_state {instance.task_state}"
-        if instance.task_state is not None
-        else f"vm_state {instance.vm_state}"
-    )
-    return ConflictingRequest(f"Cannot '{action}' instance {instance.uuid} while it is in {state}")
-
-
 async def create_image(
     pool: asyncpg.Pool,
     compute: ComputeAPI,
@@ -215,7 +206,7 @@ async def take_snapshot(
     action = image.action
     down = settings.service_down_time
     if instance.vm_state not in snapshots.SNAPSHOTTABLE or instance.task_state is not None:
-        raise _conflict(instance, action)
+        raise state_conflict(instance, action)
     secret = settings.images.url_secret
     if secret is None:
         raise ConflictingRequest(
@@ -256,7 +247,7 @@ async def take_snapshot(
         return begun is not None
 
     if not await in_transaction(pool, begin, what=f"starting a snapshot of {instance.uuid}"):
-        raise _conflict(instance, action)
+        raise state_conflict(instance, action)
     ttl = max(settings.images.url_ttl, settings.task_timeout)
     req = SnapshotInstance(
         instance_uuid=instance.uuid,
