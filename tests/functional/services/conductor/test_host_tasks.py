@@ -336,10 +336,19 @@ async def proxied_pool(database_url: str, pg_proxy: TcpProxy) -> AsyncIterator[a
     await pool.close()
 
 
+@pytest.fixture(params=["cold", "live"])
+def either_world(request: pytest.FixtureRequest, db_pool: asyncpg.Pool) -> World:
+    """A deployment whose drains move cold, then one whose drains move live."""
+    return World(
+        db_pool, compute_cap=BEFORE_LIVE if request.param == "cold" else COMPUTE_RPC_VERSION
+    )
+
+
 @pytest.mark.parametrize("cut_after", [b"INSERT INTO migrations", b"COMMIT"])
 async def test_a_sweep_whose_database_call_fails_once_loses_or_keeps_the_move_whole(
-    world: World, proxied_pool: asyncpg.Pool, pg_proxy: TcpProxy, cut_after: bytes
+    either_world: World, proxied_pool: asyncpg.Pool, pg_proxy: TcpProxy, cut_after: bytes
 ) -> None:
+    world = either_world
     await world.host("src")
     await world.host("dst")
     servers = await world.servers("src", 2)
