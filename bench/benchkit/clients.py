@@ -3,7 +3,8 @@
 Each client talks to every keel-api it is given, in turn; when one refuses the
 connection (it is not running) the request goes to the next, as a load balancer would
 send it. A request that reached an API and got no answer is not sent again: the client
-cannot know whether it was done.
+cannot know whether it was done. A create is then looked up by its server's name, as a
+user would look for it, and a server found is the client's like an accepted one.
 
 * :func:`boot_many` — ``boots`` creates from ``clients`` clients, as fast as they are
   answered: which were accepted (202) and with what the others were refused.
@@ -100,15 +101,41 @@ def server_body(name: str) -> dict[str, Any]:
     return {"server": {"name": name, "imageRef": str(CIRROS_ID), "flavorRef": "1"}}
 
 
+#: What :func:`create` answers for a create whose answer was lost but whose server exists.
+ADOPTED = "unanswered, found by name"
+
+
 async def create(client: ApiClient, name: str) -> tuple[str, UUID | None]:
-    """One create: what came back (a status code or an error), and the id if accepted."""
+    """One create: what came back (a status code or an error), and the id if accepted.
+
+    A create that reached a keel-api and got no answer (it died while answering) may have
+    been recorded all the same: the server is looked up by its name, as a user would, and
+    if it exists it is the client's (answered :data:`ADOPTED`), to wait for and delete."""
     try:
         response = await client.request("POST", "servers", json=server_body(name))
-    except (httpx.HTTPError, Unanswered) as exc:
+    except Unanswered as exc:
         return type(exc).__name__, None
+    except httpx.HTTPError as exc:
+        found = await find_by_name(client, name)
+        return (ADOPTED if found else type(exc).__name__), found
     if response.status_code == 202:
         return "202", UUID(response.json()["server"]["id"])
     return str(response.status_code), None
+
+
+async def find_by_name(client: ApiClient, name: str) -> UUID | None:
+    """The server named exactly ``name``, or None once a keel-api said there is none."""
+    deadline = time.monotonic() + WAIT_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            response = await client.request("GET", "servers", params={"name": f"^{name}$"})
+        except (httpx.HTTPError, Unanswered):
+            response = None
+        if response is not None and response.status_code == 200:
+            servers = response.json()["servers"]
+            return UUID(servers[0]["id"]) if servers else None
+        await asyncio.sleep(BACKOFF)
+    return None
 
 
 @dataclass
@@ -227,7 +254,7 @@ class BootAndDelete:
         if server is None:
             return f"create {answer}"
         self.accepted.add(server)
-        failures: list[str] = []
+        failures: list[str] = [] if answer == "202" else [f"create {answer}"]
         status = await self._wait(client, server, ("ACTIVE", "ERROR"), failures)
         if status != "ACTIVE":
             failures.append(f"server {status}")

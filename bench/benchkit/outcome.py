@@ -3,8 +3,9 @@
 Read from the database and from the agents' guest directories (:meth:`Stage.guests`)
 once the cloud settled, and counted:
 
-* **lost** — a server the API accepted (202) that is gone though nobody deleted it, or
-  that never ended ACTIVE or ERROR;
+* **lost** — a server the API accepted (202, or found by name after a create whose
+  answer was lost) that is gone though nobody deleted it, or that never ended ACTIVE or
+  ERROR;
 * **duplicated** — a second copy of anything: a guest on two hosts, a guest whose
   server is not an ACTIVE server of this run, a live server nobody was told was
   created, more than one claim for one server;
