@@ -67,8 +67,19 @@ PYTEST_ARGS ?=
 
 .NOTPARALLEL:
 
+# `make test` runs the tiers in lanes (devkit/lanes.py): the tiers of a lane one after
+# another, the lanes at once, the first red tier stopping them all. Each lane is a word of
+# tiers joined by commas, and every tier is in one. Two lanes where there are two cores or
+# more (most tiers mostly wait); TIER_LANES="$(subst $(space),$(comma),$(TIERS))" runs
+# them all in one lane, in order.
+comma := ,
+space := $(subst ,, )
+TIER_LANES ?= $(if $(filter-out 0 1,$(shell nproc)),$(LANES_TWO),$(subst $(space),$(comma),$(TIERS)))
+LANES_TWO := unit,functional,e2e keystone,clients,tempest,bench,ha,partitions,libvirt
+
 .PHONY: test
-test: prerequisites $(addprefix test-,$(TIERS)) ## every tier in order (make tiers), stopping at the first red one
+test: prerequisites ## every tier (make tiers), in TIER_LANES run at once, stopping at the first red one
+	$(BIN)/python -m devkit.lanes --tiers "$(TIERS)" $(TIER_LANES)
 
 .PHONY: tiers
 tiers: ## the test tiers, in the order make test runs them
