@@ -103,7 +103,7 @@ async def authenticate(request: Request) -> RequestContext:
     return context_for(info, request_id)
 
 
-def require_admin(ctx: Annotated[RequestContext, Depends(authenticate)]) -> RequestContext:
+async def require_admin(ctx: Annotated[RequestContext, Depends(authenticate)]) -> RequestContext:
     """The request's context; 403 unless it has the ``admin`` role."""
     if not ctx.is_admin:
         raise Forbidden(

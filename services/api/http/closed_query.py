@@ -8,7 +8,7 @@ them everywhere (the server, flavor, key pair... lists already from 2.75, see
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Depends, Request
 from fastapi.params import Depends as DependsParam
@@ -23,10 +23,10 @@ CLOSED_VERSION = "2.102"
 def closed_query(*known: str, since: str = CLOSED_VERSION) -> DependsParam:
     """A route dependency: from ``since`` on, a query parameter not in ``known`` is a 400."""
 
-    def check(request: Request, version: Version) -> None:
+    async def check(request: Request, version: Version) -> None:
         refuse_unknown(request.query_params, known, version, since=since)
 
-    checker: Callable[[Request, Version], None] = check
+    checker: Callable[[Request, Version], Awaitable[None]] = check
     dependency: DependsParam = Depends(checker)
     return dependency
 

@@ -21,38 +21,38 @@ from shared.config import Settings
 from shared.rpc.client import CapSource
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_pool(request: Request) -> asyncpg.Pool:
+async def get_pool(request: Request) -> asyncpg.Pool:
     pool: asyncpg.Pool = request.app.state.pool
     return pool
 
 
-def get_conductor(request: Request) -> ConductorAPI:
+async def get_conductor(request: Request) -> ConductorAPI:
     conductor: ConductorAPI = request.app.state.conductor
     return conductor
 
 
-def get_compute(request: Request) -> ComputeAPI:
+async def get_compute(request: Request) -> ComputeAPI:
     compute: ComputeAPI = request.app.state.compute
     return compute
 
 
-def get_version(request: Request) -> APIVersion:
+async def get_version(request: Request) -> APIVersion:
     """The microversion negotiated for this request (the minimum outside ``/v2.1``)."""
     version: APIVersion = getattr(request.state, "api_version", MIN_VERSION)
     return version
 
 
-def get_policy(request: Request) -> Policy:
+async def get_policy(request: Request) -> Policy:
     policy: Policy = request.app.state.policy
     return policy
 
 
-def get_keystone(request: Request) -> KeystoneTokens | None:
+async def get_keystone(request: Request) -> KeystoneTokens | None:
     """Keystone's token validation, when keel-api runs behind Keystone."""
     keystone: KeystoneTokens | None = request.app.state.keystone
     return keystone
@@ -64,7 +64,7 @@ async def get_scheduler_cap(request: Request) -> str:
     return cap if isinstance(cap, str) else await cap()
 
 
-def get_links(request: Request) -> Links:
+async def get_links(request: Request) -> Links:
     return Links(str(request.base_url))
 
 

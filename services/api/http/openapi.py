@@ -174,5 +174,5 @@ async def openapi_document(request: Request) -> dict[str, Any]:
     if settings.api.openapi == "off":
         raise ItemNotFound("The resource could not be found.")
     if settings.api.openapi == "admin":
-        require_admin(await authenticate(request))
+        await require_admin(await authenticate(request))
     return document(request.app)

@@ -47,7 +47,7 @@ SUBJECT_HEADER = "X-Subject-Token"
 TOKEN_BYTES = 32
 
 
-def get_verified(request: Request) -> VerifiedPasswords:
+async def get_verified(request: Request) -> VerifiedPasswords:
     """The passwords this keel-api verified lately (:mod:`services.api.identity.verified`)."""
     verified: VerifiedPasswords = request.app.state.verified_passwords
     return verified

@@ -106,7 +106,7 @@ async def login(request: Request, pool: DbPool, settings: AppSettings) -> Respon
     async with pool.acquire() as conn:
         try:
             user = await check_password(
-                conn, PasswordUser(name=username, password=password), get_verified(request)
+                conn, PasswordUser(name=username, password=password), await get_verified(request)
             )
         except Fault:
             return _refused(username)

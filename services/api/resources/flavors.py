@@ -131,7 +131,7 @@ SORT_KEYS = frozenset(
 )  # fmt: skip
 
 
-def flavor_query(
+async def flavor_query(
     request: Request,
     version: Version,
     *,

@@ -65,7 +65,7 @@ LIST_QUERY = frozenset({"hypervisor_hostname_pattern", "limit", "marker", "with_
 SHOW_QUERY = frozenset({"with_servers"})
 
 
-def hypervisor_query(
+async def hypervisor_query(
     request: Request,
     version: Version,
     *,

@@ -42,7 +42,7 @@ LOG = logging.getLogger(__name__)
 GONE = "2.39"
 
 
-def gone_from_2_39(version: Version) -> None:
+async def gone_from_2_39(version: Version) -> None:
     if version.at_least(GONE):
         raise ItemNotFound(
             f"The compute API has no image metadata routes from microversion {GONE}; use "

@@ -44,7 +44,7 @@ router = APIRouter()
 PROXY_GONE = "2.36"
 
 
-def compute_proxy_gone(version: Version) -> None:
+async def compute_proxy_gone(version: Version) -> None:
     """404 for the image routes under ``/v2.1`` at microversion 2.36 or later."""
     if version.at_least(PROXY_GONE):
         raise ItemNotFound(

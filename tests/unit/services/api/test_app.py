@@ -7,12 +7,16 @@ functional tests.)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, cast
 
 import asyncpg
 import httpx
 import pytest
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
 
 from services.api.app import create_app
 from services.api.http.microversion import MAX_VERSION
@@ -237,3 +241,39 @@ async def test_an_unexpected_error_is_a_500_fault_naming_the_request_id() -> Non
     assert response.status_code == 500
     message = response.json()["computeFault"]["message"]
     assert response.headers["x-openstack-request-id"] in message
+
+
+def _routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        router = getattr(route, "original_router", None)  # an included router
+        yield from _routes(getattr(router, "routes", ()))
+
+
+def _calls(dependant: Dependant) -> Iterator[tuple[str, Callable[..., Any]]]:
+    for sub in dependant.dependencies:
+        if sub.call is not None:
+            yield getattr(sub.call, "__qualname__", repr(sub.call)), sub.call
+        yield from _calls(sub)
+
+
+def test_every_route_and_dependency_runs_on_the_event_loop() -> None:
+    """FastAPI runs a plain ``def`` endpoint or dependency in a worker thread: a thread
+    hand-off per call, on every request. keel's are all ``async def`` (none blocks)."""
+    transport = FakeTransport()
+    app = create_app(
+        Settings(),
+        cast(asyncpg.Pool, _NoDatabase()),
+        ConductorAPI(transport),
+        ComputeAPI(transport),
+    )
+    routes = list(_routes(app.routes))
+    assert len(routes) > 100
+    threaded = sorted(
+        f"{route.path}: {name}"
+        for route in routes
+        for name, call in [(route.name, route.endpoint), *_calls(route.dependant)]
+        if not inspect.iscoroutinefunction(call)
+    )
+    assert threaded == []
