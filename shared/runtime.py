@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from shared.config import Settings, add_config_argument, load_settings
 from shared.db.errors import describe, is_transient
 from shared.exceptions import ConfigError, KeelError
@@ -136,6 +138,15 @@ async def repeat(
 ServiceMain = Callable[[Settings, Lifecycle], Awaitable[None]]
 
 
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the event loop ``KEEL_EVENT_LOOP`` chose (``None``: asyncio's own)."""
+    if choice == "uvloop":
+        LOG.info("event loop: uvloop")
+        return uvloop.new_event_loop
+    LOG.info("event loop: asyncio's own (KEEL_EVENT_LOOP=%s)", choice)
+    return None
+
+
 def run(
     name: str, service_main: ServiceMain, argv: Sequence[str] | None = None, description: str = ""
 ) -> None:
@@ -160,7 +171,8 @@ def run(
             raise lifecycle.failure
 
     try:
-        asyncio.run(_run())
+        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+            runner.run(_run())
     except KeelError as exc:
         LOG.error("%s cannot run: %s", name, exc.message)
         sys.exit(1)

@@ -8,10 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from shared.config import Settings
 from shared.exceptions import KeelError
-from shared.runtime import Lifecycle, repeat
+from shared.runtime import Lifecycle, loop_factory, repeat
 
 
 async def _run(outcomes: list[BaseException | None]) -> int:
@@ -95,3 +96,14 @@ async def test_a_refusal_while_running_stops_the_process_with_it() -> None:
     assert lifecycle.stopping.is_set()
     assert lifecycle.failure is not None
     assert lifecycle.failure.message == "too old"
+
+
+def test_services_run_on_uvloop_unless_told_otherwise() -> None:
+    factory = loop_factory(Settings().event_loop)
+    assert factory is not None
+    loop = factory()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+    assert loop_factory("asyncio") is None
