@@ -104,10 +104,10 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> I
     is not the server's current one: its copy token differs).
     """
     extra = {"instance_uuid": str(req.instance_uuid)}
-    if req.built is not None and not await _for_the_current_copy(pool, req):
-        return None
     async with pool.acquire() as conn:
         current = await instances.find(conn, req.instance_uuid)
+    if req.built is not None and not _for_the_current_copy(current, req):
+        return None
     if current is not None and current.vm_state == VmState.SHELVED_OFFLOADED:
         # The build of an unshelve: it ends in ACTIVE or back in SHELVED_OFFLOADED.
         await shelving.record_unshelve_build(pool, req)
@@ -151,10 +151,9 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> I
     return instance
 
 
-async def _for_the_current_copy(pool: asyncpg.Pool, req: InstanceBuildResult) -> bool:
+def _for_the_current_copy(instance: Instance | None, req: InstanceBuildResult) -> bool:
+    """Whether the result is for the copy ``instance`` (as just read) holds current."""
     assert req.built is not None
-    async with pool.acquire() as conn:
-        instance = await instances.find(conn, req.instance_uuid)
     if instance is None or instance.deleted_at is not None:
         return True  # what a deleted server's result does is decided below
     if copy_tokens.is_current(instance, req.built.token):

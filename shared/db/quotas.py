@@ -146,6 +146,37 @@ async def class_limits(conn: Connection, class_name: str) -> dict[str, int]:
     return {row["resource"]: row["hard_limit"] for row in rows}
 
 
+class LimitSets(BaseModel):
+    """The limits set at each level for one user of a project, read in one round trip:
+    the quota class's, the project's and the user's (each without what it leaves alone)."""
+
+    quota_class: dict[str, int] = {}
+    project: dict[str, int] = {}
+    user: dict[str, int] = {}
+
+
+async def limit_sets(
+    conn: Connection, class_name: str, project_id: str, user_id: str | None
+) -> LimitSets:
+    """What :func:`class_limits`, :func:`limits` and :func:`user_limits` read, at once."""
+    rows = await conn.fetch(
+        """SELECT 'quota_class' AS level, resource, hard_limit
+             FROM quota_classes WHERE class_name = $1
+           UNION ALL
+           SELECT 'project', resource, hard_limit FROM quotas WHERE project_id = $2
+           UNION ALL
+           SELECT 'user', resource, hard_limit FROM user_quotas
+            WHERE project_id = $2 AND user_id = $3""",
+        class_name,
+        project_id,
+        user_id,
+    )
+    sets: dict[str, dict[str, int]] = {"quota_class": {}, "project": {}, "user": {}}
+    for row in rows:
+        sets[row["level"]][row["resource"]] = row["hard_limit"]
+    return LimitSets(**sets)
+
+
 async def set_class_limits(conn: Connection, class_name: str, values: Mapping[str, int]) -> None:
     """Set limits of a quota class; setting the same values again changes nothing else."""
     async with conn.transaction():

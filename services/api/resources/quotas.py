@@ -136,13 +136,14 @@ async def check_new_server(
     Call it inside the transaction that inserts the servers: it takes the project's lock.
     """
     await quotas.lock_project(conn, project_id)
-    limits = await project_limits(conn, project_id, settings)
+    sets = await quotas.limit_sets(conn, DEFAULT_CLASS, project_id, user_id)
+    limits = {**defaults(settings), **sets.quota_class, **sets.project}
     check_metadata_items(limits, metadata_items)
     wanted = {"cores": flavor.vcpus * count, "instances": count, "ram": flavor.memory_mb * count}
     _check(limits, await quotas.usage(conn, project_id), wanted)
     if user_id is None:
         return
-    own = await quotas.user_limits(conn, project_id, user_id)
+    own = sets.user
     if own.keys() & wanted.keys():
         _check({**limits, **own}, await quotas.user_usage(conn, project_id, user_id), wanted)
 
