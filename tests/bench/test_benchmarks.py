@@ -21,7 +21,11 @@ import pytest
 from devkit import ROOT
 from devkit.environment import with_devkit
 
-pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
+#: Seconds a tiny benchmark may take: what it measures is printed, never judged here, and
+#: on a machine busy with other tiers a tiny run takes several times its quiet minute.
+SCRIPT_TIMEOUT = 300
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(SCRIPT_TIMEOUT + 30)]
 
 BENCH = ROOT / "bench"
 
@@ -32,7 +36,7 @@ def run(script: str, *args: str) -> list[dict[str, Any]]:
         env=with_devkit(os.environ),
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=SCRIPT_TIMEOUT,
         check=False,
     )
     assert result.returncode == 0, f"{script} exited {result.returncode}:\n{result.stderr}"
