@@ -102,6 +102,26 @@ class Change:
     add_must_be_new: bool = False
 
 
+_OPERATION = {
+    "type": "object",
+    "properties": {
+        "op": {"type": "string", "enum": list(OPS)},
+        "path": {"type": "string", "pattern": "^/"},
+        "value": {},
+    },
+    "required": ["op", "path"],
+}
+#: The request body in the OpenAPI document, under both media types.
+OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            kind: {"schema": {"type": "array", "items": _OPERATION}} for kind in PATCH_TYPES
+        },
+    }
+}
+
+
 def media_type(content_type: str | None) -> str:
     """The request's patch media type; a 415 naming the accepted ones otherwise."""
     given = (content_type or "").split(";", 1)[0].strip().lower()
@@ -166,7 +186,7 @@ def parse_patch(body: bytes, kind: str) -> list[Change]:
     """The document's changes, each checked on its own (no image needed yet)."""
     try:
         document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         raise BadRequest("Malformed request body: it must be a JSON array.") from None
     if not isinstance(document, list):
         raise BadRequest("Request body must be a JSON array of operation objects.")

@@ -31,6 +31,7 @@ from services.api.http.bounds import Int4
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, Forbidden, ItemNotFound
 from services.api.http.paging import next_marker, page_request, take_page
+from services.api.resources import image_patch
 from services.api.resources.image_patch import apply_patch, media_type, parse_patch
 from services.api.resources.image_store import remove_data
 from services.api.views.images import IMAGES_PATH, image_view, images_body
@@ -327,7 +328,7 @@ async def create_image(
     return image_view(image)
 
 
-@router.patch("/images/{image_id}")
+@router.patch("/images/{image_id}", openapi_extra=image_patch.OPENAPI)
 async def update_image(
     image_id: str, request: Request, pool: DbPool, ctx: Context
 ) -> dict[str, Any]:

@@ -140,6 +140,8 @@ async def test_the_v2_0_patch_shape_and_an_empty_patch(client: httpx.AsyncClient
         ("application/json", [{"op": "replace", "path": "/name", "value": "x"}], 415),
         ("application/json-patch+json", [], 415),
         (PATCH, b"not json", 400),
+        (PATCH, b"[" * 100_000, 400),
+        (PATCH, b'[{"op": "add", "path": "/k", "value": "\\ud800"}]', 400),
         (PATCH, {"op": "replace", "path": "/name", "value": "x"}, 400),
         (PATCH, ["replace"], 400),
         (PATCH, [{"op": "move", "path": "/name", "value": "x"}], 400),
