@@ -22,6 +22,7 @@
     ├── InvalidFixedIp              a requested fixed address cannot be given
     ├── HostTaskRefused             a drain or evacuation of a host cannot be started as asked
     ├── OverQuota                   a request would take a project past one of its quotas
+    ├── ImageProtected              a protected image cannot be deleted
     ├── NoValidHost                 the scheduler found no host for a request
     ├── IdentityRefused             an agent's node identity does not match the database
     │   ├── HostRenameDetected      its node belongs to a service on another host
@@ -145,6 +146,15 @@ class OverQuota(KeelError):
             f"Quota exceeded for {joined(overs)}: Requested {joined(requested)}, but already "
             f"used {joined(used)} of {joined(allowed)} {joined(overs)}"
         )
+
+
+class ImageProtected(KeelError):
+    """A protected image cannot be deleted (until it is unprotected); the message is the
+    Image API's."""
+
+    @classmethod
+    def of(cls, image_id: object) -> ImageProtected:
+        return cls(f"Image {image_id} is protected and cannot be deleted.")
 
 
 class InstanceInvalidState(Conflict):

@@ -6,8 +6,12 @@ A backup is a server snapshot (:mod:`shared.db.snapshots`) whose image says
 ``active``, in the same transaction), :func:`rotate` keeps the newest ``R`` of the
 server's images of that ``backup_type`` (not deleted, by ``created_at``) and deletes the
 rest, as Nova's ``_rotate_backups`` does: ``R`` 0 deletes them all, the new one
-included. Only images of the backup's own project count: an image another project
-registered with the same properties is never deleted by a rotation.
+included. A ``protected`` backup is never deleted, but it still counts among the
+backups kept or in excess (Nova's rotation asks the Image API to delete each excess
+backup, is refused for a protected one and goes on): it stays, and the rotation keeps
+fewer than ``R`` unprotected ones behind it. Only images of the backup's own project
+count: an image another project registered with the same properties is never deleted
+by a rotation.
 
 A backup made whole by an older keel-api rotated nothing; the next backup's rotation
 deletes that excess too, since it counts every backup of the kind.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
+from shared.db import images
 from shared.db.pool import Connection
 
 #: What a backup's ``image_type`` property says.
@@ -47,8 +52,8 @@ async def rotate(conn: Connection, image_id: UUID) -> list[UUID]:
         row["backup_type"],
     )
     rows = await conn.fetch(
-        """UPDATE images SET deleted_at = now(), upload_token = NULL, updated_at = now()
-            WHERE deleted_at IS NULL AND id IN (
+        f"""UPDATE images SET deleted_at = now(), upload_token = NULL, updated_at = now()
+            WHERE deleted_at IS NULL AND {images.UNPROTECTED} AND id IN (
                     SELECT id FROM images
                      WHERE deleted_at IS NULL
                        AND properties->>'image_type' = $1

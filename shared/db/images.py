@@ -15,7 +15,7 @@ from uuid import UUID, uuid4
 import asyncpg
 
 from shared.db.pool import Connection
-from shared.exceptions import Conflict, ImageNotFound
+from shared.exceptions import Conflict, ImageNotFound, ImageProtected
 from shared.objects.image import Image
 
 
@@ -82,12 +82,23 @@ async def create(
     return Image.from_row(row)
 
 
+#: The SQL condition of an image that may be deleted: not ``protected``.
+UNPROTECTED = "COALESCE(properties->>'protected', 'false') <> 'true'"
+
+
 async def delete(conn: Connection, image_id: UUID) -> None:
-    status = await conn.execute(
-        "UPDATE images SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL", image_id
+    """Delete the image; :class:`ImageProtected` if it is protected (as the Image API
+    refuses it to everyone, admins included), :class:`ImageNotFound` if it is gone."""
+    row = await conn.fetchrow(
+        f"""UPDATE images SET deleted_at = CASE WHEN {UNPROTECTED} THEN now() END
+             WHERE id = $1 AND deleted_at IS NULL
+         RETURNING deleted_at IS NOT NULL AS deleted""",
+        image_id,
     )
-    if status == "UPDATE 0":
+    if row is None:
         raise ImageNotFound(f"Image {image_id} could not be found.")
+    if not row["deleted"]:
+        raise ImageProtected.of(image_id)
 
 
 #: Seconds after which a ``saving`` image whose upload stopped touching it may be taken.
@@ -169,6 +180,38 @@ async def get_for_update(conn: Connection, image_id: UUID) -> Image:
     then take turns)."""
     row = await conn.fetchrow(
         "SELECT * FROM images WHERE id = $1 AND deleted_at IS NULL FOR UPDATE", image_id
+    )
+    if row is None:
+        raise ImageNotFound(f"Image {image_id} could not be found.")
+    return Image.from_row(row)
+
+
+#: The columns :func:`update` sets (its keyword arguments).
+UPDATABLE = (
+    "name",
+    "visibility",
+    "owner",
+    "min_ram",
+    "min_disk",
+    "disk_format",
+    "container_format",
+    "properties",
+)
+
+
+async def update(conn: Connection, image_id: UUID, **values: Any) -> Image:
+    """Set the image's :data:`UPDATABLE` columns given (after :func:`get_for_update`, in
+    its transaction)."""
+    unknown = set(values) - set(UPDATABLE)
+    if unknown:
+        raise ValueError(f"not updatable image columns: {sorted(unknown)}")
+    names = list(values)
+    assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(names, start=2))
+    row = await conn.fetchrow(
+        f"""UPDATE images SET {assignments}, updated_at = now()
+             WHERE id = $1 AND deleted_at IS NULL RETURNING *""",
+        image_id,
+        *(values[name] for name in names),
     )
     if row is None:
         raise ImageNotFound(f"Image {image_id} could not be found.")

@@ -28,6 +28,7 @@ the step done and changes nothing.
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -35,10 +36,12 @@ from uuid import UUID
 from shared.db import allocations, images, snapshots
 from shared.db.instances import finish_task, new_fault
 from shared.db.pool import Connection
-from shared.exceptions import ImageNotFound
+from shared.exceptions import ImageNotFound, ImageProtected
 from shared.objects import transitions
 from shared.objects.instance import Allocation, Instance
 from shared.objects.states import PowerState, TaskState, VmState
+
+LOG = logging.getLogger(__name__)
 
 #: The vm states a shelve starts from (with no task), as in Nova.
 SHELVABLE = tuple(VmState(vm) for vm in transitions.SHELVABLE)
@@ -301,13 +304,20 @@ async def unshelved(conn: Connection, instance_uuid: UUID) -> tuple[Instance, UU
 
 
 async def delete_image(conn: Connection, value: str | None) -> UUID | None:
-    """Delete the shelved image ``value`` names, if it still exists; its id if it did."""
+    """Delete the shelved image ``value`` names, if it still exists; its id if it did.
+
+    A shelved image its owner made ``protected`` stays (``None``), as Nova's deletion of
+    it is refused by the Image API and Nova goes on without it.
+    """
     if value is None:
         return None
     try:
         image_id = UUID(value)
         await images.delete(conn, image_id)
     except (ValueError, ImageNotFound):
+        return None
+    except ImageProtected:
+        LOG.warning("shelved image %s is protected: it is kept", value)
         return None
     return image_id
 

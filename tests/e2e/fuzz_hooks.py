@@ -6,7 +6,8 @@
 * ``existing_image_and_flavor``: new servers name the ``cirros`` image and flavor ``1``
   when the generated references are strings, so the fuzzer gets past "image not
   found" into the rest of the create path (references of other types stay, so type
-  errors are still tried).
+  errors are still tried);
+* the Image API's JSON-patch media types (an image ``PATCH``) are sent as JSON is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from typing import Any
 
 import schemathesis
 
+from services.api.resources.image_patch import PATCH_TYPES
 from tests.e2e.cloud import CIRROS_ID
+
+schemathesis.serializer.alias(list(PATCH_TYPES), "application/json")
 
 
 def fault_problem(status: int, text: str, *, neutron: bool = False) -> str | None:

@@ -7,7 +7,8 @@ token is answered as Keystone's middleware does: ``{"error": {"code": 401, ...}}
 Handlers registered by :func:`install` turn into faults: :class:`Fault` raised by a
 route, request validation errors (always 400, never FastAPI's 422), unknown routes and
 methods, and keel's own expected errors (``NotFound`` → 404, ``Conflict`` → 409,
-``OverQuota`` → 403, ``HostTaskRefused`` → 400, a messaging failure → 503).
+``OverQuota`` and ``ImageProtected`` → 403, ``HostTaskRefused`` → 400, a messaging
+failure → 503).
 
 Under ``/identity`` every error has the identity API's shape, ``{"error": {"code",
 "title", "message"}}``.
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException
 from shared.exceptions import (
     Conflict,
     HostTaskRefused,
+    ImageProtected,
     KeelError,
     MessagingError,
     NotFound,
@@ -195,7 +197,7 @@ def keel_error_code(exc: KeelError) -> int:
         return 404
     if isinstance(exc, Conflict):
         return 409
-    if isinstance(exc, OverQuota):
+    if isinstance(exc, OverQuota | ImageProtected):
         return 403
     if isinstance(exc, HostTaskRefused):
         return 400

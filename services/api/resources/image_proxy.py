@@ -6,7 +6,7 @@ the proxy's shapes (:mod:`services.api.views.compute_images`): ``GET /images`` a
 ``type``, ``changes-since``; ``limit``/``marker``; hidden images are left out, as the
 Image API leaves them out by default), ``GET /images/{id}``, and
 ``DELETE /images/{id}`` (204; the image's project or an admin, as keel's Image API
-allows; 403 for an image the caller only sees). From 2.36 every one
+allows; 403 for an image the caller only sees, and for a ``protected`` image). From 2.36 every one
 of them is a 404 that points at ``/image/v2/images``.
 """
 

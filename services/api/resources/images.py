@@ -8,8 +8,10 @@ its data is uploaded, see :mod:`.image_data`) for their own project, ``private``
 ``shared`` (the default for members: keel has no image members, so only the owner's
 project sees it) or ``community``; only admins register ``public`` images (public
 unless they ask otherwise) or images owned by another project. An image's owner (any
-member of its project) or an admin deletes it; anyone else who can see it gets a 403,
-and anyone who cannot a 404, as if it did not exist. Lists leave out hidden images
+member of its project) or an admin changes it (``PATCH``, a JSON patch:
+:mod:`.image_patch`) or deletes it; anyone else who can see it gets a 403, and anyone
+who cannot a 404, as if it did not exist. A ``protected`` image is deleted by no one
+(403) until a ``PATCH`` unprotects it. Lists leave out hidden images
 (``os_hidden``) unless asked for them with ``os_hidden=true``.
 """
 
@@ -29,11 +31,13 @@ from services.api.http.bounds import Int4
 from services.api.http.deps import AppSettings, DbPool, Version
 from services.api.http.faults import BadRequest, Forbidden, ItemNotFound
 from services.api.http.paging import next_marker, page_request, take_page
+from services.api.resources import image_patch
+from services.api.resources.image_patch import apply_patch, media_type, parse_patch
 from services.api.resources.image_store import remove_data
 from services.api.views.images import IMAGES_PATH, image_view, images_body
 from shared.context import RequestContext
 from shared.db import images as images_db
-from shared.exceptions import ImageNotFound
+from shared.exceptions import ImageNotFound, ImageProtected
 from shared.objects.image import Image
 
 LOG = logging.getLogger(__name__)
@@ -324,16 +328,63 @@ async def create_image(
     return image_view(image)
 
 
+@router.patch("/images/{image_id}", openapi_extra=image_patch.OPENAPI)
+async def update_image(
+    image_id: str, request: Request, pool: DbPool, ctx: Context
+) -> dict[str, Any]:
+    """Apply a JSON patch (:mod:`.image_patch`) to an image the caller may change, all of
+    it or nothing, with the row locked: concurrent updates take turns and lose nothing."""
+    changes = parse_patch(await request.body(), media_type(request.headers.get("content-type")))
+    try:
+        wanted = UUID(image_id)
+    except ValueError:
+        raise _not_found(image_id) from None
+    async with pool.acquire() as conn, conn.transaction():
+        try:
+            image = await images_db.get_for_update(conn, wanted)
+        except ImageNotFound:
+            raise _not_found(image_id) from None
+        if not can_see(ctx, image):
+            raise _not_found(image_id)
+        if not can_change(ctx, image):
+            raise Forbidden(f"You are not permitted to modify image {image_id}.")
+        changed = apply_patch(ctx, image, changes)
+        image = await images_db.update(
+            conn,
+            wanted,
+            name=changed.name,
+            visibility=changed.visibility,
+            owner=changed.owner,
+            min_ram=changed.min_ram,
+            min_disk=changed.min_disk,
+            disk_format=changed.disk_format,
+            container_format=changed.container_format,
+            properties=changed.properties(),
+        )
+    LOG.info(
+        "image %s updated by user %s of project %s: %s",
+        wanted,
+        ctx.user_id,
+        ctx.project_id,
+        ", ".join(f"{c.op} {c.name}" for c in changes) or "no change",
+    )
+    return image_view(image)
+
+
 async def delete_own(pool: DbPool, ctx: RequestContext, wanted: UUID, refusal: str) -> Image:
     """Delete an image the caller may change (its owner's member, or an admin): 404 if
-    it cannot see it (or it is gone), 403 with ``refusal`` if it sees it only."""
+    it cannot see it (or it is gone), 403 with ``refusal`` if it sees it only, 403 with
+    the Image API's message if it is ``protected`` (admins included)."""
     async with pool.acquire() as conn, conn.transaction():
         image = await images_db.get_for_update(conn, wanted)
         if not can_see(ctx, image):
             raise ImageNotFound(f"Image {wanted} could not be found.")
         if not can_change(ctx, image):
             raise Forbidden(refusal)
-        await images_db.delete(conn, wanted)
+        try:
+            await images_db.delete(conn, wanted)
+        except ImageProtected as protected:
+            raise Forbidden(protected.message) from None
     LOG.info("image %s deleted by user %s of project %s", wanted, ctx.user_id, ctx.project_id)
     return image
 

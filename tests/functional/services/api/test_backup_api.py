@@ -310,10 +310,17 @@ async def add_backup_row(
     *,
     rotation: int | None = None,
     owner: str = "team",
+    protected: bool = False,
 ) -> UUID:
     """A whole backup image of the server, ``age`` minutes old, of ``owner``'s project."""
     image_id = uuid4()
-    properties = {"image_type": "backup", "backup_type": backup_type, "instance_uuid": server_id}
+    properties: dict[str, Any] = {
+        "image_type": "backup",
+        "backup_type": backup_type,
+        "instance_uuid": server_id,
+    }
+    if protected:
+        properties["protected"] = True
     async with pool.acquire() as conn:
         await conn.execute(
             """INSERT INTO images (id, name, status, visibility, owner, properties,
@@ -355,6 +362,32 @@ async def test_two_rotations_at_once_delete_each_excess_backup_once(
             "SELECT id FROM images WHERE deleted_at IS NULL AND properties ? 'backup_type'"
         )
     assert {row["id"] for row in left} == {rows[3], newest, other_server, forged}
+
+
+async def test_a_protected_backup_is_never_rotated_away_but_counts_among_the_backups(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool
+) -> None:
+    """As Nova's rotation, refused by the Image API for a protected backup: it stays, and
+    the rotation deletes only the other excess ones (so fewer than R others are kept)."""
+    server_id = await server_on(client, db_pool, None, "backup-protected")
+    oldest = await add_backup_row(db_pool, server_id, "daily", 50, protected=True)
+    older = await add_backup_row(db_pool, server_id, "daily", 40)
+    kept = await add_backup_row(db_pool, server_id, "daily", 30)
+    newest = await add_backup_row(db_pool, server_id, "daily", 10, rotation=2)
+
+    assert await rotate(db_pool, newest) == [older]
+    assert await rotate(db_pool, newest) == []
+    assert (await image_row(db_pool, str(oldest)))["deleted_at"] is None
+    assert (await image_row(db_pool, str(kept)))["deleted_at"] is None
+
+    unprotect = [{"op": "replace", "path": "/protected", "value": False}]
+    answer = await client.patch(
+        f"/image/v2/images/{oldest}",
+        headers={**MEMBER, "Content-Type": "application/openstack-images-v2.1-json-patch"},
+        json=unprotect,
+    )
+    assert answer.status_code == 200, answer.text
+    assert await rotate(db_pool, newest) == [oldest]
 
 
 async def test_an_image_that_is_no_backup_rotates_nothing(

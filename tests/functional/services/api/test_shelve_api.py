@@ -373,6 +373,29 @@ async def test_deleting_an_offloaded_server_deletes_its_shelved_image(
     assert (await client.get(f"/image/v2/images/{image_id}", headers=MEMBER)).status_code == 404
 
 
+async def test_a_protected_shelved_image_outlives_its_deleted_server(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, agent: ShelveAgent
+) -> None:
+    """Nova's deletion of the shelved image is refused by the Image API when its owner
+    protected it, and Nova goes on: the server is deleted, the image stays."""
+    server = await offloaded_server(client, db_pool, agent, "shelve-protected")
+    image_id = shelves.shelved_image(await row(db_pool, server))
+    protected = await client.patch(
+        f"/image/v2/images/{image_id}",
+        headers={**MEMBER, "Content-Type": "application/openstack-images-v2.1-json-patch"},
+        json=[{"op": "replace", "path": "/protected", "value": True}],
+    )
+    assert protected.status_code == 200, protected.text
+
+    answer = await client.delete(f"/v2.1/servers/{server}", headers=MEMBER)
+
+    assert answer.status_code == 204, answer.text
+    assert (await client.get(f"/v2.1/servers/{server}", headers=MEMBER)).status_code == 404
+    kept = await client.get(f"/image/v2/images/{image_id}", headers=MEMBER)
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["protected"] is True
+
+
 class LosingCompute(ComputeAPI):
     """Every shelve cast is lost, as a dropped connection loses it."""
 
