@@ -203,6 +203,7 @@ class LiveMigrationHandlers:
             # A repeat: an earlier delivery's copy is done, this domain is shut off.
             moved = True
         else:
+            told: list[str] = []
 
             async def report(memory: tuple[int, int], disk: tuple[int, int]) -> bool:
                 try:
@@ -214,13 +215,15 @@ class LiveMigrationHandlers:
                                 req.migration_uuid, exc.message, extra=extra)  # fmt: skip
                     return True
                 if directive.action is LiveAction.ABORT:
-                    LOG.warning(
-                        "live migration %s of guest %s is aborted: %s",
-                        req.migration_uuid,
-                        req.instance_uuid,
-                        directive.reason,
-                        extra=extra,
-                    )
+                    if not told:
+                        told.append(directive.reason)
+                        LOG.warning(
+                            "live migration %s of guest %s is aborted: %s",
+                            req.migration_uuid,
+                            req.instance_uuid,
+                            directive.reason,
+                            extra=extra,
+                        )
                     return False
                 return True
 

@@ -69,15 +69,14 @@ def _states(uri: str, server_id: str) -> list[str]:
     try:
         found = []
         for dom in conn.listAllDomains(0):
-            if dom.name().endswith(server_id):
+            try:
+                if not dom.name().endswith(server_id):
+                    continue
                 code = dom.state()[0]
-                found.append(
-                    "running"
-                    if code == libvirt.VIR_DOMAIN_RUNNING
-                    else "paused"
-                    if code == libvirt.VIR_DOMAIN_PAUSED
-                    else "off"
-                )
+            except libvirt.libvirtError:
+                continue  # gone meanwhile
+            names = {libvirt.VIR_DOMAIN_RUNNING: "running", libvirt.VIR_DOMAIN_PAUSED: "paused"}
+            found.append(names.get(code, "off"))
         return found
     finally:
         conn.close()
