@@ -169,6 +169,26 @@ def start(root: Path) -> SecondDaemon:
     return daemon
 
 
+def kill(daemon: SecondDaemon) -> None:
+    """The daemon dies at once (SIGKILL), as in a crash; its QEMU processes live on."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(daemon.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(daemon.pid, 0)
+
+
+def _kill_leftover_guests(daemon: SecondDaemon) -> None:
+    """QEMU processes the daemon started and could not destroy (it was killed): their pid
+    files are in its private ``/run/libvirt/qemu``."""
+    for pid_file in (daemon.root / "run" / "qemu").glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def stop(daemon: SecondDaemon) -> None:
     """Destroy the daemon's domains (their QEMU processes outlive it), then stop it."""
     import libvirt  # noqa: PLC0415
@@ -191,14 +211,16 @@ def stop(daemon: SecondDaemon) -> None:
         try:
             done, _status = os.waitpid(daemon.pid, os.WNOHANG)
         except ChildProcessError:
-            return
+            done = daemon.pid
         if done:
+            _kill_leftover_guests(daemon)
             return
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.kill(daemon.pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(daemon.pid, 0)
+    _kill_leftover_guests(daemon)
 
 
 @contextlib.contextmanager

@@ -198,3 +198,43 @@ async def test_an_aborted_live_migration_leaves_the_guest_running_on_its_source(
     assert running_on(uris, sid) == ["lv-b"]
     assert after > before
     cloud.openstack("server", "delete", "--wait", sid, as_json=False)
+
+
+async def test_the_destination_daemon_killed_mid_copy_leaves_the_guest_running_on_its_source(
+    cloud: Cloud, keypair: Path, libvirt_uri: str, daemon: Any
+) -> None:
+    """Last in this module: lv-b's daemon does not come back."""
+    import libvirt  # noqa: PLC0415
+
+    server = create(cloud, "crash-vm", "lv-a", "--key-name", "k")
+    sid = server["id"]
+    await console_line(cloud, sid, "keel-guest-key live-key")
+    before = await uptime(cloud, sid, "lv-a", keypair)
+    # Slow this guest's next migration (lv-a's agent sets no limit of its own).
+    conn = libvirt.open(libvirt_uri)
+    try:
+        [dom] = [d for d in conn.listAllDomains(0) if d.name().endswith(sid)]
+        dom.migrateSetMaxSpeed(SLOW_MIB, 0)
+    finally:
+        conn.close()
+
+    live_migrate(cloud, sid, "lv-b")
+
+    async def copying() -> bool:
+        found = await cloud.get(f"servers/{sid}/migrations", version="2.24")
+        return any(
+            m["status"] == "running" and m["memory_processed_bytes"] for m in found["migrations"]
+        )
+
+    await wait_until(copying, what="the live migration copying", timeout=60)
+    second_daemon.kill(daemon)
+
+    record = await until_record(cloud, sid, "failed")
+    active = await until_server(cloud, sid, "ACTIVE")
+    after = await uptime(cloud, sid, "lv-a", keypair)
+
+    assert record["dest_compute"] == "lv-b"
+    assert active["OS-EXT-SRV-ATTR:host"] == "lv-a"
+    assert _states(libvirt_uri, sid) == ["running"]
+    assert after > before
+    cloud.openstack("server", "delete", "--wait", sid, as_json=False)

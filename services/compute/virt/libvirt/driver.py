@@ -590,6 +590,14 @@ class LibvirtDriver:
         libvirt = self._conn.libvirt
         name = ElementTree.fromstring(target.definition).findtext("name") or ""
 
+        try:
+            dconn = await asyncio.to_thread(libvirt.open, target.uri)
+        except libvirt.libvirtError as exc:
+            raise LiveCopyFailed(
+                f"cannot connect to the destination's libvirt at {target.uri}: "
+                f"{exc.get_error_message()}"
+            ) from None
+
         def move() -> None:
             xml = destination_xml(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE), target.definition)
             settings = migration_params(
@@ -599,12 +607,16 @@ class LibvirtDriver:
                 address=target.address,
                 bandwidth_mib=self.migration.bandwidth_mib,
             )
-            dconn = libvirt.open(target.uri)
+            dom.migrate3(dconn, settings, migration_flags(libvirt))
+
+        def destination_answers() -> bool:
+            # QEMU's stream goes on when the destination's daemon is gone; only its last
+            # step would fail. A daemon that stopped answering aborts the copy now.
             try:
-                dom.migrate3(dconn, settings, migration_flags(libvirt))
-            finally:
-                with contextlib.suppress(libvirt.libvirtError):
-                    dconn.close()
+                dconn.getLibVersion()
+            except libvirt.libvirtError:
+                return False
+            return True
 
         def stats(_conn: Any) -> dict[str, int]:
             try:
@@ -618,26 +630,32 @@ class LibvirtDriver:
                 dom.abortJob()
 
         job = asyncio.ensure_future(asyncio.to_thread(move))
-        aborted = False
-        while not job.done():
-            await asyncio.wait({job}, timeout=PROGRESS_INTERVAL)
-            if job.done():
-                break
-            found = await self._conn.run(stats)
-            go_on = await report(
-                (found.get("memory_total", 0), found.get("memory_processed", 0)),
-                (found.get("disk_total", 0), found.get("disk_processed", 0)),
-            )
-            if not go_on and not aborted:
-                aborted = True
-                await self._conn.run(abort)
+        aborted = lost = False
         try:
+            while not job.done():
+                await asyncio.wait({job}, timeout=PROGRESS_INTERVAL)
+                if job.done() or aborted:
+                    continue
+                found = await self._conn.run(stats)
+                go_on = await report(
+                    (found.get("memory_total", 0), found.get("memory_processed", 0)),
+                    (found.get("disk_total", 0), found.get("disk_processed", 0)),
+                )
+                if go_on and not await asyncio.to_thread(destination_answers):
+                    lost, go_on = True, False
+                if not go_on:
+                    aborted = True
+                    await self._conn.run(abort)
             await job
         except libvirt.libvirtError as exc:
+            why = "its libvirt stopped answering, the copy was aborted" if lost else None
             raise LiveCopyFailed(
                 f"libvirt could not move guest {instance_uuid} to {target.uri}: "
-                f"{exc.get_error_message()}"
+                f"{why or exc.get_error_message()}"
             ) from None
+        finally:
+            with contextlib.suppress(libvirt.libvirtError):
+                await asyncio.to_thread(dconn.close)
         LOG.info(
             "guest %s moved to %s by libvirt; it waits there, paused, for the switch-over",
             instance_uuid,
