@@ -23,6 +23,7 @@ from tests.e2e.cloud import Cloud
 from tests.e2e.moves import until_record, until_server
 from tests.libvirt import second_daemon
 from tests.libvirt.cloud import HOSTS, libvirt_cloud
+from tests.libvirt.cloud import agent_settings as cloud_settings
 from tests.libvirt.guests import free_port, make_key, ssh_run
 from tests.libvirt.test_cloud import console_line, create, forward_of
 from tests.polling import wait_until
@@ -112,6 +113,19 @@ async def uptime(cloud: Cloud, server_id: str, host: str, key: Path) -> float:
     return float(out.split()[0])
 
 
+def unthrottle(uri: str, server_id: str) -> None:
+    """The server's migration out of ``uri`` at full speed from now on."""
+    import libvirt  # noqa: PLC0415
+
+    conn = libvirt.open(uri)
+    try:
+        for dom in conn.listAllDomains(0):
+            if dom.name().endswith(server_id):
+                dom.migrateSetMaxSpeed(8192, 0)
+    finally:
+        conn.close()
+
+
 def live_migrate(cloud: Cloud, server_id: str, host: str) -> None:
     cloud.openstack(
         *V, "server", "migrate", "--live-migration", "--host", host, server_id, as_json=False
@@ -196,6 +210,50 @@ async def test_an_aborted_live_migration_leaves_the_guest_running_on_its_source(
 
     assert active["OS-EXT-SRV-ATTR:host"] == "lv-b"
     assert running_on(uris, sid) == ["lv-b"]
+    assert after > before
+    cloud.openstack("server", "delete", "--wait", sid, as_json=False)
+
+
+async def test_the_destination_agent_killed_mid_copy_takes_the_guest_when_it_is_back(
+    cloud: Cloud, keypair: Path, libvirt_uri: str, daemon: Any
+) -> None:
+    """libvirt's copy needs no destination agent; the switch-over waits for it to be back
+    (within its fence lease), and the guest goes on there: one copy running throughout."""
+    uris = {"lv-a": libvirt_uri, "lv-b": daemon.uri}
+    server = create(cloud, "agent-vm", "lv-b", "--key-name", "k")
+    sid = server["id"]
+    await console_line(cloud, sid, "keel-guest-key live-key")
+    before = await uptime(cloud, sid, "lv-b", keypair)
+
+    async with never_two_running(uris, sid):
+        live_migrate(cloud, sid, "lv-a")
+
+        async def copying() -> bool:
+            found = await cloud.get(f"servers/{sid}/migrations", version="2.24")
+            return any(
+                m["status"] == "running" and m["memory_processed_bytes"]
+                for m in found["migrations"]
+            )
+
+        await wait_until(copying, what="the live migration copying", timeout=60)
+        agent = cloud.processes["lv-a"]
+        agent.popen.kill()
+        agent.popen.wait()
+        await asyncio.sleep(3)
+        cloud.start("lv-a", "keel-compute", "lv-a", **cloud_settings("lv-a", FORWARD_PORTS))
+        await asyncio.to_thread(unthrottle, daemon.uri, sid)
+        record = await until_record(cloud, sid, "completed")
+        await wait_until(
+            lambda: asyncio.sleep(0, result=_states(daemon.uri, sid) == []),
+            what="the source's domain removed",
+            timeout=60,
+        )
+    active = await until_server(cloud, sid, "ACTIVE")
+    after = await uptime(cloud, sid, "lv-a", keypair)
+
+    assert record["dest_compute"] == "lv-a"
+    assert active["OS-EXT-SRV-ATTR:host"] == "lv-a"
+    assert running_on(uris, sid) == ["lv-a"]
     assert after > before
     cloud.openstack("server", "delete", "--wait", sid, as_json=False)
 
