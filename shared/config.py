@@ -217,6 +217,15 @@ class LibvirtSettings(_Group):
     ssh_forward_port: int = Field(default=22, ge=1, le=65535)
     #: Give every guest a config drive, whether or not its user asked for one.
     force_config_drive: bool = False
+    #: The URI other agents' libvirt clients use to reach this host's libvirtd when they
+    #: live-migrate a guest here (``qemu+tcp://HOST/system``, ``qemu+ssh://...``); unset,
+    #: ``uri`` (enough when every agent is on one machine).
+    migration_uri: str | None = Field(default=None, min_length=1)
+    #: The address this host's QEMU listens on for a live migration's memory and disk
+    #: streams (the host's address on the migration network).
+    migration_address: str = Field(default="127.0.0.1", min_length=1)
+    #: The most MiB/s a live migration this host sends may use; 0: no limit.
+    migration_bandwidth_mib: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _bridge_named(self) -> LibvirtSettings:

@@ -92,6 +92,10 @@ History:
   (``unshelve_instance``: schedule an offloaded server again and build it from its
   shelved image; ``instance_action_result`` reports ``shelve``, ``shelve_offload`` and
   ``unshelve``).
+* 29 (``bowline``) — live migration by the driver: compute 1.18 (``prepare_live_migration``
+  answers how the destination takes the guest — the libvirt driver's URI and domain
+  XML —, which ``live_migrate`` carries to the source: its driver moves the guest itself,
+  instead of the simulated copy and a fresh start on the destination).
 """
 
 from __future__ import annotations
@@ -147,6 +151,7 @@ SERVICE_VERSION_HISTORY: tuple[ReleaseApis | None, ...] = (
     ReleaseApis(compute="1.15", conductor="1.16", scheduler="1.3"),
     ReleaseApis(compute="1.16", conductor="1.17", scheduler="1.3"),
     ReleaseApis(compute="1.17", conductor="1.18", scheduler="1.3"),
+    ReleaseApis(compute="1.18", conductor="1.18", scheduler="1.3"),
 )
 
 SERVICE_VERSION = len(SERVICE_VERSION_HISTORY) - 1
@@ -185,6 +190,7 @@ RELEASE_NAMES: dict[str, int] = {
     "yardarm": 26,
     "yawl": 27,
     "zephyr": 28,
+    "bowline": 29,
 }
 
 #: The first release whose agents never register without an identity file the

@@ -27,6 +27,8 @@ from uuid import UUID
 from services.compute.inflight import InFlight
 from services.compute.live_rpc import (
     LiveMigrate,
+    LivePrepared,
+    LiveTarget,
     PrepareLiveMigration,
     RollbackLiveMigration,
     StartLiveCopy,
@@ -77,8 +79,12 @@ class LiveMigrationHandlers:
             self, instance_uuid: UUID, operation: str
         ) -> AbstractAsyncContextManager[None]: ...
 
-    async def prepare_live_migration(self, ctx: RequestContext, req: PrepareLiveMigration) -> None:
-        """Check that this (destination) host can take the copy; build nothing yet."""
+    async def prepare_live_migration(
+        self, ctx: RequestContext, req: PrepareLiveMigration
+    ) -> LivePrepared:
+        """Check that this (destination) host can take the copy. A driver that moves
+        guests itself (libvirt) prepares the guest's files and answers its target; the
+        others build nothing yet."""
         spec = req.instance
         why = refusal(self._driver)
         if why is not None:
@@ -92,17 +98,26 @@ class LiveMigrationHandlers:
                         f"a copy of server {spec.uuid} made by {made_by} is already on this "
                         f"host; live migration {req.migration_uuid} does not adopt it"
                     )
+            target = None
+            prepare = getattr(self._driver, "prepare_incoming", None)
+            if prepare is not None:
+                target = await prepare(spec, req.migration_uuid)
         LOG.info(
-            "ready to take server %s for live migration %s",
+            "ready to take server %s for live migration %s%s",
             spec.uuid,
             req.migration_uuid,
+            "" if target is None else f" (its driver receives it from {target.uri})",
             extra=_extra(spec.uuid, req.migration_uuid),
         )
+        return LivePrepared(target=target)
 
     async def live_migrate(self, ctx: RequestContext, req: LiveMigrate) -> None:
         """Copy the guest (simulated), pause it, switch over; then remove or resume it."""
         extra = _extra(req.instance_uuid, req.migration_uuid)
         async with self.operations.hold(req.instance_uuid, "live migration"):
+            if req.target is not None:
+                await self._migrate_by_driver(ctx, req, req.target, extra)
+                return
             go = await self._copy_memory(ctx, req)
             if not go:
                 await self._resume_if_left_paused(req.instance_uuid, req.paused, extra)
@@ -156,6 +171,104 @@ class LiveMigrationHandlers:
                     extra=extra,
                 )
 
+    async def _migrate_by_driver(
+        self, ctx: RequestContext, req: LiveMigrate, target: LiveTarget, extra: dict[str, str]
+    ) -> None:
+        """The driver moves the guest (libvirt); then the switch-over.
+
+        The guest runs here until the driver's copy is done; then this domain is shut off
+        and the destination's is paused, and the conductor's switch-over resumes it there
+        (``start_live_copy``). A copy that failed or was aborted left the guest running
+        here: the switch-over is asked all the same, so that the destination, finding no
+        guest arrived, removes what it prepared and the migration ends ``failed`` (or, if
+        it ended already, the destination's leftovers are removed) — the answer then says
+        resume, which leaves this guest as it is.
+        """
+        migrate = getattr(self._driver, "migrate_live", None)
+        if migrate is None or getattr(self._driver, "driver_name", None) != target.driver:
+            raise LiveMigrationRefused(
+                f"this host's driver cannot move a guest to a {target.driver} destination"
+            )
+        if req.instance_uuid not in await self._driver.list_instances():
+            LOG.info(
+                "guest %s is not on this host: nothing to move for live migration %s",
+                req.instance_uuid,
+                req.migration_uuid,
+                extra=extra,
+            )
+            return
+        moved = False
+        power = await self._driver.guest_power(req.instance_uuid)
+        if power not in (PowerState.RUNNING, PowerState.PAUSED):
+            # A repeat: an earlier delivery's copy is done, this domain is shut off.
+            moved = True
+        else:
+            told: list[str] = []
+
+            async def report(memory: tuple[int, int], disk: tuple[int, int]) -> bool:
+                try:
+                    directive = await self._conductor.live.live_migration_progress(
+                        ctx, req.migration_uuid, self._node_uuid, memory=memory, disk=disk
+                    )
+                except KeelError as exc:
+                    LOG.warning("live migration %s: progress not reported: %s",
+                                req.migration_uuid, exc.message, extra=extra)  # fmt: skip
+                    return True
+                if directive.action is LiveAction.ABORT:
+                    if not told:
+                        told.append(directive.reason)
+                        LOG.warning(
+                            "live migration %s of guest %s is aborted: %s",
+                            req.migration_uuid,
+                            req.instance_uuid,
+                            directive.reason,
+                            extra=extra,
+                        )
+                    return False
+                return True
+
+            if await report((req.memory_mb * MIB, 0), (req.disk_gb * GIB, 0)):
+                try:
+                    await migrate(req.instance_uuid, target, report)
+                    moved = True
+                except KeelError as exc:
+                    LOG.warning(
+                        "live migration %s: %s; the guest runs on here",
+                        req.migration_uuid,
+                        exc.message,
+                        extra={**extra, "decision": "live_migration_copy_failed"},
+                    )
+        answer = await self._conductor.live.live_migration_switch(
+            ctx, req.migration_uuid, self._node_uuid
+        )
+        if answer.outcome is SwitchOutcome.COMPLETED and moved:
+            with contextlib.suppress(GuestNotFound):
+                await self._driver.destroy(req.instance_uuid)
+            LOG.info(
+                "removed guest %s: live migration %s completed, the server runs on its destination",
+                req.instance_uuid,
+                req.migration_uuid,
+                extra={**extra, "decision": "live_migration_source_removed"},
+            )
+        elif answer.outcome is SwitchOutcome.RESUME and moved:
+            LOG.error(
+                "live migration %s ended without switching over (%s) after libvirt moved "
+                "guest %s: it is paused on the destination, not here",
+                req.migration_uuid,
+                answer.reason,
+                req.instance_uuid,
+                extra={**extra, "decision": "live_migration_stranded"},
+            )
+        else:
+            LOG.info(
+                "live migration %s of guest %s: %s (%s)",
+                req.migration_uuid,
+                req.instance_uuid,
+                answer.outcome,
+                answer.reason,
+                extra=extra,
+            )
+
     async def _copy_memory(self, ctx: RequestContext, req: LiveMigrate) -> bool:
         """The simulated copy, reporting progress; False if the conductor says abort."""
         memory = req.memory_mb * MIB
@@ -202,6 +315,7 @@ class LiveMigrationHandlers:
         """Start the server's copy here; a repeat finds the copy this move made."""
         spec = req.instance
         extra = _extra(spec.uuid, req.migration_uuid)
+        receives = hasattr(self._driver, "discard_incoming")
         async with self._may_start(spec.uuid, "live migration switch-over"):
             if spec.uuid in await self._driver.list_instances():
                 found = await self._driver.origin(spec.uuid)
@@ -210,7 +324,21 @@ class LiveMigrationHandlers:
                         f"a copy of server {spec.uuid} that live migration "
                         f"{req.migration_uuid} did not make is on this host; not adopted"
                     )
-                LOG.info("guest %s is already here: the switch-over was repeated", spec.uuid)
+                if receives:
+                    # The guest libvirt moved here, paused: it is the server now.
+                    if not req.paused:
+                        await self._driver.unpause(spec.uuid)
+                    await self._driver.arrived(spec.uuid)  # type: ignore[attr-defined]
+                else:
+                    LOG.info("guest %s is already here: the switch-over was repeated", spec.uuid)
+            elif receives:
+                await self._driver.discard_incoming(  # type: ignore[attr-defined]
+                    spec.uuid, req.migration_uuid
+                )
+                raise KeelError(
+                    f"no guest arrived for live migration {req.migration_uuid}: the copy "
+                    "did not complete (its prepared files are removed)"
+                )
             else:
                 try:
                     await self._driver.rebuild(spec)

@@ -13,6 +13,13 @@
   switch-over; resume the guest if the migration left it paused.
 
 A fleet below 1.16 cannot live-migrate: keel-api refuses with 409 naming the agents.
+
+1.18: a destination whose driver moves guests itself (libvirt) answers
+``prepare_live_migration`` with a :class:`LiveTarget` (having made the guest's directory
+ready to receive it), and ``live_migrate`` carries it to the source, whose driver then
+moves the guest instead of the simulated copy; the destination's ``start_live_copy``
+resumes the guest that arrived instead of starting a copy. An agent below 1.18 is asked
+as at 1.16 (its prepare answers nothing; a source below 1.18 is sent no target).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from shared.rpc.client import RPCClient
 
 #: The compute RPC version of live migration.
 LIVE_VERSION = "1.16"
+#: The compute RPC version whose prepare answers a :class:`LiveTarget`.
+TARGET_VERSION = "1.18"
 #: The live migration methods (all first in :data:`LIVE_VERSION`).
 LIVE_METHODS = (
     "prepare_live_migration",
@@ -45,6 +54,26 @@ class PrepareLiveMigration(KeelModel):
     migration_uuid: UUID
 
 
+class LiveTarget(KeelModel):
+    """How the destination takes a guest its driver receives (1.18)."""
+
+    #: The driver's name (only a source of the same driver can use it).
+    driver: str = Field(max_length=64)
+    #: Where the source's driver connects (libvirt: the destination daemon's URI).
+    uri: str = Field(max_length=1000)
+    #: The address the destination listens on for the guest's memory and disk.
+    address: str = Field(max_length=255)
+    #: The guest's definition on the destination (libvirt: its domain XML, with its own
+    #: paths, name, forwards and metadata), which the source's driver merges into its own.
+    definition: str = Field(max_length=1_000_000)
+
+
+class LivePrepared(KeelModel):
+    """What prepare_live_migration answers (1.18): ``None`` means simulated copy."""
+
+    target: LiveTarget | None = None
+
+
 class LiveMigrate(KeelModel):
     """To the source: copy the guest to the destination, then switch over."""
 
@@ -55,6 +84,8 @@ class LiveMigrate(KeelModel):
     #: What there is to copy: the flavor's memory and disk.
     memory_mb: int = Field(ge=0)
     disk_gb: int = Field(ge=0)
+    #: The destination's answer to prepare (1.18): the driver moves the guest there.
+    target: LiveTarget | None = None
 
 
 class StartLiveCopy(KeelModel):
@@ -91,11 +122,19 @@ class LiveComputeAPI:
 
     async def prepare_live_migration(
         self, ctx: RequestContext, service_uuid: UUID, spec: InstanceSpec, migration_uuid: UUID
-    ) -> None:
+    ) -> LiveTarget | None:
+        """The destination's :class:`LiveTarget`; ``None`` from an agent below 1.18 or a
+        driver that does not move guests itself."""
         method = "prepare_live_migration"
         client = await self._live_client(service_uuid, method)
         req = PrepareLiveMigration(instance=spec, migration_uuid=migration_uuid)
+        if await client.can_send_version(TARGET_VERSION):
+            answer = await client.call(
+                ctx, method, req, version=TARGET_VERSION, returns=LivePrepared, idempotent=True
+            )
+            return answer.target
         await client.call(ctx, method, req, version=LIVE_VERSION, idempotent=True)
+        return None
 
     async def live_migrate(
         self,
@@ -107,17 +146,26 @@ class LiveComputeAPI:
         paused: bool,
         memory_mb: int,
         disk_gb: int,
+        target: LiveTarget | None = None,
     ) -> None:
+        """A ``target`` goes only to a source of 1.18 or later; an older one simulates the
+        copy (and the destination's driver, finding no guest arrived, fails the switch)."""
         method = "live_migrate"
         client = await self._live_client(service_uuid, method)
+        version = LIVE_VERSION
+        if target is not None and await client.can_send_version(TARGET_VERSION):
+            version = TARGET_VERSION
+        else:
+            target = None
         req = LiveMigrate(
             instance_uuid=instance_uuid,
             migration_uuid=migration_uuid,
             paused=paused,
             memory_mb=memory_mb,
             disk_gb=disk_gb,
+            target=target,
         )
-        await client.cast(ctx, method, req, version=LIVE_VERSION)
+        await client.cast(ctx, method, req, version=version)
 
     async def start_live_copy(
         self,

@@ -737,6 +737,11 @@ class ComputeManager(LiveMigrationHandlers):
         """Remove the copy a confirmed (source) or reverted (destination) migration left."""
         async with self.operations.hold(req.instance_uuid, "remove moved guest"):
             if req.instance_uuid not in await self._driver.list_instances():
+                discard = getattr(self._driver, "discard_incoming", None)
+                if discard is not None:
+                    # A live migration that ended before its guest arrived: the files
+                    # its prepare made go (only this migration's).
+                    await discard(req.instance_uuid, req.migration_uuid)
                 LOG.info(
                     "guest %s is already gone from this host (migration %s)",
                     req.instance_uuid,

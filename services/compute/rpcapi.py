@@ -64,6 +64,9 @@ Compute RPC API history:
   (cast: destroy a shelved guest that is no longer the server's current copy, report
   ``shelve_offload``), unshelve_instance (cast: power a shelved guest on, report
   ``unshelve``); conductor 1.18 takes those results.
+* 1.18 — live migration by the driver: prepare_live_migration answers a
+  :class:`~services.compute.live_rpc.LiveTarget` when the destination's driver moves
+  guests itself (libvirt), and live_migrate carries it to the source.
 """
 
 from __future__ import annotations

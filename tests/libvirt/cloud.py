@@ -37,6 +37,7 @@ async def libvirt_cloud(
     *,
     lease: float = 20.0,
     margin: float = 2.0,
+    host_settings: Mapping[str, Mapping[str, str]] | None = None,
 ) -> AsyncIterator[Cloud]:
     """The cloud (in ``workdir``, which must exist), its agents up, the test guest
     uploaded and the flavor ``keel.guest`` (128 MiB) made; every server is deleted at the
@@ -57,7 +58,11 @@ async def libvirt_cloud(
     config = CloudConfig(computes=(), env=env, self_fence_after=lease, fence_margin=margin)
     async with running_cloud(workdir, config) as running:
         for host in HOSTS:
-            running.start(host, "keel-compute", host, **agent_settings(host, forward_ports))
+            settings = {
+                **agent_settings(host, forward_ports),
+                **(host_settings or {}).get(host, {}),
+            }
+            running.start(host, "keel-compute", host, **settings)
         for host in HOSTS:
             await running.wait_for_service(host, up=True)
         upload_guest(running, images)

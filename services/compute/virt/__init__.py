@@ -72,6 +72,7 @@ def _libvirt_driver(settings: Settings) -> Driver:
     from services.compute.virt.libvirt.connection import LibvirtConnection  # noqa: PLC0415
     from services.compute.virt.libvirt.driver import LibvirtDriver  # noqa: PLC0415
     from services.compute.virt.libvirt.interface import NetworkConfig  # noqa: PLC0415
+    from services.compute.virt.libvirt.migration import MigrationConfig  # noqa: PLC0415
 
     compute, libvirt = settings.compute, settings.libvirt
     cache = ImageCache(
@@ -93,4 +94,9 @@ def _libvirt_driver(settings: Settings) -> Driver:
         ),
         force_config_drive=libvirt.force_config_drive,
         metadata=metadata_relay(settings),
+        migration=MigrationConfig(
+            uri=libvirt.migration_uri or libvirt.uri,
+            address=libvirt.migration_address,
+            bandwidth_mib=libvirt.migration_bandwidth_mib,
+        ),
     )

@@ -47,7 +47,7 @@ from uuid import UUID
 
 import asyncpg
 
-from services.compute.live_rpc import LiveComputeAPI
+from services.compute.live_rpc import LiveComputeAPI, LiveTarget
 from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.boot_images import BootImages
 from services.conductor.guest_data import instance_spec
@@ -160,7 +160,8 @@ class LiveMoveTask(MoveTask):
             # took effect but its answer was lost). Sent again: a source that has it
             # already runs the repeat after it, and the repeat only asks the conductor.
             source = await _host(self.pool, migration.source_compute_id, self.service_down_time)
-            await self._send_copy(source, instance)
+            target = await self._target_again(migration, instance)
+            await self._send_copy(source, instance, target)
             LOG.info(
                 "live migration %s is running: sent its source %s the copy again",
                 migration.uuid,
@@ -190,7 +191,7 @@ class LiveMoveTask(MoveTask):
         live = LiveComputeAPI(self.compute)
         spec = await _spec_for(self.pool, self.boot_images, instance, destination, migration.uuid)
         try:
-            await live.prepare_live_migration(
+            target = await live.prepare_live_migration(
                 self.ctx, destination.service.uuid, spec, migration.uuid
             )
         except Unroutable as exc:
@@ -209,7 +210,7 @@ class LiveMoveTask(MoveTask):
                 extra=self._extra(),
             )
             return
-        await self._send_copy(source, instance)
+        await self._send_copy(source, instance, target)
         LOG.info(
             "live migration %s of server %s from %s to %s: the source copies it",
             migration.uuid,
@@ -219,7 +220,28 @@ class LiveMoveTask(MoveTask):
             extra={**self._extra(), "decision": "live_migration_running"},
         )
 
-    async def _send_copy(self, source: HostState, instance: Instance) -> None:
+    async def _target_again(self, migration: Migration, instance: Instance) -> LiveTarget | None:
+        """The destination's target asked for again (its prepare is safe to repeat); ``None``
+        if it cannot be had now: the source then simulates, and the switch-over fails
+        cleanly on a destination whose driver receives guests itself."""
+        try:
+            dest = await _host(self.pool, migration.dest_compute_id, self.service_down_time)
+            spec = await _spec_for(self.pool, self.boot_images, instance, dest, migration.uuid)
+            return await LiveComputeAPI(self.compute).prepare_live_migration(
+                self.ctx, dest.service.uuid, spec, migration.uuid
+            )
+        except KeelError as exc:
+            LOG.warning(
+                "live migration %s: its destination's target could not be asked again: %s",
+                migration.uuid,
+                exc.message,
+                extra=self._extra(),
+            )
+            return None
+
+    async def _send_copy(
+        self, source: HostState, instance: Instance, target: LiveTarget | None
+    ) -> None:
         """Ask the source's agent to copy the guest and then ask for the switch-over."""
         try:
             await LiveComputeAPI(self.compute).live_migrate(
@@ -230,6 +252,7 @@ class LiveMoveTask(MoveTask):
                 paused=instance.vm_state == VmState.PAUSED,
                 memory_mb=instance.flavor.memory_mb,
                 disk_gb=instance.flavor.root_gb,
+                target=target,
             )
         except Unroutable as exc:
             raise KeelError(
@@ -303,6 +326,17 @@ async def switch(
     if migration.status == S.COMPLETED:
         return LiveSwitch(outcome=SwitchOutcome.COMPLETED, reason="already switched over")
     if migration.status != S.POST_MIGRATING:
+        # Ended before the switch-over (aborted, failed, timed out): a destination whose
+        # driver received files for the guest removes them (only this move's).
+        try:
+            await remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
+        except KeelError as exc:
+            LOG.warning(
+                "live migration %s: its destination's leftovers were not removed: %s",
+                migration.uuid,
+                exc.message,
+                extra=_extra(migration),
+            )
         return LiveSwitch(
             outcome=SwitchOutcome.RESUME, reason=f"the migration is {migration.status}"
         )

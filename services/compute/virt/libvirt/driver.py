@@ -31,12 +31,14 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 from xml.etree import ElementTree
 
 from services.compute.image_cache import ImageCache
+from services.compute.live_rpc import LiveTarget
 from services.compute.rpcapi import BootSource, GuestDiagnostics, GuestDisk, InstanceSpec
 from services.compute.virt.console import read_tail
 from services.compute.virt.driver import HypervisorResources
@@ -54,8 +56,15 @@ from services.compute.virt.libvirt.domain import (
 )
 from services.compute.virt.libvirt.interface import GuestNic, NetworkConfig, primary_address
 from services.compute.virt.libvirt.metadata_relay import MetadataRelay
+from services.compute.virt.libvirt.migration import (
+    INCOMING_MARK,
+    MigrationConfig,
+    destination_xml,
+)
+from services.compute.virt.libvirt.migration import flags as migration_flags
+from services.compute.virt.libvirt.migration import params as migration_params
 from services.compute.virt.local import _nearest_existing
-from shared.exceptions import BuildFailed, GuestNotFound
+from shared.exceptions import BuildFailed, GuestNotFound, KeelError
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.states import PowerState
 
@@ -67,6 +76,8 @@ INSTANCES_DIR = "instances"
 SHUTDOWN_NUDGE = 3.0
 #: Seconds between two looks at a guest that is shutting down.
 SHUTDOWN_POLL = 0.2
+#: Seconds between two reports of a live migration's progress.
+PROGRESS_INTERVAL = 0.25
 _BUILDING = ".building-"
 _DELETING = ".deleting-"
 
@@ -93,13 +104,13 @@ def choose_domain_type(setting: str) -> tuple[str, str]:
     return "qemu", "/dev/kvm cannot be opened"
 
 
+class LiveCopyFailed(KeelError):
+    """libvirt's live migration did not complete: the guest still runs on its source."""
+
+
 class LibvirtDriver:
-    #: Live migration between libvirtd daemons is not implemented: the agents refuse it,
-    #: and the migration ends with the server running on its source.
-    live_migration_refusal = (
-        "the libvirt driver cannot live-migrate a server yet: use a cold migration "
-        "(openstack server migrate) instead"
-    )
+    #: The name a :class:`~services.compute.live_rpc.LiveTarget` of this driver carries.
+    driver_name = "libvirt"
 
     def __init__(
         self,
@@ -117,8 +128,10 @@ class LibvirtDriver:
         network: NetworkConfig | None = None,
         force_config_drive: bool = False,
         metadata: MetadataRelay | None = None,
+        migration: MigrationConfig | None = None,
     ) -> None:
         self._conn = connection
+        self.migration = migration or MigrationConfig(uri=connection.uri)
         self.network = network or NetworkConfig()
         self.force_config_drive = force_config_drive
         #: Passes guests' metadata requests on (user mode); ``None``: guests have none.
@@ -210,10 +223,19 @@ class LibvirtDriver:
         return await self._conn.run(mine)
 
     def _lookup(self, conn: Any, instance_uuid: UUID) -> Any:
-        """The guest's domain, or ``None`` when libvirt has none."""
+        """The guest's domain, or ``None`` when libvirt has none.
+
+        By its UUID, or else by its name: a guest that arrived by live migration keeps
+        the UUID its first node gave it (libvirt's rule), under this node's name.
+        """
         libvirt = self._conn.libvirt
         try:
             return conn.lookupByUUIDString(str(domain_uuid(self.node_uuid, instance_uuid)))
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+        try:
+            return conn.lookupByName(domain_name(self.node_uuid, instance_uuid))
         except libvirt.libvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 return None
@@ -484,6 +506,163 @@ class LibvirtDriver:
                 shutil.rmtree(entry, ignore_errors=True)
                 LOG.warning("removed %s: left half-done by an earlier run", entry)
 
+    # -- live migration ------------------------------------------------------------
+
+    async def prepare_incoming(self, spec: InstanceSpec, migration_uuid: UUID) -> LiveTarget:
+        """The guest's directory made ready to receive it (base, an empty overlay of the
+        flavor's size, config drive, kernel), its metadata served; the target the source
+        needs. A directory another move left (no domain here) is made afresh: the overlay
+        must hold nothing but what the copy writes."""
+        if spec.boot is None:
+            raise BuildFailed(
+                f"the live migration of {spec.uuid} carries no image: the destination cannot "
+                "make its base (KEEL_IMAGES__URL_SECRET on keel-conductor?)"
+            )
+        final = self.guest_dir(spec.uuid)
+        mark = final / INCOMING_MARK
+        dom = await self._conn.run(lambda conn: self._lookup(conn, spec.uuid))
+        if dom is None and await asyncio.to_thread(final.is_dir):
+            waits_for = await asyncio.to_thread(_read_mark, mark)
+            if waits_for != str(migration_uuid):
+                await asyncio.to_thread(self._remove_files, spec.uuid)
+        files = await self._guest_files(spec, spec.boot, None)
+        if dom is None:
+            await asyncio.to_thread(mark.write_text, str(migration_uuid))
+        if self._relays_metadata:
+            assert self.metadata is not None
+            try:
+                await self.metadata.serve(spec.uuid)
+            except OSError as exc:
+                raise BuildFailed(f"cannot serve guest {spec.uuid}'s metadata: {exc}") from None
+        xml = domain_xml(
+            spec,
+            node_uuid=self.node_uuid,
+            domain_type=self.domain_type,
+            files=files,
+            made_by=str(migration_uuid),
+            kernel_args=spec.boot.kernel_args,
+            nic=self._nic(spec),
+        )
+        return LiveTarget(
+            driver=self.driver_name,
+            uri=self.migration.uri,
+            address=self.migration.address,
+            definition=xml,
+        )
+
+    async def discard_incoming(self, instance_uuid: UUID, migration_uuid: UUID) -> None:
+        """Remove what :meth:`prepare_incoming` made for ``migration_uuid``, if no guest
+        arrived (a directory another move or a build made is kept)."""
+        dom = await self._conn.run(lambda conn: self._lookup(conn, instance_uuid))
+        if dom is not None:
+            return
+        final = self.guest_dir(instance_uuid)
+        if await asyncio.to_thread(_read_mark, final / INCOMING_MARK) != str(migration_uuid):
+            return
+        if self.metadata is not None:
+            await self.metadata.stop(instance_uuid)
+        await asyncio.to_thread(self._remove_files, instance_uuid)
+        LOG.info(
+            "removed the directory prepared for guest %s: live migration %s ended before "
+            "the guest arrived",
+            instance_uuid,
+            migration_uuid,
+            extra={"instance_uuid": str(instance_uuid), "migration_uuid": str(migration_uuid)},
+        )
+
+    async def arrived(self, instance_uuid: UUID) -> None:
+        """The guest that came live is this node's now: its directory waits no more."""
+        mark = self.guest_dir(instance_uuid) / INCOMING_MARK
+        await asyncio.to_thread(mark.unlink, missing_ok=True)
+
+    async def migrate_live(
+        self,
+        instance_uuid: UUID,
+        target: LiveTarget,
+        report: Callable[[tuple[int, int], tuple[int, int]], Awaitable[bool]],
+    ) -> None:
+        """Move the running guest to ``target`` with libvirt (see :mod:`.migration`),
+        reporting the job's progress to ``report`` (memory and disk, total and done)
+        every :data:`PROGRESS_INTERVAL` seconds; ``report`` answering False aborts the
+        job. Returns once the destination holds the guest, paused, and this domain is
+        shut off; raises :class:`LiveCopyFailed` when the guest still runs here."""
+        dom = await self._domain(instance_uuid)
+        libvirt = self._conn.libvirt
+        name = ElementTree.fromstring(target.definition).findtext("name") or ""
+
+        try:
+            dconn = await asyncio.to_thread(libvirt.open, target.uri)
+        except libvirt.libvirtError as exc:
+            raise LiveCopyFailed(
+                f"cannot connect to the destination's libvirt at {target.uri}: "
+                f"{exc.get_error_message()}"
+            ) from None
+
+        def move() -> None:
+            xml = destination_xml(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE), target.definition)
+            settings = migration_params(
+                libvirt,
+                xml=xml,
+                name=name,
+                address=target.address,
+                bandwidth_mib=self.migration.bandwidth_mib,
+            )
+            dom.migrate3(dconn, settings, migration_flags(libvirt))
+
+        def destination_answers() -> bool:
+            # QEMU's stream goes on when the destination's daemon is gone; only its last
+            # step would fail. A daemon that stopped answering aborts the copy now.
+            try:
+                dconn.getLibVersion()
+            except libvirt.libvirtError:
+                return False
+            return True
+
+        def stats(_conn: Any) -> dict[str, int]:
+            try:
+                found: dict[str, int] = dom.jobStats(0)
+            except libvirt.libvirtError:
+                return {}
+            return found
+
+        def abort(_conn: Any) -> None:
+            with contextlib.suppress(libvirt.libvirtError):
+                dom.abortJob()
+
+        job = asyncio.ensure_future(asyncio.to_thread(move))
+        aborted = lost = False
+        try:
+            while not job.done():
+                await asyncio.wait({job}, timeout=PROGRESS_INTERVAL)
+                if job.done() or aborted:
+                    continue
+                found = await self._conn.run(stats)
+                go_on = await report(
+                    (found.get("memory_total", 0), found.get("memory_processed", 0)),
+                    (found.get("disk_total", 0), found.get("disk_processed", 0)),
+                )
+                if go_on and not await asyncio.to_thread(destination_answers):
+                    lost, go_on = True, False
+                if not go_on:
+                    aborted = True
+                    await self._conn.run(abort)
+            await job
+        except libvirt.libvirtError as exc:
+            why = "its libvirt stopped answering, the copy was aborted" if lost else None
+            raise LiveCopyFailed(
+                f"libvirt could not move guest {instance_uuid} to {target.uri}: "
+                f"{why or exc.get_error_message()}"
+            ) from None
+        finally:
+            with contextlib.suppress(libvirt.libvirtError):
+                await asyncio.to_thread(dconn.close)
+        LOG.info(
+            "guest %s moved to %s by libvirt; it waits there, paused, for the switch-over",
+            instance_uuid,
+            target.uri,
+            extra={"instance_uuid": str(instance_uuid)},
+        )
+
     # -- power ---------------------------------------------------------------------
 
     async def power_off(self, instance_uuid: UUID) -> None:
@@ -628,6 +807,13 @@ class LibvirtDriver:
 
 #: The origin of a domain whose metadata names no move keel can tell: matches none.
 _UNKNOWN_ORIGIN = UUID(int=0)
+
+
+def _read_mark(mark: Path) -> str | None:
+    try:
+        return mark.read_text().strip()
+    except OSError:
+        return None
 
 
 def _made_by(spec: InstanceSpec, default: str) -> str:
