@@ -6,7 +6,8 @@ for a cloud's processes, for Tempest's polling — so two lanes finish well befo
 two cores. Each tier is ``make test-<tier>``; its output goes to
 ``.keel/tier-logs/<tier>.log`` and is printed whole when the tier ends, so two tiers'
 lines never interleave. The first tier that fails stops every lane (the tiers running
-are terminated, the ones not started are not run) and the run exits with its status.
+are interrupted as by Ctrl-C, then killed after :data:`STOP_GRACE` seconds; the ones not
+started are not run) and the run exits with its status.
 The seconds each tier took are printed at the end, with what was left unrun.
 """
 
@@ -26,8 +27,8 @@ from pathlib import Path
 from devkit import ROOT
 
 LOGS = ROOT / ".keel" / "tier-logs"
-#: Seconds a terminated tier has to end before it is killed.
-STOP_GRACE = 20.0
+#: Seconds an interrupted tier has to tear down and end before it is killed.
+STOP_GRACE = 60.0
 
 
 @dataclass
@@ -95,10 +96,12 @@ async def _tier(tier: str, run: Run) -> int:
 
 
 def _stop_all(run: Run) -> None:
+    # SIGINT, as Ctrl-C: pytest stops and tears its fixtures down, the clouds they
+    # started (in sessions of their own) included.
     for tier, process in run.running.items():
         run.stopped.add(tier)
         try:
-            os.killpg(process.pid, signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGINT)
         except ProcessLookupError:
             continue
 

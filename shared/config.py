@@ -498,9 +498,10 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     #: ``auto`` logs JSON unless standard error is a terminal.
     log_format: Literal["auto", "json", "text"] = "auto"
-    #: The event loop a service runs on: ``uvloop`` (libuv's, the default; less CPU per
-    #: message, query and request) or ``asyncio`` (Python's own, e.g. to rule uvloop out).
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    #: The event loop a service runs on: ``asyncio`` (Python's own, the default) or
+    #: ``uvloop`` (libuv's: less CPU per message, query and request; opt-in until agents
+    #: move to another RabbitMQ node as surely on it as on asyncio's, see docs).
+    event_loop: Literal["uvloop", "asyncio"] = "asyncio"
     #: Seconds an instance may stay in BUILD before the conductor puts it in ERROR; 0 never.
     build_timeout: float = Field(default=600.0, ge=0)
     #: Seconds a move may stay accepted or pre-migrating before the conductor ends it

@@ -98,12 +98,12 @@ async def test_a_refusal_while_running_stops_the_process_with_it() -> None:
     assert lifecycle.failure.message == "too old"
 
 
-def test_services_run_on_uvloop_unless_told_otherwise() -> None:
-    factory = loop_factory(Settings().event_loop)
+def test_services_run_on_asyncios_loop_unless_told_to_use_uvloop() -> None:
+    assert loop_factory(Settings().event_loop) is None
+    factory = loop_factory("uvloop")
     assert factory is not None
     loop = factory()
     try:
         assert isinstance(loop, uvloop.Loop)
     finally:
         loop.close()
-    assert loop_factory("asyncio") is None
