@@ -70,8 +70,8 @@ PYTEST_ARGS ?=
 # `make test` runs the tiers in lanes (devkit/lanes.py): the tiers of a lane one after
 # another, the lanes at once, the first red tier stopping them all. Each lane is a word of
 # tiers joined by commas, and every tier is in one. Two lanes where there are two cores or
-# more (most tiers mostly wait); TIER_LANES="$(subst $(space),$(comma),$(TIERS))" runs
-# them all in one lane, in order.
+# more (the second lane's tiers mostly wait); TIER_LANES="$(subst $(space),$(comma),$(TIERS))"
+# runs them all in one lane, in order.
 comma := ,
 space := $(subst ,, )
 TIER_LANES ?= $(if $(filter-out 0 1,$(shell nproc)),$(LANES_TWO),$(subst $(space),$(comma),$(TIERS)))

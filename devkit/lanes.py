@@ -1,14 +1,15 @@
 """Run the test tiers in lanes: the tiers of a lane one after another, the lanes at once.
 
 ``make test`` runs ``python -m devkit.lanes LANE...``, each ``LANE`` a comma-separated
-list of tiers (``make tiers`` names them all). Most tiers mostly wait — for PostgreSQL,
-for a cloud's processes, for Tempest's polling — so two lanes finish well before one on
-two cores. Each tier is ``make test-<tier>``; its output goes to
-``.keel/tier-logs/<tier>.log`` and is printed whole when the tier ends, so two tiers'
-lines never interleave. The first tier that fails stops every lane (the tiers running
-are interrupted as by Ctrl-C, then killed after :data:`STOP_GRACE` seconds; the ones not
-started are not run) and the run exits with its status.
-The seconds each tier took are printed at the end, with what was left unrun.
+list of tiers (``make tiers`` names them all). Tiers that mostly wait — for a cloud's
+processes, for Tempest's polling — overlap well; the functional and e2e tiers are
+CPU-bound on two cores, and beside another lane they take longer. Each tier is
+``make test-<tier>``; its output goes to ``.keel/tier-logs/<tier>.log`` and is printed
+whole when the tier ends, so two tiers' lines never interleave. The first tier that
+fails stops every lane (the tiers running are interrupted as by Ctrl-C, then killed
+after :data:`STOP_GRACE` seconds; the ones not started are not run) and the run exits
+with its status. The seconds each tier took are printed at the end, with what was left
+unrun.
 """
 
 from __future__ import annotations
