@@ -143,15 +143,7 @@ class LiveMigrationHandlers:
                 ctx, req.migration_uuid, self._node_uuid
             )
             if answer.outcome is SwitchOutcome.COMPLETED:
-                with contextlib.suppress(GuestNotFound):
-                    await self._driver.destroy(req.instance_uuid)
-                LOG.info(
-                    "removed guest %s: live migration %s completed, the server runs on its "
-                    "destination",
-                    req.instance_uuid,
-                    req.migration_uuid,
-                    extra={**extra, "decision": "live_migration_source_removed"},
-                )
+                await self._remove_source(req, extra)
             elif answer.outcome is SwitchOutcome.RESUME:
                 LOG.warning(
                     "live migration %s of guest %s ended without switching over (%s): "
@@ -242,14 +234,7 @@ class LiveMigrationHandlers:
             ctx, req.migration_uuid, self._node_uuid
         )
         if answer.outcome is SwitchOutcome.COMPLETED and moved:
-            with contextlib.suppress(GuestNotFound):
-                await self._driver.destroy(req.instance_uuid)
-            LOG.info(
-                "removed guest %s: live migration %s completed, the server runs on its destination",
-                req.instance_uuid,
-                req.migration_uuid,
-                extra={**extra, "decision": "live_migration_source_removed"},
-            )
+            await self._remove_source(req, extra)
         elif answer.outcome is SwitchOutcome.RESUME and moved:
             LOG.error(
                 "live migration %s ended without switching over (%s) after libvirt moved "
@@ -268,6 +253,17 @@ class LiveMigrationHandlers:
                 answer.reason,
                 extra=extra,
             )
+
+    async def _remove_source(self, req: LiveMigrate, extra: dict[str, str]) -> None:
+        """The switch-over completed: the server runs on its destination, this copy goes."""
+        with contextlib.suppress(GuestNotFound):
+            await self._driver.destroy(req.instance_uuid)
+        LOG.info(
+            "removed guest %s: live migration %s completed, the server runs on its destination",
+            req.instance_uuid,
+            req.migration_uuid,
+            extra={**extra, "decision": "live_migration_source_removed"},
+        )
 
     async def _copy_memory(self, ctx: RequestContext, req: LiveMigrate) -> bool:
         """The simulated copy, reporting progress; False if the conductor says abort."""

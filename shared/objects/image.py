@@ -31,3 +31,18 @@ class Image(KeelModel):
     @property
     def has_data(self) -> bool:
         return self.status == "active" and self.checksum is not None
+
+
+def stored_properties(
+    extra: dict[str, Any], *, tags: list[str], protected: bool, os_hidden: bool
+) -> dict[str, Any]:
+    """An image's ``properties`` column: its extra properties, and the flags and tags
+    the Image API shows as fields of their own, each only where set."""
+    props = dict(extra)
+    if tags:
+        props["tags"] = list(tags)
+    if protected:
+        props["protected"] = True
+    if os_hidden:
+        props["os_hidden"] = True
+    return props

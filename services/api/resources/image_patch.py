@@ -31,7 +31,7 @@ from services.api.http.bounds import INT4_MAX
 from services.api.http.faults import BadRequest, ConflictingRequest, Fault, Forbidden, short
 from services.api.resources.image_schemas import CONTAINER_FORMATS, DISK_FORMATS, VISIBILITIES
 from shared.context import RequestContext
-from shared.objects.image import Image
+from shared.objects.image import Image, stored_properties
 
 PATCH_V21 = "application/openstack-images-v2.1-json-patch"
 PATCH_V20 = "application/openstack-images-v2.0-json-patch"
@@ -242,14 +242,9 @@ class ImageChanges:
     def properties(self) -> dict[str, Any]:
         """The ``properties`` column: extras, and the flags and tags where set (as
         registration stores them)."""
-        props = dict(self.extra)
-        if self.tags:
-            props["tags"] = list(self.tags)
-        if self.protected:
-            props["protected"] = True
-        if self.os_hidden:
-            props["os_hidden"] = True
-        return props
+        return stored_properties(
+            self.extra, tags=self.tags, protected=self.protected, os_hidden=self.os_hidden
+        )
 
 
 def _text(name: str, value: object, *, nullable: bool) -> str | None:

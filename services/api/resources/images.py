@@ -38,7 +38,7 @@ from services.api.views.images import IMAGES_PATH, image_view, images_body
 from shared.context import RequestContext
 from shared.db import images as images_db
 from shared.exceptions import ImageNotFound, ImageProtected
-from shared.objects.image import Image
+from shared.objects.image import Image, stored_properties
 
 LOG = logging.getLogger(__name__)
 
@@ -274,14 +274,12 @@ class NewImage(BaseModel):
         return self
 
     def properties(self) -> dict[str, Any]:
-        props: dict[str, Any] = dict(self.model_extra or {})
-        if self.tags:
-            props["tags"] = list(self.tags)
-        if self.protected:
-            props["protected"] = True
-        if self.os_hidden:
-            props["os_hidden"] = True
-        return props
+        return stored_properties(
+            dict(self.model_extra or {}),
+            tags=list(self.tags),
+            protected=self.protected,
+            os_hidden=self.os_hidden,
+        )
 
 
 def _may_register(ctx: RequestContext, body: NewImage) -> str:
