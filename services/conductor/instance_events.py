@@ -112,9 +112,21 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> I
         # The build of an unshelve: it ends in ACTIVE or back in SHELVED_OFFLOADED.
         await shelving.record_unshelve_build(pool, req)
         return None
+    if req.success:
+        async with pool.acquire() as conn:
+            # One statement: the server ACTIVE and its create action closed, or neither.
+            instance = await instances.set_active(conn, req.instance_uuid, closing=CREATE_ACTION)
+        if instance is not None:
+            LOG.info(
+                "instance %s is ACTIVE on host %s",
+                req.instance_uuid,
+                instance.host,
+                extra={**extra, "decision": "build_succeeded"},
+            )
+            return instance
     async with pool.acquire() as conn, conn.transaction():
         if req.success:
-            instance = await instances.set_active(conn, req.instance_uuid)
+            instance = None
         else:
             message = req.message or f"Build of instance {req.instance_uuid} failed."
             instance = await instances.set_build_failed(conn, req.instance_uuid, message=message)
@@ -129,15 +141,6 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> I
                     extra=extra,
                 )
             return None
-        if req.success:
-            await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION)
-            LOG.info(
-                "instance %s is ACTIVE on host %s",
-                req.instance_uuid,
-                instance.host,
-                extra={**extra, "decision": "build_succeeded"},
-            )
-            return instance
         released = await allocations.release_instance(conn, req.instance_uuid)
         await instance_actions.finish(conn, req.instance_uuid, CREATE_ACTION, message)
     LOG.info(
@@ -191,7 +194,9 @@ async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
         LOG.debug("instance %s was already deleted", instance_uuid)
 
 
-async def _agent_older_than(pool: asyncpg.Pool, node: ComputeNode, version: int) -> bool:
+async def _agent_older_than(
+    pool: asyncpg.Pool, node: ComputeNode | compute_nodes.NodeRef, version: int
+) -> bool:
     """Whether the agent of ``node`` runs a release before ``version`` (asked only on the
     rare paths that depend on it, not on every build check)."""
     async with pool.acquire() as conn:
@@ -202,8 +207,9 @@ async def _agent_older_than(pool: asyncpg.Pool, node: ComputeNode, version: int)
 async def check_build(pool: asyncpg.Pool, req: CheckBuild) -> BuildCheck:
     """Whether the agent of node ``req.compute_node_uuid`` should build the instance."""
     async with pool.acquire() as conn:
-        node = await compute_nodes.get_by_uuid(conn, req.compute_node_uuid)
-        instance = await instances.find(conn, req.instance_uuid)
+        node, instance = await compute_nodes.with_instance(
+            conn, req.compute_node_uuid, req.instance_uuid
+        )
         if instance is None or instance.deleted_at is not None:
             return BuildCheck(verdict=BuildVerdict.ABANDON, reason="the instance was deleted")
         if instance.compute_id is not None:

@@ -43,43 +43,62 @@ async def claim(
     Idempotent: a consumer that already holds a claim on the node keeps it, and a
     concurrent twin of the same claim waits for the first and then finds it held.
     """
-    disk = flavor.disk_gb
+    if conn.is_in_transaction():
+        return await _claim(
+            conn, node_id, consumer_uuid, flavor, instance_uuid=instance_uuid, force=force
+        )
     async with conn.transaction():
-        held = await conn.fetchval(
-            """INSERT INTO allocations
-                   (consumer_uuid, instance_uuid, compute_node_id, vcpus, memory_mb, local_gb)
+        return await _claim(
+            conn, node_id, consumer_uuid, flavor, instance_uuid=instance_uuid, force=force
+        )
+
+
+async def _claim(
+    conn: Connection,
+    node_id: int,
+    consumer_uuid: UUID,
+    flavor: FlavorSnapshot,
+    *,
+    instance_uuid: UUID | None,
+    force: bool,
+) -> bool:
+    """The claim in one statement — the allocation inserted unless held already, the
+    node's usage added only for a new one and only if it has room — and, when it had
+    none, the new allocation deleted again (both inside the caller's transaction)."""
+    row = await conn.fetchrow(
+        """WITH held AS (
+               INSERT INTO allocations
+                      (consumer_uuid, instance_uuid, compute_node_id, vcpus, memory_mb, local_gb)
                VALUES ($1, $2, $3, $4, $5, $6)
                ON CONFLICT (consumer_uuid, compute_node_id) DO NOTHING
-               RETURNING id""",
-            consumer_uuid,
-            instance_uuid or consumer_uuid,
-            node_id,
-            flavor.vcpus,
-            flavor.memory_mb,
-            disk,
-        )
-        if held is None:
-            return True
-        updated = await conn.fetchval(
-            """UPDATE compute_nodes
-                  SET vcpus_used = vcpus_used + $2,
-                      memory_mb_used = memory_mb_used + $3,
-                      local_gb_used = local_gb_used + $4
-                WHERE id = $1 AND deleted_at IS NULL
-                  AND ($5 OR (vcpus_used + $2 <= vcpus * cpu_allocation_ratio
-                              AND memory_mb_used + $3 <= memory_mb * ram_allocation_ratio
-                              AND local_gb_used + $4 <= local_gb * disk_allocation_ratio))
-            RETURNING id""",
-            node_id,
-            flavor.vcpus,
-            flavor.memory_mb,
-            disk,
-            force,
-        )
-        if updated is None:
-            await conn.execute("DELETE FROM allocations WHERE id = $1", held)
-            return False
-        return True
+               RETURNING id
+           ), used AS (
+               UPDATE compute_nodes
+                  SET vcpus_used = vcpus_used + $4,
+                      memory_mb_used = memory_mb_used + $5,
+                      local_gb_used = local_gb_used + $6
+                WHERE id = $3 AND deleted_at IS NULL AND EXISTS (SELECT 1 FROM held)
+                  AND ($7 OR (vcpus_used + $4 <= vcpus * cpu_allocation_ratio
+                              AND memory_mb_used + $5 <= memory_mb * ram_allocation_ratio
+                              AND local_gb_used + $6 <= local_gb * disk_allocation_ratio))
+               RETURNING id
+           )
+           SELECT (SELECT id FROM held) AS held, (SELECT id FROM used) AS used""",
+        consumer_uuid,
+        instance_uuid or consumer_uuid,
+        node_id,
+        flavor.vcpus,
+        flavor.memory_mb,
+        flavor.disk_gb,
+        force,
+    )
+    assert row is not None
+    if row["held"] is None:
+        return True  # the consumer already holds this claim
+    if row["used"] is None:
+        await conn.execute("DELETE FROM allocations WHERE id = $1", row["held"])
+        return False
+    return True
 
 
 async def _give_back(conn: Connection, allocation: Allocation) -> None:

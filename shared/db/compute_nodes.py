@@ -8,6 +8,7 @@ its UUID is never brought back to life: :func:`upsert` refuses it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from uuid import UUID
 
 from asyncpg import Record
@@ -16,6 +17,7 @@ from shared.db import services
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeDeleted, ComputeNodeNotFound, HostRenameDetected
 from shared.objects.compute_node import ComputeNode, HostState, NodeResources, NodeTotals
+from shared.objects.instance import Instance
 from shared.objects.service import Service
 
 
@@ -165,6 +167,32 @@ async def get_by_uuid(conn: Connection, node_uuid: UUID) -> ComputeNode:
     if row is None:
         raise ComputeNodeNotFound(f"compute node {node_uuid} not found")
     return ComputeNode.from_row(row)
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A live compute node as a check needs it: its id and its service's."""
+
+    id: int
+    service_id: int | None
+
+
+async def with_instance(
+    conn: Connection, node_uuid: UUID, instance_uuid: UUID
+) -> tuple[NodeRef, Instance | None]:
+    """The live node ``node_uuid`` and the instance (deleted or not; ``None`` if it never
+    existed), in one round trip. :class:`ComputeNodeNotFound` if there is no such node."""
+    row = await conn.fetchrow(
+        """SELECT i.*, n.id AS keel_node_id, n.service_id AS keel_node_service_id
+             FROM compute_nodes n LEFT JOIN instances i ON i.uuid = $2
+            WHERE n.uuid = $1 AND n.deleted_at IS NULL""",
+        node_uuid,
+        instance_uuid,
+    )
+    if row is None:
+        raise ComputeNodeNotFound(f"compute node {node_uuid} not found")
+    node = NodeRef(id=row["keel_node_id"], service_id=row["keel_node_service_id"])
+    return node, None if row["uuid"] is None else Instance.from_row(row)
 
 
 _HOST_STATES = f"""

@@ -111,18 +111,37 @@ async def set_scheduled(
     return None if row is None else Instance.from_row(row)
 
 
-async def set_active(conn: Connection, instance_uuid: UUID) -> Instance | None:
-    """building/spawning → active/running; ``None`` if lost (deleted, or not spawning)."""
+async def set_active(
+    conn: Connection, instance_uuid: UUID, *, closing: str | None = None
+) -> Instance | None:
+    """building/spawning → active/running; ``None`` if lost (deleted, or not spawning).
+
+    With ``closing``, the same statement closes the newest open action record of that
+    name as a success (``instance_actions.finish``), only if the swap was won: one round
+    trip, and one transaction, for both.
+    """
     row = await conn.fetchrow(
-        """UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
-                  launched_at = now(), updated_at = now()
-            WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 AND task_state = $5
-        RETURNING *""",
+        """WITH active AS (
+               UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
+                      launched_at = now(), updated_at = now()
+                WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 AND task_state = $5
+               RETURNING *
+           ), closed AS (
+               UPDATE instance_actions SET finish_time = now(), message = NULL,
+                      result = 'Success'
+                WHERE id = (SELECT id FROM instance_actions
+                             WHERE instance_uuid = $1 AND action = $6
+                               AND finish_time IS NULL
+                               AND EXISTS (SELECT 1 FROM active)
+                             ORDER BY start_time DESC LIMIT 1)
+           )
+           SELECT * FROM active""",
         instance_uuid,
         VmState.ACTIVE.value,
         int(PowerState.RUNNING),
         VmState.BUILDING.value,
         TaskState.SPAWNING.value,
+        closing,
     )
     return None if row is None else Instance.from_row(row)
 

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
-from shared.objects.instance import RequestSpec
+from shared.objects.instance import Instance, RequestSpec
 
 
 def _stored(spec: RequestSpec) -> dict[str, object]:
@@ -86,6 +86,23 @@ async def get(conn: Connection, instance_uuid: UUID) -> RequestSpec:
     if spec is None:
         raise InstanceNotFound(f"no request spec for instance {instance_uuid}")
     return RequestSpec.model_validate(spec)
+
+
+async def with_instance(
+    conn: Connection, instance_uuid: UUID
+) -> tuple[Instance | None, RequestSpec | None]:
+    """The instance (deleted or not) and its spec, in one round trip; ``None`` for each
+    that does not exist."""
+    row = await conn.fetchrow(
+        """SELECT i.*, rs.spec AS keel_request_spec
+             FROM instances i LEFT JOIN request_specs rs ON rs.instance_uuid = i.uuid
+            WHERE i.uuid = $1""",
+        instance_uuid,
+    )
+    if row is None:
+        return None, None
+    spec = row["keel_request_spec"]
+    return Instance.from_row(row), None if spec is None else RequestSpec.model_validate(spec)
 
 
 async def save(conn: Connection, spec: RequestSpec) -> None:

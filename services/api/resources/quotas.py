@@ -99,28 +99,7 @@ def _room(limits: dict[str, int], usage: quotas.ProjectUsage, flavor: FlavorSnap
     return room
 
 
-async def servers_that_fit(
-    conn: Connection,
-    project_id: str,
-    settings: QuotaSettings,
-    flavor: FlavorSnapshot,
-    *,
-    user_id: str | None,
-    wanted: int,
-) -> int:
-    """How many of ``wanted`` servers of ``flavor`` the project (and the user, where a
-    limit is set for them) still has room for. Call it after :func:`quotas.lock_project`."""
-    limits = await project_limits(conn, project_id, settings)
-    room = _room(limits, await quotas.usage(conn, project_id), flavor)
-    if user_id is not None:
-        own = await quotas.user_limits(conn, project_id, user_id)
-        if own:
-            usage = await quotas.user_usage(conn, project_id, user_id)
-            room = min(room, _room({**limits, **own}, usage, flavor))
-    return int(min(room, wanted))
-
-
-async def check_new_server(
+async def new_servers(
     conn: Connection,
     project_id: str,
     settings: QuotaSettings,
@@ -128,24 +107,33 @@ async def check_new_server(
     metadata_items: int = 0,
     *,
     user_id: str | None = None,
-    count: int = 1,
-) -> None:
-    """Raise :class:`OverQuota` unless the project (and ``user_id``, where a limit is set
-    for them) may have ``count`` more servers of ``flavor``, all of them or none.
+    min_count: int = 1,
+    max_count: int = 1,
+) -> int:
+    """How many servers of ``flavor`` to create, from ``min_count`` to ``max_count``: as
+    many as the project (and ``user_id``, where a limit is set for them) has room for, as
+    Nova does; :class:`OverQuota` if not even ``min_count`` fit, or if one server would
+    have more metadata items than allowed.
 
-    Call it inside the transaction that inserts the servers: it takes the project's lock.
+    Call it inside the transaction that inserts the servers: it takes the project's lock,
+    then reads every level's limits in one round trip and the usage in another.
     """
     await quotas.lock_project(conn, project_id)
     sets = await quotas.limit_sets(conn, DEFAULT_CLASS, project_id, user_id)
     limits = {**defaults(settings), **sets.quota_class, **sets.project}
     check_metadata_items(limits, metadata_items)
+    usage = await quotas.usage(conn, project_id)
+    room = _room(limits, usage, flavor)
+    own = sets.user if user_id is not None else {}
+    mine = await quotas.user_usage(conn, project_id, user_id) if own and user_id else None
+    if mine is not None:
+        room = min(room, _room({**limits, **own}, mine, flavor))
+    count = max(int(min(room, max_count)), min_count)
     wanted = {"cores": flavor.vcpus * count, "instances": count, "ram": flavor.memory_mb * count}
-    _check(limits, await quotas.usage(conn, project_id), wanted)
-    if user_id is None:
-        return
-    own = sets.user
-    if own.keys() & wanted.keys():
-        _check({**limits, **own}, await quotas.user_usage(conn, project_id, user_id), wanted)
+    _check(limits, usage, wanted)
+    if mine is not None and own.keys() & wanted.keys():
+        _check({**limits, **own}, mine, wanted)
+    return count
 
 
 async def check_resize(

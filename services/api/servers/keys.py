@@ -7,10 +7,10 @@ nothing behind, and the quota counted cannot change before the server is committ
 from __future__ import annotations
 
 from services.api.http.faults import BadRequest
-from services.api.resources.quotas import check_new_server, servers_that_fit
+from services.api.resources.quotas import new_servers
 from shared.config import QuotaSettings
 from shared.context import RequestContext
-from shared.db import key_pairs, quotas
+from shared.db import key_pairs
 from shared.db.pool import Connection
 from shared.exceptions import KeyPairNotFound
 from shared.objects.flavor import FlavorSnapshot
@@ -41,16 +41,16 @@ async def check_quota(
     """How many servers to create, from ``min_count`` to ``max_count``: as many as the
     project's (and the user's) quota has room for, as Nova does; 403
     (:class:`OverQuota`) if not even ``min_count`` fit. Nothing is created otherwise."""
-    project_id = ctx.project_id or ""
-    await quotas.lock_project(conn, project_id)
-    fit = await servers_that_fit(
-        conn, project_id, quota, flavor, user_id=ctx.user_id, wanted=max_count
+    return await new_servers(
+        conn,
+        ctx.project_id or "",
+        quota,
+        flavor,
+        metadata_items,
+        user_id=ctx.user_id,
+        min_count=min_count,
+        max_count=max_count,
     )
-    count = max(fit, min_count)
-    await check_new_server(
-        conn, project_id, quota, flavor, metadata_items, user_id=ctx.user_id, count=count
-    )
-    return count
 
 
 async def record_key(conn: Connection, instance: Instance, key: KeyPair | None) -> None:

@@ -42,7 +42,7 @@ from shared.exceptions import (
     Unroutable,
 )
 from shared.faults import FaultPoints
-from shared.objects.instance import Instance, RequestedDestination
+from shared.objects.instance import Instance, RequestedDestination, RequestSpec
 from shared.objects.states import TaskState, VmState
 
 LOG = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ class BuildInstanceTask(TaskBase):
         self.faults = faults or FaultPoints()
         #: The host claimed for the instance, once known: a rollback names it.
         self.selection: Selection | None = None
+        #: The instance's request spec, read with the instance (None: not read yet).
+        self._spec: RequestSpec | None = None
         self._log_extra = {"instance_uuid": str(instance_uuid)}
 
     async def execute(self) -> None:
@@ -105,7 +107,7 @@ class BuildInstanceTask(TaskBase):
     async def _instance_to_build(self) -> Instance | None:
         """The instance, if it still waits to be scheduled or spawned; None otherwise."""
         async with self.pool.acquire() as conn:
-            instance = await instances.find(conn, self.instance_uuid)
+            instance, self._spec = await request_specs.with_instance(conn, self.instance_uuid)
         if instance is None or instance.deleted_at is not None:
             LOG.info(
                 "instance %s was deleted before it was built; nothing to build",
@@ -148,8 +150,10 @@ class BuildInstanceTask(TaskBase):
             )
 
     async def _schedule(self) -> Selection:
-        async with self.pool.acquire() as conn:
-            spec = await request_specs.get(conn, self.instance_uuid)
+        spec = self._spec
+        if spec is None:
+            async with self.pool.acquire() as conn:
+                spec = await request_specs.get(conn, self.instance_uuid)
         if self.requested_destination is not None:
             spec = spec.model_copy(update={"requested_destination": self.requested_destination})
             LOG.info(
@@ -162,7 +166,8 @@ class BuildInstanceTask(TaskBase):
 
     async def _record_placement(self, selection: Selection) -> Instance | None:
         """Swap scheduling → spawning on the selected host; None if the swap was lost."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn:
+            # One statement: its own transaction.
             placed = await instances.set_scheduled(
                 conn,
                 self.instance_uuid,
@@ -170,8 +175,9 @@ class BuildInstanceTask(TaskBase):
                 node=selection.nodename,
                 compute_id=selection.compute_node_id,
             )
-            if placed is not None:
-                return placed
+        if placed is not None:
+            return placed
+        async with self.pool.acquire() as conn, conn.transaction():
             current = await instances.find(conn, self.instance_uuid)
             orphaned = (
                 current is None

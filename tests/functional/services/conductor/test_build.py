@@ -15,8 +15,15 @@ import asyncpg
 import pytest
 
 from services.compute.rpcapi import ComputeAPI
+from services.conductor import instance_events
 from services.conductor.manager import ConductorManager
-from services.conductor.rpcapi import BuildInstances, BuildVerdict, ConductorAPI, CopyToken
+from services.conductor.rpcapi import (
+    BuildInstances,
+    BuildVerdict,
+    ConductorAPI,
+    CopyToken,
+    InstanceBuildResult,
+)
 from services.scheduler.rpcapi import SchedulerAPI
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances
@@ -397,3 +404,65 @@ async def test_a_build_result_for_a_copy_that_is_not_current_changes_nothing(
 
 def _sent(agent: StandInCompute, instance_uuid: UUID) -> bool:
     return any(spec.uuid == instance_uuid for spec in agent.built)
+
+
+async def spawning_on(pool: asyncpg.Pool, conductor: ConductorAPI, host: str) -> Instance:
+    """A new server placed on ``host``'s node and spawning there (its claim aside)."""
+    registration = await register(conductor, host)
+    instance_uuid = await create_instance(pool)
+    async with pool.acquire() as conn:
+        node = await compute_nodes.get_by_uuid(conn, registration.node_uuid)
+        placed = await instances.set_scheduled(
+            conn, instance_uuid, host=host, node=node.hypervisor_hostname, compute_id=node.id
+        )
+    assert placed is not None
+    return placed
+
+
+async def test_a_success_delivered_twice_at_once_makes_the_server_active_and_closes_its_action_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    placed = await spawning_on(db_pool, conductor, "twice-result-host")
+    result = InstanceBuildResult(
+        instance_uuid=placed.uuid, success=True, built=CopyToken(token=placed.copy_token)
+    )
+
+    outcomes = await asyncio.gather(
+        instance_events.record_build_result(db_pool, result),
+        instance_events.record_build_result(db_pool, result),
+    )
+
+    assert sorted(o is None for o in outcomes) == [False, True]
+    async with db_pool.acquire() as conn:
+        after = await instances.get(conn, placed.uuid)
+        actions = await conn.fetch(
+            "SELECT result, message, finish_time FROM instance_actions"
+            " WHERE instance_uuid = $1 AND action = 'create'",
+            placed.uuid,
+        )
+    assert (after.vm_state, after.task_state) == ("active", None)
+    assert [(a["result"], a["message"]) for a in actions] == [("Success", None)]
+    assert actions[0]["finish_time"] is not None
+
+
+async def test_a_success_for_a_server_deleted_while_it_spawned_leaves_its_action_open(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    placed = await spawning_on(db_pool, conductor, "deleted-result-host")
+    async with db_pool.acquire() as conn:
+        await conn.execute("UPDATE instances SET deleted_at = now() WHERE uuid = $1", placed.uuid)
+
+    recorded = await instance_events.record_build_result(
+        db_pool,
+        InstanceBuildResult(
+            instance_uuid=placed.uuid, success=True, built=CopyToken(token=placed.copy_token)
+        ),
+    )
+
+    assert recorded is None
+    async with db_pool.acquire() as conn:
+        after = await instances.find(conn, placed.uuid)
+    action = await create_action(db_pool, placed.uuid)
+    assert after is not None
+    assert after.vm_state == "building"
+    assert action["finish_time"] is None
