@@ -75,9 +75,9 @@ PYTEST_ARGS ?=
 comma := ,
 space := $(subst ,, )
 TIER_LANES ?= $(if $(filter-out 0 1,$(shell nproc)),$(LANES_TWO),$(subst $(space),$(comma),$(TIERS)))
-# The benchmarks load the machine on purpose and the HA tier times failovers: they run
-# after e2e in the first lane, alone but for the second's quieter tiers.
-LANES_TWO := unit,functional,e2e,bench,ha keystone,clients,tempest,partitions,libvirt
+# The first lane (functional and e2e, CPU-bound) is the run's length: the HA tier ends the
+# second lane, beside e2e's end and the benchmarks, which run after e2e in the first.
+LANES_TWO := unit,functional,e2e,bench keystone,clients,tempest,partitions,libvirt,ha
 
 .PHONY: test
 test: prerequisites ## every tier (make tiers), in TIER_LANES run at once, stopping at the first red one
