@@ -31,6 +31,7 @@ from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import Instance, RequestedDestination
 from shared.rpc.amqp import AmqpTransport
 from shared.versions import COPY_TOKENS_VERSION
+from tests.functional.faults import FailsOnce, every_call
 from tests.functional.services.conductor.stand_in import (
     SMALL,
     StandInCompute,
@@ -466,3 +467,69 @@ async def test_a_success_for_a_server_deleted_while_it_spawned_leaves_its_action
     assert after is not None
     assert after.vm_state == "building"
     assert action["finish_time"] is None
+
+
+async def build_outcome(pool: asyncpg.Pool, instance_uuid: UUID) -> tuple[object, ...]:
+    """What a build result decides: the server's states, its claims, its create action."""
+    async with pool.acquire() as conn:
+        instance = await instances.find(conn, instance_uuid)
+        action = await conn.fetchrow(
+            "SELECT result, message FROM instance_actions"
+            " WHERE instance_uuid = $1 AND action = 'create'",
+            instance_uuid,
+        )
+    assert instance is not None
+    assert action is not None
+    return (
+        instance.vm_state,
+        instance.task_state,
+        await held(pool, instance_uuid),
+        action["result"],
+        action["message"],
+    )
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+@pytest.mark.parametrize("success", [True, False], ids=["success", "failure"])
+async def test_a_build_result_whose_database_call_fails_once_ends_the_same_when_delivered_again(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, success: bool, answered: bool
+) -> None:
+    after = (
+        ("active", None, 1, "Success", None)
+        if success
+        else ("error", None, 0, "Error", "the disk image was unreadable")
+    )
+    counter = iter(range(1000))
+
+    async def scenario(at: int) -> FailsOnce:
+        host = f"flaky-result-{success}-{answered}-{next(counter)}"
+        placed = await spawning_on(db_pool, conductor, host)
+        assert placed.compute_id is not None
+        async with db_pool.acquire() as conn:
+            assert await allocations.claim(conn, placed.compute_id, placed.uuid, SMALL)
+        before = await build_outcome(db_pool, placed.uuid)
+        result = InstanceBuildResult(
+            instance_uuid=placed.uuid,
+            success=success,
+            message="" if success else "the disk image was unreadable",
+            built=CopyToken(token=placed.copy_token),
+        )
+        flaky = FailsOnce(db_pool, at, answered=answered)
+        try:
+            await instance_events.record_build_result(flaky.as_pool(), result)
+        except asyncpg.ConnectionDoesNotExistError:
+            assert flaky.failed
+            assert await build_outcome(db_pool, placed.uuid) in (before, after), flaky.calls
+        else:
+            assert not flaky.failed, flaky.calls
+
+        # Delivered again, and twice at the same time.
+        await asyncio.gather(
+            instance_events.record_build_result(db_pool, result),
+            instance_events.record_build_result(db_pool, result),
+        )
+        assert await build_outcome(db_pool, placed.uuid) == after, flaky.calls
+        return flaky
+
+    calls = await every_call(scenario)
+    assert calls >= 2
