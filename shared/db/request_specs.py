@@ -11,7 +11,7 @@ from shared.exceptions import InstanceNotFound
 from shared.objects.instance import Instance, RequestSpec
 
 
-def _stored(spec: RequestSpec) -> dict[str, object]:
+def stored(spec: RequestSpec) -> dict[str, object]:
     """What is kept of a spec: not what concerns one request only (its claim's consumer,
     its requested destination), so later moves and rebuilds choose freely."""
     kept = spec.model_copy(
@@ -29,7 +29,7 @@ async def create(
     await conn.execute(
         "INSERT INTO request_specs (instance_uuid, spec, scheduler_hints) VALUES ($1, $2, $3)",
         spec.instance_uuid,
-        _stored(spec),
+        stored(spec),
         scheduler_hints or {},
     )
 
@@ -109,5 +109,5 @@ async def save(conn: Connection, spec: RequestSpec) -> None:
     await conn.execute(
         "UPDATE request_specs SET spec = $2, updated_at = now() WHERE instance_uuid = $1",
         spec.instance_uuid,
-        _stored(spec),
+        stored(spec),
     )

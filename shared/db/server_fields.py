@@ -80,7 +80,8 @@ async def record_created(
     access_ip_v4: str | None = None,
     access_ip_v6: str | None = None,
 ) -> None:
-    """Store what the create request said, on the row just inserted."""
+    """Store what a create request says on an instance's row (keel-api's create writes
+    them with the row itself: :func:`shared.db.new_servers.insert`)."""
     await conn.execute(
         """UPDATE instances SET metadata = $2, description = $3, tags = $4, user_data = $5,
                   access_ip_v4 = $6, access_ip_v6 = $7

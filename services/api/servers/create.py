@@ -59,7 +59,7 @@ from shared.db import (
     images,
     instance_actions,
     instances,
-    request_specs,
+    new_servers,
 )
 from shared.db.errors import describe, is_unavailable
 from shared.db.pool import Connection
@@ -316,8 +316,7 @@ async def _record(
     created = []
     for index, instance_uuid in enumerate(batch.uuids[:count]):
         name = batch.name(server.name, count, index)
-        instance = await instances.create(
-            conn,
+        new = new_servers.NewServer(
             instance_uuid=instance_uuid,
             project_id=project_id,
             user_id=user_id,
@@ -330,18 +329,25 @@ async def _record(
             reservation_id=batch.reservation_id,
             launch_index=index,
             config_drive=server.config_drive,
+            metadata=fields.metadata,
+            description=fields.description,
+            tags=fields.tags,
+            user_data=fields.user_data,
+            access_ip_v4=fields.access_ip_v4,
+            access_ip_v6=fields.access_ip_v6,
         )
-        await fields.record(conn, instance.uuid, project_id, ctx.is_admin)
         spec = RequestSpec(
-            instance_uuid=instance.uuid,
+            instance_uuid=instance_uuid,
             project_id=project_id,
             user_id=user_id,
             flavor=snapshot,
             image_ref=str(image.id),
             availability_zone=request.zone,
         )
-        await request_specs.create(conn, spec, scheduler_hints=batch.hints)
-        await instance_actions.start(conn, ctx, instance.uuid, CREATE_ACTION)
+        instance = await new_servers.insert(
+            conn, new, spec=spec, scheduler_hints=batch.hints, ctx=ctx, action=CREATE_ACTION
+        )
+        await fields.record(conn, instance.uuid, project_id, ctx.is_admin)
         await server_keys.record_key(conn, instance, key)
         created.append(instance)
     await group_hint.join(conn, request.group, [i.uuid for i in created], quota=quota)

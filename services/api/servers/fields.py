@@ -40,7 +40,7 @@ from pydantic import (
 from services.api.http.faults import BadRequest, ConflictingRequest
 from services.api.http.microversion import APIVersion
 from shared.config import NetworkSettings
-from shared.db import fixed_ips, project_networks, security_groups, server_fields
+from shared.db import fixed_ips, project_networks, security_groups
 from shared.db.pool import Connection
 from shared.db.project_networks import NetworkRequiresSubnet
 from shared.db.security_groups import GroupNameRefused, SecurityGroup
@@ -258,18 +258,9 @@ class PreparedFields:
     async def record(
         self, conn: Connection, instance_uuid: UUID, project_id: str = "", is_admin: bool = False
     ) -> list[FixedIp]:
-        """Store the fields, the security groups and allocate the addresses; a 400/409
-        rolls the create back."""
-        await server_fields.record_created(
-            conn,
-            instance_uuid,
-            metadata=self.metadata,
-            description=self.description,
-            tags=self.tags,
-            user_data=self.user_data,
-            access_ip_v4=self.access_ip_v4,
-            access_ip_v6=self.access_ip_v6,
-        )
+        """Store the security groups and allocate the addresses of the instance just
+        inserted (the other fields are written with its row); a 400/409 rolls the create
+        back."""
         groups = await find_groups(conn, project_id, self.security_groups)
         if groups is not None:
             await security_groups.record_created(conn, instance_uuid, groups)

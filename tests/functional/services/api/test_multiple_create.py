@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from shared.config import NetworkSettings
-from shared.db import fixed_ips, instances
+from shared.db import fixed_ips, new_servers
 from tests.functional.services.api.conftest import (
     ADMIN,
     MEMBER,
@@ -154,16 +154,16 @@ async def test_a_transaction_that_fails_once_creates_the_servers_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     await add_image(db_pool)
-    real = instances.create
+    real = new_servers.insert
     failed: list[int] = []
 
-    async def fails_once_on_the_second(conn: Any, **kwargs: Any) -> Any:
-        if kwargs["launch_index"] == 1 and not failed:
+    async def fails_once_on_the_second(conn: Any, new: new_servers.NewServer, **kwargs: Any) -> Any:
+        if new.launch_index == 1 and not failed:
             failed.append(1)
             raise asyncpg.SerializationError("could not serialize access (injected)")
-        return await real(conn, **kwargs)
+        return await real(conn, new, **kwargs)
 
-    monkeypatch.setattr(instances, "create", fails_once_on_the_second)
+    monkeypatch.setattr(new_servers, "insert", fails_once_on_the_second)
     answer = await post(client, min_count=3, max_count=3)
     assert answer.status_code == 202, answer.text
     assert failed == [1]
