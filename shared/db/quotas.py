@@ -40,14 +40,14 @@ _RESIZING = """
     (SELECT coalesce(sum(greatest((m.new_flavor->>'{field}')::int
                                   - (m.old_flavor->>'{field}')::int, 0)), 0)
        FROM migrations m JOIN instances r ON r.uuid = m.instance_uuid
-      WHERE r.project_id = $1 AND r.deleted_at IS NULL {user}
+      WHERE r.project_id = {project} AND r.deleted_at IS NULL {user}
         AND m.migration_type = 'resize' AND m.deleted_at IS NULL
         AND m.status IN ('accepted', 'pre-migrating'))"""
 
 
 async def usage(conn: Connection, project_id: str) -> ProjectUsage:
-    cores = _RESIZING.format(field="vcpus", user="")
-    ram = _RESIZING.format(field="memory_mb", user="")
+    cores = _RESIZING.format(field="vcpus", project="$1", user="")
+    ram = _RESIZING.format(field="memory_mb", project="$1", user="")
     row = await conn.fetchrow(
         f"""SELECT count(*) AS instances,
                    coalesce(sum((flavor->>'vcpus')::int), 0) + {cores} AS cores,
@@ -61,8 +61,8 @@ async def usage(conn: Connection, project_id: str) -> ProjectUsage:
 
 async def user_usage(conn: Connection, project_id: str, user_id: str) -> ProjectUsage:
     """What one user's live servers in the project take."""
-    cores = _RESIZING.format(field="vcpus", user="AND r.user_id = $2")
-    ram = _RESIZING.format(field="memory_mb", user="AND r.user_id = $2")
+    cores = _RESIZING.format(field="vcpus", project="$1", user="AND r.user_id = $2")
+    ram = _RESIZING.format(field="memory_mb", project="$1", user="AND r.user_id = $2")
     row = await conn.fetchrow(
         f"""SELECT count(*) AS instances,
                    coalesce(sum((flavor->>'vcpus')::int), 0) + {cores} AS cores,
@@ -147,34 +147,52 @@ async def class_limits(conn: Connection, class_name: str) -> dict[str, int]:
 
 
 class LimitSets(BaseModel):
-    """The limits set at each level for one user of a project, read in one round trip:
-    the quota class's, the project's and the user's (each without what it leaves alone)."""
+    """The limits set at each level for one user of a project, and what the project's
+    servers take, read in one round trip: the quota class's, the project's and the
+    user's limits (each without what it leaves alone)."""
 
     quota_class: dict[str, int] = {}
     project: dict[str, int] = {}
     user: dict[str, int] = {}
+    usage: ProjectUsage = ProjectUsage()
+
+
+_USAGE_ROWS = f"""
+    SELECT 'usage', used.resource, used.amount
+      FROM (SELECT count(*)::int AS instances,
+                   coalesce(sum((flavor->>'vcpus')::int), 0)
+                     + {_RESIZING.format(field="vcpus", project="$2", user="")} AS cores,
+                   coalesce(sum((flavor->>'memory_mb')::int), 0)
+                     + {_RESIZING.format(field="memory_mb", project="$2", user="")} AS ram
+              FROM instances WHERE project_id = $2 AND deleted_at IS NULL) project_usage
+      CROSS JOIN LATERAL (VALUES ('instances', project_usage.instances),
+                                 ('cores', project_usage.cores),
+                                 ('ram', project_usage.ram)) AS used(resource, amount)"""
 
 
 async def limit_sets(
     conn: Connection, class_name: str, project_id: str, user_id: str | None
 ) -> LimitSets:
-    """What :func:`class_limits`, :func:`limits` and :func:`user_limits` read, at once."""
+    """What :func:`class_limits`, :func:`limits`, :func:`user_limits` and :func:`usage`
+    read, at once (after :func:`lock_project`, the usage is what the check may rely on)."""
     rows = await conn.fetch(
-        """SELECT 'quota_class' AS level, resource, hard_limit
-             FROM quota_classes WHERE class_name = $1
-           UNION ALL
-           SELECT 'project', resource, hard_limit FROM quotas WHERE project_id = $2
-           UNION ALL
-           SELECT 'user', resource, hard_limit FROM user_quotas
-            WHERE project_id = $2 AND user_id = $3""",
+        f"""SELECT 'quota_class' AS level, resource, hard_limit
+              FROM quota_classes WHERE class_name = $1
+            UNION ALL
+            SELECT 'project', resource, hard_limit FROM quotas WHERE project_id = $2
+            UNION ALL
+            SELECT 'user', resource, hard_limit FROM user_quotas
+             WHERE project_id = $2 AND user_id = $3
+            UNION ALL {_USAGE_ROWS}""",
         class_name,
         project_id,
         user_id,
     )
-    sets: dict[str, dict[str, int]] = {"quota_class": {}, "project": {}, "user": {}}
+    sets: dict[str, dict[str, int]] = {"quota_class": {}, "project": {}, "user": {}, "usage": {}}
     for row in rows:
         sets[row["level"]][row["resource"]] = row["hard_limit"]
-    return LimitSets(**sets)
+    usage = ProjectUsage(**sets.pop("usage"))
+    return LimitSets(**sets, usage=usage)
 
 
 async def set_class_limits(conn: Connection, class_name: str, values: Mapping[str, int]) -> None:

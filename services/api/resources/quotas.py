@@ -116,13 +116,13 @@ async def new_servers(
     have more metadata items than allowed.
 
     Call it inside the transaction that inserts the servers: it takes the project's lock,
-    then reads every level's limits in one round trip and the usage in another.
+    then reads every level's limits and the project's usage in one round trip.
     """
     await quotas.lock_project(conn, project_id)
     sets = await quotas.limit_sets(conn, DEFAULT_CLASS, project_id, user_id)
     limits = {**defaults(settings), **sets.quota_class, **sets.project}
     check_metadata_items(limits, metadata_items)
-    usage = await quotas.usage(conn, project_id)
+    usage = sets.usage
     room = _room(limits, usage, flavor)
     own = sets.user if user_id is not None else {}
     mine = await quotas.user_usage(conn, project_id, user_id) if own and user_id else None
