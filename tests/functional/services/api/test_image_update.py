@@ -15,7 +15,17 @@ import httpx
 import pytest
 
 from shared.config import ImageSettings, Settings
-from tests.functional.services.api.conftest import ADMIN, MEMBER, OTHER_MEMBER, add_image, at
+from tests.functional.services.api.conftest import (
+    ADMIN,
+    MEMBER,
+    OTHER_MEMBER,
+    Faulty,
+    Look,
+    Send,
+    add_image,
+    at,
+    every_fault,
+)
 from tests.functional.services.api.test_image_schemas import misfits
 
 pytestmark = pytest.mark.functional
@@ -335,3 +345,32 @@ async def test_a_delete_racing_a_protecting_patch_either_deletes_or_refuses(
         assert outcome in ((204, 404), (403, 200)), (deleted.text, patched.text)
         still = await client.get(f"{IMAGES}/{image_id}", headers=MEMBER)
         assert still.status_code == (200 if outcome == (403, 200) else 404)
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+async def test_a_patch_whose_database_call_fails_once_is_whole_or_absent_and_repeats(
+    client: httpx.AsyncClient, faulty: Faulty, answered: bool
+) -> None:
+    """Each database call of a PATCH failing in turn: 503, then the image has every
+    change of the patch or none of them, and the patch sent again makes them all."""
+
+    async def write(name: str) -> tuple[Send, Look]:
+        image_id = await own_image(client, name=name)
+        ops = [
+            {"op": "replace", "path": "/name", "value": f"{name}-renamed"},
+            {"op": "add", "path": "/purpose", "value": "faults"},
+            {"op": "replace", "path": "/tags", "value": ["faulted"]},
+        ]
+
+        async def send(c: httpx.AsyncClient) -> httpx.Response:
+            return await patch(c, image_id, ops)
+
+        async def look() -> tuple[str, str | None, list[str]]:
+            image = await shown(client, image_id)
+            return image["name"], image.get("purpose"), sorted(image["tags"])
+
+        return send, look
+
+    calls = await every_fault(faulty, client, answered, write, done=200)
+    # The lock and read, the write, the commit; only the commit's answer matters.
+    assert calls >= (1 if answered else 3)
