@@ -778,7 +778,9 @@ def test_finding_28_a_build_cut_off_before_placement_gives_its_claim_back(
     its server reset and never placed now gives that claim back."""
     s = Steps(m)
     s.create()
-    s.deliver(0, lose_ack=False, plan={"pause_at": 8})
+    s.deliver(0, lose_ack=False, plan={"pause_at": 6})  # claimed, the placement not recorded
+    assert m.state_of(0) == ("building", "scheduling", None)
+    assert claimed_nodes(m, 0)
     s.kill_control("conductor")
     for _ in range(5):
         s.deliver_oldest()
@@ -794,7 +796,9 @@ def test_a_reset_during_a_builds_placement_leaves_the_claim_to_that_build(
     reset, and gives it back (per-step I1 allows it meanwhile; quiescence does not)."""
     s = Steps(m)
     s.create()
-    s.deliver(0, lose_ack=False, plan={"pause_at": 8})
+    s.deliver(0, lose_ack=False, plan={"pause_at": 6})  # claimed, the placement not recorded
+    assert m.state_of(0) == ("building", "scheduling", None)
+    assert claimed_nodes(m, 0)
     s.reset_state(0, "error")
     m.teardown()
 
