@@ -14,9 +14,23 @@ from shared.versions import HOST_FENCE_VERSION, TAKING_REQUESTS_VERSION
 from tests.model import known
 from tests.model.machine import KeelMachine
 from tests.model.script import LEASE_RUNS_OUT, A, B, C, Steps, past_the_lease
-from tests.model.world import BIG_FLAVOR, RECLAIM_INTERVAL
+from tests.model.world import BIG_FLAVOR, DOWN_TIME, RECLAIM_INTERVAL
 
 pytestmark = pytest.mark.functional
+
+
+def claimed_nodes(m: KeelMachine, i: int) -> list[int]:
+    """The nodes server i holds claims on, as the database has them now."""
+
+    async def read() -> list[int]:
+        async with m.w.db.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT compute_node_id FROM allocations WHERE instance_uuid = $1 ORDER BY 1",
+                m.server(i),
+            )
+        return [row["compute_node_id"] for row in rows]
+
+    return m.run(read())
 
 
 def on_a_then_evacuated_to_b(s: Steps) -> None:
@@ -290,6 +304,50 @@ def test_finding_8_a_build_finishing_after_its_deadline_keeps_a_claim(m: KeelMac
     m.teardown()  # I1 and I2: a server with a copy holds its claim
 
 
+def test_finding_8_a_create_withdrawn_after_its_build_claimed_a_node_gives_the_claim_back(
+    m: KeelMachine,
+) -> None:
+    """Finding 8, the withdrawal: every attempt at a create's cast went out unconfirmed.
+    Before keel-api withdrew the server, a conductor took one of the casts and the
+    scheduler claimed a node; that conductor was killed before it recorded the placement.
+    keel-api's withdrawal (the server never placed: 503) must give the claim back: the
+    build, delivered again, finds the server deleted and does nothing."""
+    s = Steps(m)
+    for _ in range(3):
+        s.cast_fails("api", delivered=True)
+    s.create(plan={"pause_at": 11})  # all three casts out; the withdrawal is next
+    assert [what for what, _ in m.answers] == []
+    assert len(m.deliverable()) == 3
+    assert s.deliver_named("build_instances", pause_at=6)  # the claim made, not recorded
+    assert m.state_of(0) == ("building", "scheduling", None)
+    assert claimed_nodes(m, 0)
+    s.kill_control("conductor")
+    s.resume(0)  # keel-api withdraws the server
+    assert ("create", 503) in m.answers
+    m.teardown()  # I1: a deleted server holds no claim
+
+
+def test_finding_8_a_build_that_claims_after_its_deadline_gives_the_claim_back(
+    m: KeelMachine,
+) -> None:
+    """Finding 8, the build deadline racing a build cut off after its claim: the conductor
+    read the server as building; the deadline then put it in ERROR (nothing claimed yet);
+    the scheduler claimed a node and the conductor's next database call failed, so the
+    build went back to the queue unrecorded. Delivered again, it finds the server in
+    ERROR, never placed, and gives back the claim its cut-off run made."""
+    s = Steps(m)
+    s.create()
+    assert s.deliver_named("build_instances", pause_at=5)  # before asking the scheduler
+    assert not claimed_nodes(m, 0)
+    s.advance(601.0)
+    s.sweep()  # the build deadline: ERROR, no claim to release yet
+    assert m.state_of(0) == ("error", None, None)
+    s.database_outage(count=1, who="conductor")
+    s.resume(0)  # the scheduler claims; recording the placement fails: back to the queue
+    assert claimed_nodes(m, 0)
+    m.teardown()  # I1: a server never placed holds no claim
+
+
 @pytest.mark.parametrize("delivered", [False, True])
 def test_finding_9_a_delete_whose_cast_may_have_gone(m: KeelMachine, delivered: bool) -> None:
     """Finding 9: a delete whose publish failed, perhaps after the broker took it."""
@@ -348,6 +406,27 @@ def test_finding_9_a_stop_answered_503_stops_nothing(m: KeelMachine, delivered: 
     assert ("os-stop", 503) in m.answers
     s.deliver_all()
     assert m.w.hosts[A].driver.running(), "a stop answered 503 stopped the guest"
+    m.teardown()
+
+
+def test_finding_9_a_stop_acted_on_after_its_task_was_cleared_is_recorded(m: KeelMachine) -> None:
+    """Finding 9, its older half: the database said ACTIVE while the agent stopped the
+    guest, and nothing re-synced the power state. A stop's task is cleared by its deadline
+    before the agent got the message; the agent stops the guest all the same (its
+    result finds no task to end). The host's next guest report, once the row has been
+    quiet for a service down time, records the server as it runs: SHUTOFF."""
+    s = Steps(m)
+    s.create(on=A)
+    s.deliver_all()
+    s.power(0, "os-stop")
+    s.advance(601.0)
+    s.sweep()  # KEEL_TASK_TIMEOUT: the task is cleared, the stop still held
+    assert m.state_of(0) == ("active", None, "host0")
+    s.deliver_all()  # the agent stops the guest
+    assert not m.w.hosts[A].driver.running()
+    s.advance(DOWN_TIME + 1)
+    s.guest_report(A)
+    assert m.state_of(0) == ("stopped", None, "host0")
     m.teardown()
 
 
@@ -699,7 +778,9 @@ def test_finding_28_a_build_cut_off_before_placement_gives_its_claim_back(
     its server reset and never placed now gives that claim back."""
     s = Steps(m)
     s.create()
-    s.deliver(0, lose_ack=False, plan={"pause_at": 8})
+    s.deliver(0, lose_ack=False, plan={"pause_at": 6})  # claimed, the placement not recorded
+    assert m.state_of(0) == ("building", "scheduling", None)
+    assert claimed_nodes(m, 0)
     s.kill_control("conductor")
     for _ in range(5):
         s.deliver_oldest()
@@ -715,7 +796,9 @@ def test_a_reset_during_a_builds_placement_leaves_the_claim_to_that_build(
     reset, and gives it back (per-step I1 allows it meanwhile; quiescence does not)."""
     s = Steps(m)
     s.create()
-    s.deliver(0, lose_ack=False, plan={"pause_at": 8})
+    s.deliver(0, lose_ack=False, plan={"pause_at": 6})  # claimed, the placement not recorded
+    assert m.state_of(0) == ("building", "scheduling", None)
+    assert claimed_nodes(m, 0)
     s.reset_state(0, "error")
     m.teardown()
 

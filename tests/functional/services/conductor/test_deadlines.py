@@ -19,7 +19,7 @@ from services.conductor.deadlines import Deadlines, TaskDeadline
 from services.conductor.moves import arrival
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.task import MoveTask
-from services.conductor.rpcapi import BuildVerdict, ConductorAPI, MoveResult
+from services.conductor.rpcapi import BuildVerdict, ConductorAPI, GuestFate, MoveResult
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.config import Settings
 from shared.context import RequestContext
@@ -384,6 +384,55 @@ async def test_a_host_gone_for_good_is_deleted_after_its_servers_were_evacuated(
     ]
     await migration_status(db_pool, migration.uuid, MigrationStatus.DONE)
     assert await claims(db_pool, instance_uuid) == {("instance", registration_b.node_id)}
+
+
+async def test_finding_1_an_evacuation_done_whose_server_came_back_confirms_nothing(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 1, the confirm list: evacuation A→B is ``done`` (A never confirmed it)
+    while the server lives on A again, evacuated back from B. A's guest reports, two at
+    once, must list nothing to remove (the copy on A is the server's); the record is
+    completed instead."""
+    instance_uuid, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "back")
+    registration_b, _ = await host(conductor, agent_transport, "back-b")
+    await force_down(db_pool, node_a)
+    away = await start_move(db_pool, conductor, EVACUATION, instance_uuid, node_a)
+    await migration_status(db_pool, away.uuid, MigrationStatus.DONE)
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with db_pool.acquire() as conn, conn.transaction():
+        a = await compute_nodes.get_by_id(conn, node_a)
+        b = await compute_nodes.get_by_id(conn, registration_b.node_id)
+        back = await moves.create(
+            conn,
+            ctx,
+            instance_uuid=instance_uuid,
+            migration_type=EVACUATION.migration_type,
+            status=MigrationStatus.PRE_MIGRATING,
+            source=b,
+        )
+        assert await moves.swap_status(
+            conn, back.uuid, expected=[MigrationStatus.PRE_MIGRATING], new="done", dest=a
+        )
+        await conn.execute(
+            "UPDATE instances SET host = $2, node = $3, compute_id = $4 WHERE uuid = $1",
+            instance_uuid,
+            a.host,
+            a.hypervisor_hostname,
+            a.id,
+        )
+
+    reports = await asyncio.gather(
+        *(
+            conductor.report_guests(RequestContext.internal(), a.uuid, [instance_uuid])
+            for _ in range(2)
+        )
+    )
+
+    for report in reports:
+        assert report is not None
+        assert report.to_confirm == []
+        assert [v.fate for v in report.verdicts] == [GuestFate.KEEP]
+    await migration_status(db_pool, away.uuid, MigrationStatus.COMPLETED)
 
 
 async def test_deleting_a_server_during_a_move_cancels_it_and_its_late_copy_goes(
