@@ -2,7 +2,9 @@
 
 :func:`keel_env` starts from this process's environment without any ``KEEL_*`` or
 ``OS_*`` variable (so a developer's own settings never leak into a test cloud) and sets
-the ones every harness needs; ``extra`` adds or overrides any other.
+the ones every harness needs; ``extra`` adds or overrides any other. One setting is
+passed on: ``KEEL_EVENT_LOOP``, so that a tier can be run with the cloud's processes on
+either event loop (``KEEL_EVENT_LOOP=uvloop make test-ha``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import os
 from collections.abc import Mapping
 
 from devkit import ROOT
+
+#: ``KEEL_*`` settings a harness's clouds take from its own environment.
+PASSED_ON = ("KEEL_EVENT_LOOP",)
 
 
 def clean_environ() -> dict[str, str]:
@@ -47,9 +52,11 @@ def keel_env(
     """What a harness's keel processes start with.
 
     Allocation ratios are 1 so capacity is exactly what ``vcpus``, ``memory_mb`` and
-    ``local_gb`` say (unset: measured by each agent). Logs are text.
+    ``local_gb`` say (unset: measured by each agent). Logs are text. The event loop is
+    this process's ``KEEL_EVENT_LOOP``, if it says.
     """
     env = clean_environ()
+    env.update({name: os.environ[name] for name in PASSED_ON if os.environ.get(name)})
     env.update(
         KEEL_DATABASE_URL=database_url,
         KEEL_TRANSPORT_URL=transport_url,
