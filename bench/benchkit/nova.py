@@ -140,6 +140,10 @@ class NovaCloud:
             "--threads", "8",
             "--timeout", "120",
             "--graceful-timeout", "5",
+            # Longer than any client leaves a pooled connection idle: with gunicorn's
+            # 2 s, a request on a connection it is closing is reset (Rally's polls
+            # failed so at concurrency 20).
+            "--keep-alive", "300",
             "--chdir", str(shims),
             f"{shim}:application",
         ]  # fmt: skip
