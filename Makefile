@@ -254,6 +254,25 @@ rally: $(CHECKOUT_PTH) $(RALLY_STAMP) ## Rally's boot_and_delete_server: RALLY_T
 test-rally: prerequisites $(RALLY_STAMP) ## Rally's boot_and_delete_server, 10 iterations at concurrency 2 (not in CI)
 	$(BIN)/python bench/rally.py --venv $(RALLY_VENV) --times 10 --concurrency 2
 
+# The same task against keel and against a Nova control plane from PyPI (nova, placement,
+# keystone, glance: bench/nova-requirements.txt, in a virtualenv of its own) stood up on
+# this machine with the fake driver, alternating (bench/rally_nova.py; not in CI). Nova's
+# databases are on the machine's MariaDB (127.0.0.1:3306, root), its messages in a
+# RabbitMQ virtual host of its own.
+NOVA_VENV ?= .nova-venv
+NOVA_STAMP := $(NOVA_VENV)/.installed
+RALLY_ROUNDS ?= 1
+
+$(NOVA_STAMP): bench/nova-requirements.txt
+	test -x $(NOVA_VENV)/bin/python || $(PYTHON) -m venv $(NOVA_VENV)
+	$(NOVA_VENV)/bin/pip install --quiet -r bench/nova-requirements.txt
+	touch $@
+
+.PHONY: rally-nova
+rally-nova: prerequisites $(RALLY_STAMP) $(NOVA_STAMP) ## Rally against keel and Nova (from PyPI), alternating: RALLY_TIMES at RALLY_CONCURRENCY, RALLY_ROUNDS (1)
+	$(BIN)/python bench/rally_nova.py --nova --venv $(RALLY_VENV) --nova-venv $(NOVA_VENV) \
+		--times $(RALLY_TIMES) --concurrency $(RALLY_CONCURRENCY) --rounds $(RALLY_ROUNDS)
+
 # Each benchmark prints a human line and a JSON line per figure, and PASS/FAIL against
 # its targets (never enforced). `make bench` is the quick set (a few minutes);
 # `make bench-full` runs the issue's sizes. bench/RESULTS.md records a run.

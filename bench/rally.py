@@ -97,23 +97,29 @@ def task(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def environment(cloud: Cloud, password: str) -> dict[str, Any]:
-    """Rally's spec of an existing OpenStack cloud: the identity URL and an admin."""
+def environment(auth_url: str, password: str, admin: str = ADMIN_NAME) -> dict[str, Any]:
+    """Rally's spec of an existing OpenStack cloud: the identity URL and an admin (a
+    user of that name, admin in the project of the same name)."""
     return {
         "openstack": {
-            "auth_url": f"{cloud.api_url}/identity/v3",
+            "auth_url": auth_url,
             "region_name": "RegionOne",
             "endpoint_type": "public",
             "https_insecure": False,
             "admin": {
-                "username": ADMIN_NAME,
+                "username": admin,
                 "password": password,
-                "project_name": ADMIN_NAME,
+                "project_name": admin,
                 "user_domain_name": "Default",
                 "project_domain_name": "Default",
             },
         }
     }
+
+
+def identity_url(cloud: Cloud) -> str:
+    """keel's embedded identity, as Rally is given it."""
+    return f"{cloud.api_url}/identity/v3"
 
 
 class Rally:
@@ -155,15 +161,17 @@ async def make_admin(cloud: Cloud, password: str) -> None:
         )
 
 
-def run_task(rally: Rally, cloud: Cloud, args: argparse.Namespace, password: str) -> Path:
-    """Create Rally's database and environment, run the task; its JSON report."""
+def run_task(
+    rally: Rally, environment: dict[str, Any], args: argparse.Namespace, name: str = "keel"
+) -> Path:
+    """Create Rally's database and an environment ``name``, run the task; its JSON report."""
     workdir = rally.workdir
     spec, task_file, report_file = (workdir / n for n in ("env.json", "task.json", "report.json"))
-    spec.write_text(json.dumps(environment(cloud, password)))
+    spec.write_text(json.dumps(environment))
     spec.chmod(0o600)
     task_file.write_text(json.dumps(task(args), indent=2))
     rally("db", "create")
-    rally("env", "create", "--name", "keel", "--spec", str(spec))
+    rally("env", "create", "--name", name, "--spec", str(spec))
     started = rally("task", "start", str(task_file), check=False)
     rally("task", "report", "--json", "--out", str(report_file))
     if not report_file.exists():
@@ -226,7 +234,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         await cloud.wait_hosts_up(args.hosts, timeout=60)
         await make_admin(cloud, password)
         rally = Rally(venv, workdir)
-        report_file = await asyncio.to_thread(run_task, rally, cloud, args, password)
+        spec = environment(identity_url(cloud), password)
+        report_file = await asyncio.to_thread(run_task, rally, spec, args)
         async with cloud.pool.acquire() as conn:
             left = await conn.fetchval("SELECT count(*) FROM projects WHERE name <> $1", ADMIN_NAME)
     shown, errors = figures(report_file)
