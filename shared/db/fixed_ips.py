@@ -17,6 +17,7 @@ so the primary key alone means no two servers share an address.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 from collections.abc import Iterable
@@ -120,14 +121,36 @@ async def _fill(conn: Connection, settings: NetworkSettings) -> None:
     )
 
 
+#: Seconds between tries of a network's lock while another process holds it.
+LOCK_RETRY = 0.5
+
+
+async def _lock_network(conn: Connection, settings: NetworkSettings) -> None:
+    """Take the network's lock until the transaction ends, however long another process
+    holds it (filling a /12 takes minutes on a busy server): each try is a statement of
+    its own, so no statement waits past the command timeout."""
+    waiting = False
+    while not await conn.fetchval(
+        "SELECT pg_try_advisory_xact_lock($1, hashtext($2))",
+        _LOCK_CLASS,
+        str(settings.network_id),
+    ):
+        if not waiting:
+            LOG.info(
+                "another process is creating or filling the address pool of %s; waiting "
+                "for it to finish",
+                describe(settings),
+            )
+            waiting = True
+        await asyncio.sleep(LOCK_RETRY)
+
+
 async def ensure_network(conn: Connection, settings: NetworkSettings) -> PoolUsage:
     """Create or update the network and its pool to match ``settings``; its usage."""
     network_id = settings.network_id
     first, last = usable_range(settings)
     async with conn.transaction():
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK_CLASS, str(network_id)
-        )
+        await _lock_network(conn, settings)
         stored = await _network_row(conn, network_id)
         if stored is None or stored.name != settings.name or stored.cidr != settings.cidr:
             await conn.execute(

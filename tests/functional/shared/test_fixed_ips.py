@@ -8,10 +8,11 @@ import uuid
 import asyncpg
 import pytest
 
-from shared.config import NetworkSettings
+from shared.config import DatabaseSettings, NetworkSettings
 from shared.db import fixed_ips
+from shared.db.pool import create_pool
 from shared.exceptions import InvalidFixedIp, NoMoreFixedIps
-from shared.objects.network import mac_address
+from shared.objects.network import PoolUsage, mac_address
 
 pytestmark = pytest.mark.functional
 
@@ -145,3 +146,35 @@ async def test_a_pool_larger_than_one_fill_statement_holds_every_usable_address_
     assert ends is not None
     assert (ends["first"], ends["last"]) == ("10.64.0.2/32", "10.67.255.254/32")
     assert ends["distinct_addresses"] == usage.total
+
+
+async def test_a_pool_filled_by_another_process_for_longer_than_a_statement_may_last_is_waited_for(
+    db_pool: asyncpg.Pool, database_url: str
+) -> None:
+    """A second keel-api starting while the first fills a large pool waits for the fill,
+    however long it takes: here the lock is held for three times the command timeout."""
+    network = NetworkSettings(name="slow-fill", cidr="10.64.0.0/24")
+    short = await create_pool(database_url, DatabaseSettings(command_timeout=1.0))
+    holder = await db_pool.acquire()
+    try:
+        filling = holder.transaction()
+        await filling.start()
+        await holder.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            fixed_ips._LOCK_CLASS,  # the lock the fill holds
+            str(network.network_id),
+        )
+
+        async def second() -> PoolUsage:
+            async with short.acquire() as conn:
+                return await fixed_ips.ensure_network(conn, network)
+
+        waiting = asyncio.create_task(second())
+        await asyncio.sleep(3.0)
+        assert not waiting.done()
+        await filling.commit()
+        usage = await asyncio.wait_for(waiting, timeout=10)
+    finally:
+        await db_pool.release(holder)
+        await short.close()
+    assert (usage.total, usage.free) == (253, 253)
