@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import sys
 import tempfile
 import time
@@ -248,25 +249,37 @@ def machine_cpu_seconds() -> tuple[float, float]:
     return (sum(ticks) - idle) / hertz, sum(ticks) / hertz
 
 
+def _uid_of(user: str) -> int:
+    """The user's id; -1 (no process's) if there is no such user."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return -1
+
+
 def server_cpu_seconds() -> dict[str, float]:
     """CPU seconds used so far by the PostgreSQL and RabbitMQ servers on this machine.
 
     PostgreSQL's includes the backends that already exited (the postmaster's reaped
-    children); RabbitMQ is its ``beam.smp``. Read from ``/proc``; 0 for one not found.
+    children); RabbitMQ is the ``beam.smp`` of the ``rabbitmq`` user — the machine's
+    server, not the cluster nodes tests start as root. Read from ``/proc``; 0 for one not
+    found.
     """
     hertz = os.sysconf("SC_CLK_TCK")
+    broker_uid = _uid_of("rabbitmq")
     used = {"postgresql": 0.0, "rabbitmq": 0.0}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
+            owner = entry.stat().st_uid
         except OSError:
             continue
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat.rpartition(")")[2].split()
         own = int(fields[11]) + int(fields[12])
-        if name == "beam.smp":
+        if name == "beam.smp" and owner == broker_uid:
             used["rabbitmq"] += own / hertz
         elif name.startswith("postgres"):
             # The postmaster (a daemon: its parent is init) also carries its reaped
