@@ -335,8 +335,8 @@ async def take_request(pool: asyncpg.Pool, req: TakeRequest) -> RequestTaken:
             proceed = await instance_actions.take(conn, req.instance_uuid, req.request_id)
     if not proceed:
         LOG.warning(
-            "request %s on instance %s was withdrawn by keel-api (it answered 503): its "
-            "agent will not act on it",
+            "request %s on instance %s was withdrawn (keel-api answered 503, or the "
+            "conductor's reclaim could not confirm it was sent): its agent will not act on it",
             req.request_id,
             req.instance_uuid,
             extra={"instance_uuid": str(req.instance_uuid), "decision": "request_withdrawn"},

@@ -78,7 +78,7 @@ class SoftDeleteReclaim:
             await self._delete_here(instance, "without a queue on the message bus")
             return
         except MessagingError as exc:
-            await self._hand_back(instance, exc.message)
+            await self._hand_back(ctx, instance, exc.message)
             return
         LOG.info(
             "server %s was soft-deleted more than %gs ago: asked compute service %s on %s "
@@ -103,20 +103,38 @@ class SoftDeleteReclaim:
         )
         await instance_events.record_deleted(self.pool, instance.uuid)
 
-    async def _hand_back(self, instance: Instance, why: str) -> None:
-        """The delete could not be sent: clear its task so the next pass tries again."""
+    async def _hand_back(self, ctx: RequestContext, instance: Instance, why: str) -> None:
+        """The delete could not be confirmed as sent: withdraw it and clear its task so
+        the next pass tries again — unless its agent already took it (the cast went out
+        after all): then the delete goes on, as a withdrawal would be a lie (the agent
+        destroys the guest of a server the database would show as soft-deleted, which a
+        restore could then bring back without its disk)."""
+        message = f"not sent ({why}); tried again later"
         async with self.pool.acquire() as conn, conn.transaction():
-            back = await instances.swap_task_state(
-                conn, instance.uuid, expected=TaskState.DELETING, new=None
-            )
-            if back is not None:
-                await instance_actions.finish(
-                    conn, instance.uuid, DELETE_ACTION, f"not sent ({why}); tried again later"
+
+            async def undo() -> bool:
+                back = await instances.swap_task_state(
+                    conn, instance.uuid, expected=TaskState.DELETING, new=None
                 )
+                return back is not None
+
+            withdrawn = await instance_actions.withdraw_untaken(
+                conn, instance.uuid, ctx.request_id, message, undo
+            )
+        extra = {"instance_uuid": str(instance.uuid)}
+        if not withdrawn:
+            LOG.info(
+                "the reclaim of soft-deleted server %s was not confirmed as sent (%s), but "
+                "its agent took it (or acts without taking requests): the delete goes on",
+                instance.uuid,
+                why,
+                extra={**extra, "decision": "soft_delete_reclaimed"},
+            )
+            return
         LOG.warning(
             "the reclaim of soft-deleted server %s could not be sent (%s); the next pass "
             "tries again",
             instance.uuid,
             why,
-            extra={"instance_uuid": str(instance.uuid)},
+            extra=extra,
         )

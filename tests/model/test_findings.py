@@ -819,3 +819,23 @@ def test_a_soft_deleted_servers_reclaim_that_could_not_be_sent_is_sent_again(
     s.cast_fails(delivered=False, which="conductor")
     assert ("delete", 204) in m.answers
     m.teardown()  # I0: a delete answered 204 ends with the server gone
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_finding_29_a_reclaim_that_went_out_unconfirmed_is_withdrawn_before_its_agent_acts(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Finding 29 (CI's search, seed 188418321, example 57): the reclaim of a soft-deleted
+    server was cast to its agent, but the publish was not confirmed though it went out.
+    The sweep cleared the delete's task to try again later, while the agent, taking the
+    request all the same, destroyed the guest: the server's current copy, of a server the
+    database showed soft-deleted (a restore would have brought it back without its disk).
+    The sweep now withdraws the request first; the agent, finding it withdrawn, leaves the
+    guest, and the next pass deletes the server."""
+    s = Steps(m)
+    s.create()
+    s.deliver_all()
+    s.cast_fails("conductor", delivered=True)
+    s.delete(0)
+    assert ("delete", 204) in m.answers
+    m.teardown()  # I3: the current copy is destroyed only by the delete under way
