@@ -176,6 +176,9 @@ async def test_conductor_killed_after_choosing_the_destination_another_finishes_
         KEEL_FAULT_INJECT="conductor.move.after_destination",
     )
     await up(cloud, "keel-conductor", "controller")
+    # The agents' heartbeats went unanswered while the conductor was replaced.
+    for host in ("cm-a", "cm-b"):
+        await up(cloud, "keel-compute", host)
     sid = (await on(cloud, "cm-a", "cm-crash-move"))["id"]
 
     migrate(cloud, sid, "cm-b")
@@ -234,6 +237,9 @@ async def test_conductor_killed_after_the_source_copy_went_confirms_on_redeliver
         KEEL_FAULT_INJECT="conductor.confirm.after_remove",
     )
     await up(cloud, "keel-conductor", "controller")
+    # The agents' heartbeats went unanswered while the conductor was replaced.
+    for host in ("cm-a", "cm-b"):
+        await up(cloud, "keel-compute", host)
     sid = (await on(cloud, "cm-a", "cm-crash-confirm"))["id"]
     migrate(cloud, sid, "cm-b")
     await until_server(cloud, sid, "VERIFY_RESIZE")
