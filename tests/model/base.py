@@ -283,6 +283,19 @@ class MachineBase(RuleBasedStateMachine):
 
         return self.run(read())
 
+    def claimed_nodes(self, i: int = 0) -> list[int]:
+        """The nodes server i holds claims on, as the database has them now."""
+
+        async def read() -> list[int]:
+            async with self.w.db.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT compute_node_id FROM allocations WHERE instance_uuid = $1 ORDER BY 1",
+                    self.server(i),
+                )
+            return [r["compute_node_id"] for r in rows]
+
+        return self.run(read())
+
     # -- gates -------------------------------------------------------------------------
 
     def gated_by_move(self, i: int, finding: int) -> bool:

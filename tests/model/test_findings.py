@@ -19,20 +19,6 @@ from tests.model.world import BIG_FLAVOR, DOWN_TIME, RECLAIM_INTERVAL
 pytestmark = pytest.mark.functional
 
 
-def claimed_nodes(m: KeelMachine, i: int) -> list[int]:
-    """The nodes server i holds claims on, as the database has them now."""
-
-    async def read() -> list[int]:
-        async with m.w.db.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT compute_node_id FROM allocations WHERE instance_uuid = $1 ORDER BY 1",
-                m.server(i),
-            )
-        return [row["compute_node_id"] for row in rows]
-
-    return m.run(read())
-
-
 def on_a_then_evacuated_to_b(s: Steps) -> None:
     """A server built on A; A crashes and the server is evacuated to B (once A's fence
     lease has run out); A comes back."""
@@ -320,7 +306,7 @@ def test_finding_8_a_create_withdrawn_after_its_build_claimed_a_node_gives_the_c
     assert len(m.deliverable()) == 3
     assert s.deliver_named("build_instances", pause_at=6)  # the claim made, not recorded
     assert m.state_of(0) == ("building", "scheduling", None)
-    assert claimed_nodes(m, 0)
+    assert m.claimed_nodes(0)
     s.kill_control("conductor")
     s.resume(0)  # keel-api withdraws the server
     assert ("create", 503) in m.answers
@@ -338,13 +324,13 @@ def test_finding_8_a_build_that_claims_after_its_deadline_gives_the_claim_back(
     s = Steps(m)
     s.create()
     assert s.deliver_named("build_instances", pause_at=5)  # before asking the scheduler
-    assert not claimed_nodes(m, 0)
+    assert not m.claimed_nodes(0)
     s.advance(601.0)
     s.sweep()  # the build deadline: ERROR, no claim to release yet
     assert m.state_of(0) == ("error", None, None)
     s.database_outage(count=1, who="conductor")
     s.resume(0)  # the scheduler claims; recording the placement fails: back to the queue
-    assert claimed_nodes(m, 0)
+    assert m.claimed_nodes(0)
     m.teardown()  # I1: a server never placed holds no claim
 
 
@@ -780,7 +766,7 @@ def test_finding_28_a_build_cut_off_before_placement_gives_its_claim_back(
     s.create()
     s.deliver(0, lose_ack=False, plan={"pause_at": 6})  # claimed, the placement not recorded
     assert m.state_of(0) == ("building", "scheduling", None)
-    assert claimed_nodes(m, 0)
+    assert m.claimed_nodes(0)
     s.kill_control("conductor")
     for _ in range(5):
         s.deliver_oldest()
@@ -798,7 +784,7 @@ def test_a_reset_during_a_builds_placement_leaves_the_claim_to_that_build(
     s.create()
     s.deliver(0, lose_ack=False, plan={"pause_at": 6})  # claimed, the placement not recorded
     assert m.state_of(0) == ("building", "scheduling", None)
-    assert claimed_nodes(m, 0)
+    assert m.claimed_nodes(0)
     s.reset_state(0, "error")
     m.teardown()
 
