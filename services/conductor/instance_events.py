@@ -39,7 +39,6 @@ from shared.db import (
     snapshots,
 )
 from shared.db.pool import Connection
-from shared.objects.compute_node import ComputeNode
 from shared.objects.instance import Instance
 from shared.objects.states import SNAPSHOT_TASKS, PowerState, TaskState, VmState
 from shared.versions import COPY_TOKENS_VERSION
@@ -194,9 +193,7 @@ async def record_deleted(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
         LOG.debug("instance %s was already deleted", instance_uuid)
 
 
-async def _agent_older_than(
-    pool: asyncpg.Pool, node: ComputeNode | compute_nodes.NodeRef, version: int
-) -> bool:
+async def _agent_older_than(pool: asyncpg.Pool, node: compute_nodes.NodeRef, version: int) -> bool:
     """Whether the agent of ``node`` runs a release before ``version`` (asked only on the
     rare paths that depend on it, not on every build check)."""
     async with pool.acquire() as conn:
