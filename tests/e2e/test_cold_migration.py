@@ -248,7 +248,10 @@ async def test_conductor_killed_after_the_source_copy_went_confirms_on_redeliver
     await killed(doomed)
     assert copies(cloud, sid) == ["cm-b"]
     assert (await latest_record(cloud, sid))["status"] == "confirming"
-    cloud.start("conductor", "keel-conductor", "controller")
+    # The next conductor ends it: on the confirm delivered again if cm-a's agent is up
+    # by then, else (its heartbeats went unanswered while no conductor ran) by the stall
+    # sweep once it is, after twice the call timeout.
+    cloud.start("conductor", "keel-conductor", "controller", KEEL_RPC__CALL_TIMEOUT="5")
 
     await until_record(cloud, sid, "confirmed")
     active = await until_server(cloud, sid, "ACTIVE")

@@ -244,6 +244,8 @@ async def test_a_destination_killed_mid_move_is_ended_by_the_move_deadline(
     starting it is refused until an operator says mv-b is off."""
     assert cloud.processes["conductor"].stop() == 0
     cloud.start("conductor", "keel-conductor", KEEL_MOVE_TIMEOUT=str(MOVE_TIMEOUT))
+    # mv-a's heartbeats went unanswered while the conductor was replaced.
+    await cloud.wait_for_service("mv-a", up=True)
     sid = str((await on(cloud, "mv-a", f"mv-killed-dest-{fenced}"))["id"])
     assert cloud.processes["mv-b"].stop() == 0
     fencing = {} if fenced else {"KEEL_FENCING__SELF_FENCE_AFTER": "0"}
@@ -328,6 +330,7 @@ async def test_a_resize_on_its_own_host_keeps_its_one_copy(cloud: Cloud, restore
     """KEEL_ALLOW_RESIZE_TO_SAME_HOST: the guest is resized in place, confirmed, reverted."""
     assert cloud.processes["conductor"].stop() == 0
     cloud.start("conductor", "keel-conductor", KEEL_ALLOW_RESIZE_TO_SAME_HOST="true")
+    await cloud.wait_for_service("mv-a", up=True)
     sid = str((await on(cloud, "mv-a", "mv-in-place"))["id"])
     for other in ("mv-b", "mv-c"):
         service_set(cloud, other, "--disable")
