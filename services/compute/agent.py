@@ -90,6 +90,12 @@ from shared.versions import (
 
 LOG = logging.getLogger(__name__)
 
+#: A heartbeat carries the node's resources when they changed since the last heartbeat
+#: the conductor answered, and at least every this many heartbeats, so a node row put
+#: back from a backup or edited by hand is right again within that (a minute at the
+#: default report interval). The others are one statement for the conductor, not five.
+RESOURCES_EVERY = 6
+
 
 class Agent:
     """A running keel-compute: registered, serving its topic, sending heartbeats."""
@@ -126,6 +132,10 @@ class Agent:
         #: The periodic guest report (set once it runs): tests run it at a time they choose.
         self.guest_report: Callable[[], Awaitable[None]] | None = None
         self._stopped = False
+        #: The resources of the last heartbeat the conductor answered, and how many
+        #: answered heartbeats went without them since.
+        self._reported: NodeResources | None = None
+        self._beats_without = 0
 
     @property
     def service_uuid(self) -> UUID:
@@ -153,12 +163,16 @@ class Agent:
         LOG.info("sending heartbeats every %gs", interval)
 
     async def heartbeat(self) -> None:
-        """Tell the conductor this service is up, with freshly measured resources."""
-        resources: NodeResources | None
+        """Tell the conductor this service is up, with the node's resources if they
+        changed (see :data:`RESOURCES_EVERY`)."""
+        measured: NodeResources | None
         try:
-            resources = await node_resources(self._driver, self.settings.compute)
+            measured = await node_resources(self._driver, self.settings.compute)
         except Exception:
             LOG.exception("could not measure resources; sending the heartbeat without them")
+            measured = None
+        resources = measured
+        if measured == self._reported and self._beats_without + 1 < RESOURCES_EVERY:
             resources = None
         sent = self.contact.now()
         # A heartbeat later than the down time is worth nothing: the next one is sent.
@@ -175,6 +189,10 @@ class Agent:
         )
         try:
             await bounded(call, limit + 1.0, "heartbeat")
+            if resources is None:
+                self._beats_without += 1
+            else:
+                self._reported, self._beats_without = resources, 0
             await self.contact.heartbeat_succeeded(sent)
         except ServiceTooOld as exc:
             self._refused(exc)

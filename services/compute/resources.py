@@ -3,7 +3,8 @@
 The driver says what the hypervisor has; ``settings.compute`` says how far it may be
 over-committed and which availability zone it serves. Together they make the
 :class:`~shared.objects.compute_node.NodeResources` sent with registration and with
-every heartbeat, from which the scheduler computes free capacity.
+the heartbeats (when they changed, and every few beats: ``agent.RESOURCES_EVERY``), from
+which the scheduler computes free capacity.
 """
 
 from __future__ import annotations

@@ -190,6 +190,17 @@ class ComputeRegistry:
             service_uuid=service.uuid, service_id=service.id, node_uuid=node.uuid, node_id=node.id
         )
 
+    @staticmethod
+    async def _beat(conn: Connection, req: ServiceHeartbeat) -> None:
+        await services.heartbeat(
+            conn,
+            req.service_uuid,
+            req.version,
+            agent=True,
+            self_fence_after=req.self_fence_after,
+            fence_lease=req.fence_lease,
+        )
+
     async def heartbeat(self, req: ServiceHeartbeat) -> None:
         """Record that the agent is alive; refresh its node's totals if it sent them.
 
@@ -197,17 +208,13 @@ class ComputeRegistry:
         agent older than this release supports is refused (it exits).
         """
         refuse_if_unsupported(req.version)
+        if req.resources is None:
+            # Most heartbeats: the node's totals did not change. One statement.
+            async with self.pool.acquire() as conn:
+                await self._beat(conn, req)
+            return
         async with self.pool.acquire() as conn, conn.transaction():
-            await services.heartbeat(
-                conn,
-                req.service_uuid,
-                req.version,
-                agent=True,
-                self_fence_after=req.self_fence_after,
-                fence_lease=req.fence_lease,
-            )
-            if req.resources is None:
-                return
+            await self._beat(conn, req)
             if req.node_uuid is None:
                 LOG.warning(
                     "heartbeat of service %s carries resources but no node UUID; ignoring them",

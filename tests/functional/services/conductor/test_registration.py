@@ -170,6 +170,27 @@ async def test_heartbeat_without_resources_only_stamps_liveness(
     assert [r["report_count"] for r in after[0]] != [r["report_count"] for r in before[0]]
 
 
+async def test_heartbeats_without_resources_twice_at_once_both_count(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    registration = await conductor.register_compute(
+        CTX, host="cn1", node_uuid=uuid.uuid4(), version=SERVICE_VERSION, resources=resources("cn1")
+    )
+    before = await snapshot(db_pool)
+    beat = conductor.service_heartbeat
+    service = registration.service_uuid
+    await asyncio.gather(
+        beat(CTX, service_uuid=service, version=SERVICE_VERSION, fence_lease=30.0),
+        beat(CTX, service_uuid=service, version=SERVICE_VERSION, fence_lease=30.0),
+    )
+    after = await snapshot(db_pool)
+    assert after[1] == before[1]
+    counts = {r["uuid"]: r["report_count"] for r in before[0]}
+    (row,) = [r for r in after[0] if r["uuid"] == service]
+    assert row["report_count"] == counts[service] + 2
+    assert row["fence_lease"] == 30.0
+
+
 async def test_heartbeat_of_unknown_service_is_service_not_found(conductor: ConductorAPI) -> None:
     with pytest.raises(ServiceNotFound):
         await conductor.service_heartbeat(CTX, service_uuid=uuid.uuid4(), version=SERVICE_VERSION)

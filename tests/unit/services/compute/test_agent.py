@@ -129,6 +129,29 @@ async def test_heartbeats_carry_version_and_fresh_resources(world: World, tmp_pa
         await agent.stop()
 
 
+async def test_heartbeats_carry_resources_when_they_changed_and_every_few_beats(
+    world: World, tmp_path: Path
+) -> None:
+    driver = FakeDriver("host1", vcpus=8)
+    agent = await world.start(_settings(tmp_path), driver)
+    every = agent_module.RESOURCES_EVERY
+    try:
+        await eventually(lambda: len(world.conductor.heartbeats) > 2 * every)
+        first = world.conductor.heartbeats[: 2 * every + 1]
+        carried = [i for i, beat in enumerate(first) if beat.resources is not None]
+        assert carried == [0, every, 2 * every]
+        assert all(beat.version == SERVICE_VERSION for beat in first)
+
+        # A change goes with the next heartbeat, not a few beats later.
+        seen = len(world.conductor.heartbeats)
+        await driver.spawn(make_spec())
+        await eventually(lambda: len(world.conductor.heartbeats) > seen + 1)
+        changed = world.conductor.heartbeats[seen : seen + 2]
+        assert any(b.resources is not None and b.resources.running_vms == 1 for b in changed)
+    finally:
+        await agent.stop()
+
+
 async def test_registration_waits_for_a_conductor_that_starts_late(tmp_path: Path) -> None:
     broker = FakeBroker()
     starting = asyncio.create_task(
