@@ -23,24 +23,24 @@ class OrphanedGuest(BaseModel):
 
 
 async def report(conn: Connection, node_id: int, found: Sequence[tuple[UUID, str]]) -> None:
-    """Record what the node's agent found now; what it no longer finds is forgotten."""
-    async with conn.transaction():
-        await conn.execute(
-            """DELETE FROM orphaned_guests
-                WHERE compute_node_id = $1 AND NOT instance_uuid = ANY($2::uuid[])""",
-            node_id,
-            [instance_uuid for instance_uuid, _ in found],
-        )
-        for instance_uuid, reason in found:
-            await conn.execute(
-                """INSERT INTO orphaned_guests (compute_node_id, instance_uuid, reason)
-                   VALUES ($1, $2, $3)
-                   ON CONFLICT (compute_node_id, instance_uuid)
-                   DO UPDATE SET reason = EXCLUDED.reason, last_seen = now()""",
-                node_id,
-                instance_uuid,
-                reason,
-            )
+    """Record what the node's agent found now; what it no longer finds is forgotten.
+
+    One statement, one round trip: the forgetting and the recording see the same rows
+    and touch different ones."""
+    latest = dict(found)  # a guest named twice keeps its last reason
+    await conn.execute(
+        """WITH forgotten AS (
+               DELETE FROM orphaned_guests
+                WHERE compute_node_id = $1 AND NOT instance_uuid = ANY($2::uuid[]))
+           INSERT INTO orphaned_guests (compute_node_id, instance_uuid, reason)
+           SELECT $1, f.instance_uuid, f.reason
+             FROM unnest($2::uuid[], $3::text[]) AS f(instance_uuid, reason)
+           ON CONFLICT (compute_node_id, instance_uuid)
+           DO UPDATE SET reason = EXCLUDED.reason, last_seen = now()""",
+        node_id,
+        list(latest),
+        list(latest.values()),
+    )
 
 
 async def list_all(conn: Connection, host: str | None = None) -> list[OrphanedGuest]:
