@@ -191,6 +191,47 @@ async def _history(conn: Connection, instance_uuid: UUID) -> list[Migration]:
     return [Migration.from_row(row) for row in rows]
 
 
+async def _records(
+    conn: Connection, guests: list[UUID]
+) -> dict[UUID, tuple[Instance | None, int | None, bool, list[Migration]]]:
+    """Each guest's server (``None`` if none ever had its id), the live node it is
+    placed on, whether it is deleted, and its move history: three statements however
+    many guests the host has (none for a host without guests)."""
+    if not guests:
+        return {}
+    rows = await conn.fetch("SELECT * FROM instances WHERE uuid = ANY($1::uuid[])", guests)
+    found = {row["uuid"]: Instance.from_row(row) for row in rows}
+    linked = [i.compute_id for i in found.values() if i.compute_id is not None]
+    live = {
+        row["id"]
+        for row in await conn.fetch(
+            "SELECT id FROM compute_nodes WHERE id = ANY($1::bigint[]) AND deleted_at IS NULL",
+            linked,
+        )
+    }
+    histories: dict[UUID, list[Migration]] = {guest: [] for guest in guests}
+    for row in await conn.fetch(
+        """SELECT * FROM migrations
+            WHERE instance_uuid = ANY($1::uuid[]) AND deleted_at IS NULL
+            ORDER BY id""",
+        guests,
+    ):
+        histories[row["instance_uuid"]].append(Migration.from_row(row))
+    records = {}
+    for guest in guests:
+        instance = found.get(guest)
+        if instance is None:
+            node, deleted = None, False
+        elif instance.compute_id is None:
+            # A server from before nodes were linked: matched by its names.
+            node, deleted = await _placed(conn, instance)
+        else:
+            node = instance.compute_id if instance.compute_id in live else None
+            deleted = instance.deleted_at is not None
+        records[guest] = (instance, node, deleted, histories[guest])
+    return records
+
+
 async def _where(conn: Connection, instance_uuid: UUID) -> tuple[int | None, bool]:
     """The node the server lives on (``None`` if unknown or unplaced), and if deleted."""
     instance = await instances.find(conn, instance_uuid)
@@ -318,11 +359,10 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
         if node.service_id is not None:
             service = await services.get_by_id(conn, node.service_id, down_time)
             release = service.version
+        records = await _records(conn, req.guests)
         verdicts = []
         for guest in req.guests:
-            instance = await instances.find(conn, guest)
-            instance_node, deleted = await _placed(conn, instance)
-            history = await _history(conn, guest)
+            instance, instance_node, deleted, history = records[guest]
             current = None
             if req.tokens is not None and guest in req.tokens:
                 current = copy_tokens.is_current(instance, req.tokens[guest])
