@@ -324,31 +324,36 @@ async def _follow_power(
     was cleared without its result, or a guest that stopped by itself. ACTIVE and
     SHUTOFF follow the guest; other vm states keep theirs.
     """
-    for guest in guests:
-        state = power.get(guest)
-        if state not in (PowerState.RUNNING, PowerState.SHUTDOWN):
-            continue
-        running = state is PowerState.RUNNING
-        row = await conn.fetchrow(
-            """UPDATE instances SET power_state = $2, vm_state = $3, updated_at = now()
-                WHERE uuid = $1 AND deleted_at IS NULL AND task_state IS NULL
-                  AND vm_state = ANY($4::text[]) AND vm_state <> $3
-                  AND updated_at < now() - make_interval(secs => $5)
-            RETURNING vm_state""",
-            guest,
-            int(state),
-            (VmState.ACTIVE if running else VmState.STOPPED).value,
-            [VmState.ACTIVE.value, VmState.STOPPED.value],
-            quiet_for,
+    followed = [g for g in guests if power.get(g) in (PowerState.RUNNING, PowerState.SHUTDOWN)]
+    if not followed:
+        return
+    # One statement for them all: each row is judged on its own, as it would be alone.
+    rows = await conn.fetch(
+        """UPDATE instances i
+              SET power_state = r.state,
+                  vm_state = CASE WHEN r.state = $3 THEN $4 ELSE $5 END,
+                  updated_at = now()
+             FROM unnest($1::uuid[], $2::int[]) AS r(uuid, state)
+            WHERE i.uuid = r.uuid AND i.deleted_at IS NULL AND i.task_state IS NULL
+              AND i.vm_state IN ($4, $5)
+              AND i.vm_state <> CASE WHEN r.state = $3 THEN $4 ELSE $5 END
+              AND i.updated_at < now() - make_interval(secs => $6)
+        RETURNING i.uuid, i.vm_state, r.state""",
+        followed,
+        [int(power[g]) for g in followed],
+        int(PowerState.RUNNING),
+        VmState.ACTIVE.value,
+        VmState.STOPPED.value,
+        quiet_for,
+    )
+    for row in rows:
+        LOG.warning(
+            "server %s is %s on its host: recorded as %s",
+            row["uuid"],
+            "running" if row["state"] == PowerState.RUNNING else "shut down",
+            row["vm_state"],
+            extra={"instance_uuid": str(row["uuid"]), "decision": "power_state_followed"},
         )
-        if row is not None:
-            LOG.warning(
-                "server %s is %s on its host: recorded as %s",
-                guest,
-                "running" if running else "shut down",
-                row["vm_state"],
-                extra={"instance_uuid": str(guest), "decision": "power_state_followed"},
-            )
 
 
 async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float) -> GuestsReport:

@@ -71,3 +71,48 @@ async def test_a_report_of_many_guests_judges_each_as_if_alone(
             "SELECT instance_uuid FROM orphaned_guests WHERE compute_node_id = $1", node_a
         )
     assert sorted(r["instance_uuid"] for r in orphans) == sorted([unknown, elsewhere])
+
+
+async def test_the_power_states_of_many_quiet_servers_follow_one_report(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    first, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "gp")
+    servers = [first]
+    for _ in range(3):
+        server = await create_instance(db_pool)
+        await conductor.build_instances(CTX, server)
+        await until_active(db_pool, server)
+        servers.append(server)
+    stays, stops, starts, busy = servers
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instances SET vm_state = 'stopped', power_state = $2 WHERE uuid = $1",
+            starts,
+            int(PowerState.SHUTDOWN),
+        )
+        await conn.execute("UPDATE instances SET task_state = 'powering-off' WHERE uuid = $1", busy)
+        await conn.execute(
+            "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = ANY($1)",
+            servers,
+        )
+        node = await compute_nodes.get_by_id(conn, node_a)
+    power = {
+        stays: PowerState.RUNNING,
+        stops: PowerState.SHUTDOWN,
+        starts: PowerState.RUNNING,
+        busy: PowerState.SHUTDOWN,
+    }
+
+    await asyncio.gather(*(conductor.report_guests(CTX, node.uuid, servers, power) for _ in "ab"))
+
+    async with db_pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT uuid, vm_state, power_state FROM instances WHERE uuid = ANY($1)", servers
+        )
+    states = {r["uuid"]: (r["vm_state"], r["power_state"]) for r in rows}
+    assert states == {
+        stays: ("active", int(PowerState.RUNNING)),
+        stops: ("stopped", int(PowerState.SHUTDOWN)),
+        starts: ("active", int(PowerState.RUNNING)),
+        busy: ("active", int(PowerState.RUNNING)),  # a task under way: left alone
+    }
