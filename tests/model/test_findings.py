@@ -8,6 +8,8 @@ what the finding is about, asserted at the end. A finding still open is marked w
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from shared.versions import HOST_FENCE_VERSION, TAKING_REQUESTS_VERSION
@@ -314,13 +316,14 @@ def test_finding_8_a_create_withdrawn_after_its_build_claimed_a_node_gives_the_c
 
 
 def test_finding_8_a_build_that_claims_after_its_deadline_gives_the_claim_back(
-    m: KeelMachine,
+    m: KeelMachine, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Finding 8, the build deadline racing a build cut off after its claim: the conductor
     read the server as building; the deadline then put it in ERROR (nothing claimed yet);
     the scheduler claimed a node and the conductor's next database call failed, so the
     build went back to the queue unrecorded. Delivered again, it finds the server in
     ERROR, never placed, and gives back the claim its cut-off run made."""
+    caplog.set_level(logging.INFO, logger="services.conductor.builds.task")
     s = Steps(m)
     s.create()
     assert s.deliver_named("build_instances", pause_at=5)  # before asking the scheduler
@@ -329,8 +332,16 @@ def test_finding_8_a_build_that_claims_after_its_deadline_gives_the_claim_back(
     s.sweep()  # the build deadline: ERROR, no claim to release yet
     assert m.state_of(0) == ("error", None, None)
     s.database_outage(count=1, who="conductor")
-    s.resume(0)  # the scheduler claims; recording the placement fails: back to the queue
-    assert m.claimed_nodes(0)
+    s.resume(0)  # the scheduler claims; recording the placement fails
+    # The handler runs again, at once or delivered later (its retry's pause is real
+    # time): the claim is held until then, or that run found the server in ERROR and
+    # gave it back already.
+    given_back = [
+        r
+        for r in caplog.records
+        if getattr(r, "decision", None) == "placement_lost" and "released" in r.getMessage()
+    ]
+    assert m.claimed_nodes(0) or given_back
     m.teardown()  # I1: a server never placed holds no claim
 
 
