@@ -9,6 +9,7 @@ what the finding is about, asserted at the end. A finding still open is marked w
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 
@@ -836,3 +837,33 @@ def test_finding_29_a_reclaim_that_went_out_unconfirmed_is_withdrawn_before_its_
     s.delete(0)
     assert ("delete", 204) in m.answers
     m.teardown()  # I3: the current copy is destroyed only by the delete under way
+
+
+def test_finding_30_a_live_migration_whose_task_was_reset_keeps_the_server_on_its_source(
+    m: KeelMachine,
+) -> None:
+    """Finding 30 (the search, seed 2501789553, example 923): a live migration had its
+    destination and had asked the source to copy the guest; the source's host crashed
+    (the evacuation asked then was refused: the server was migrating) and an admin reset
+    the server to active, which ends its task. When the source's agent came back it went
+    on with the copy; the switch-over started the destination's copy but could not link
+    the server to it (its task was no longer migrating) and completed the record all the
+    same: the claim went to the destination while the server stayed on the source, and
+    the source destroyed its guest — the server's current copy. The switch-over now fails
+    the migration when the server's task was ended: the destination removes its copy and
+    the source resumes the server's."""
+    steps: list[Callable[[], None]] = [
+        m.create,
+        m.deliver_oldest,  # the build
+        m.deliver_oldest,  # its result
+        m.deliver_oldest,
+        lambda: m.live_migrate(0),
+        m.deliver_oldest,  # the conductor chooses the destination; the source is to copy
+        lambda: m.evacuate_crashed(0),  # refused: the server is migrating
+        m.deliver_oldest,
+        lambda: m.reset_state(0, "active"),
+    ]
+    for step in steps:
+        step()
+        m.every_step()
+    m.teardown()  # I1, I2, I3: the server keeps its copy and its claim on the source

@@ -360,6 +360,8 @@ async def finish_switch(
         instance = await instances.find(conn, migration.instance_uuid)
     if instance is None or instance.deleted_at is not None:
         return LiveSwitch(outcome=SwitchOutcome.LEAVE, reason="the server was deleted")
+    if instance.task_state != TaskState.MIGRATING:
+        return await _task_ended(pool, compute, migration, down_time)
     dest = await _host(pool, migration.dest_compute_id, down_time)
     spec = await _spec_for(pool, boot_images, instance, dest, migration.uuid)
     paused = instance.vm_state == VmState.PAUSED
@@ -380,14 +382,14 @@ async def finish_switch(
         return await _switch_failed(pool, migration, exc.message)
     async with pool.acquire() as conn, conn.transaction():
         current = await moves.lock(conn, migration.uuid)
-        if current.status == S.POST_MIGRATING:
-            await _link_to_destination(conn, current, dest, paused)
-            done = True
-        else:
-            done = False
+        done = current.status == S.POST_MIGRATING and await _link_to_destination(
+            conn, current, dest, paused
+        )
     if not done:
         if current.status == S.COMPLETED:
             return LiveSwitch(outcome=SwitchOutcome.COMPLETED, reason="already switched over")
+        if current.status == S.POST_MIGRATING:
+            return await _task_ended(pool, compute, migration, down_time)
         # Ended meanwhile: the server was deleted during the switch-over.
         await remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
         return LiveSwitch(outcome=SwitchOutcome.LEAVE, reason=f"the migration is {current.status}")
@@ -404,9 +406,10 @@ async def finish_switch(
 
 async def _link_to_destination(
     conn: Connection, migration: Migration, dest: HostState, paused: bool
-) -> None:
-    await moves.swap_status(conn, migration.uuid, expected=[S.POST_MIGRATING], new=S.COMPLETED)
-    await instances.move_to(
+) -> bool:
+    """Link the server to the destination and complete the record; False (nothing
+    written) if the server is no longer migrating: its task was ended meanwhile."""
+    moved = await instances.move_to(
         conn,
         migration.instance_uuid,
         task=TaskState.MIGRATING,
@@ -415,6 +418,9 @@ async def _link_to_destination(
         power_state=PowerState.PAUSED if paused else PowerState.RUNNING,
         copy_token=migration.uuid,
     )
+    if moved is None:
+        return False
+    await moves.swap_status(conn, migration.uuid, expected=[S.POST_MIGRATING], new=S.COMPLETED)
     if not await allocations.hand_over(
         conn, dest.node.id, from_consumer=migration.uuid, to_consumer=migration.instance_uuid
     ):
@@ -422,6 +428,19 @@ async def _link_to_destination(
     if migration.source_compute_id is not None:
         await allocations.release(conn, migration.instance_uuid, migration.source_compute_id)
     await instance_actions.finish(conn, migration.instance_uuid, ACTION)
+    return True
+
+
+async def _task_ended(
+    pool: asyncpg.Pool, compute: ComputeAPI, migration: Migration, down_time: float
+) -> LiveSwitch:
+    """The server's task was ended during the switch-over (an admin's ``os-resetState``):
+    the server is where its record says, on the source. The destination removes the copy
+    this move made there, if any; the migration fails and the source resumes its guest."""
+    await remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
+    return await _switch_failed(
+        pool, migration, "the server's task was ended (its state was reset) during the switch-over"
+    )
 
 
 async def _switch_failed(pool: asyncpg.Pool, migration: Migration, message: str) -> LiveSwitch:

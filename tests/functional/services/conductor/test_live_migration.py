@@ -251,6 +251,40 @@ async def test_force_complete_in_flight_switches_over_at_once(
     assert b.driver.is_running(instance_uuid)
 
 
+async def test_a_switch_over_after_an_admin_reset_the_task_keeps_the_server_on_its_source(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 30: os-resetState ends the server's task while the copy runs; the
+    switch-over then fails the migration and the source resumes the server's guest."""
+    instance_uuid, a, b = await built_on_a(db_pool, conductor, agent_transport, seconds=600)
+    migration = await record(db_pool, instance_uuid, a.registration)
+
+    async with sampled(instance_uuid, [a, b]):
+        await cast_twice(conductor, migration)
+        await running(db_pool, migration.uuid)
+        async with db_pool.acquire() as conn:
+            # What os-resetState writes: the state the admin asked for, no task.
+            await conn.execute(
+                "UPDATE instances SET vm_state = 'active', task_state = NULL WHERE uuid = $1",
+                instance_uuid,
+            )
+            assert await live_moves.ask_force_complete(conn, migration.uuid) is not None
+        done = await status_of(db_pool, migration.uuid, S.COMPLETED, S.FAILED, S.ERROR)
+        await until(lambda: "live migration" not in a.manager.in_flight().values())
+
+    assert done.status == S.FAILED
+    async with db_pool.acquire() as conn:
+        instance = await instances.get(conn, instance_uuid)
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ACTIVE,
+        None,
+        a.registration.node_id,
+    )
+    assert a.driver.is_running(instance_uuid)
+    assert b.driver.guest(instance_uuid) is None
+    assert await claims(db_pool, instance_uuid) == {("instance", a.registration.node_id)}
+
+
 async def test_no_valid_host_ends_in_error_with_the_server_active_on_its_source(
     db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
 ) -> None:
