@@ -867,3 +867,31 @@ def test_finding_30_a_live_migration_whose_task_was_reset_keeps_the_server_on_it
         step()
         m.every_step()
     m.teardown()  # I1, I2, I3: the server keeps its copy and its claim on the source
+
+
+@pytest.mark.parametrize("state", ["active", "error"])
+def test_finding_31_a_revert_whose_task_was_reset_never_removes_the_servers_copy(
+    m: KeelMachine, state: str
+) -> None:
+    """Finding 31 (found while fixing 30, by the same rule): a migration waited for its
+    confirm; its revert was accepted, and an admin reset the server before the conductor
+    took the revert. The conductor removed the destination's copy — the server still
+    lived there — then could not link the server back to its source (its task was ended)
+    and called the migration reverted: the server kept a record on the destination with
+    no copy and its claim on the source. The revert now links the server back first; if
+    its task was ended, the migration is in error, the server stays on the destination
+    with its copy there current again and its claims there, and nothing is removed."""
+    steps: list[Callable[[], None]] = [
+        m.create,
+        m.deliver_all,
+        lambda: m.migrate(0),
+        m.deliver_all,
+        lambda: m.finish_resize(0, False),  # revert: accepted, its cast held
+        lambda: m.reset_state(0, state),
+        m.deliver_all,
+    ]
+    for step in steps:
+        step()
+        m.every_step()
+    assert ("revertResize", 202) in m.answers
+    m.teardown()  # I1, I2: the server keeps its copy and its claim where it lives

@@ -37,6 +37,7 @@ from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves
 from shared.exceptions import Conflict, KeelError
 from shared.faults import FaultPoints
+from shared.objects.compute_node import HostState
 from shared.objects.instance import Instance
 from shared.objects.migration import CONFIRM_ACTION, REVERT_ACTION, Migration, MigrationStatus
 from shared.objects.states import PowerState, TaskState, VmState
@@ -148,6 +149,8 @@ async def revert(
         # A resize on its own host: its one copy is given its old flavor back instead.
         await finish_revert(pool, compute, migration, down_time)
         return
+    if await _link_back(pool, migration, down_time) is None:
+        return
     try:
         removed = await remove_copy(pool, compute, migration, migration.dest_compute_id, down_time)
     except KeelError as exc:
@@ -165,41 +168,14 @@ async def finish_revert(
     """The destination's copy is gone: back to the source, then ``reverted``.
 
     Three steps, each converging when repeated: link the instance to its source and
-    release the migration's claim (the task stays ``resize_reverting``); have the source
+    release the migration's claim (the task stays ``resize_reverting``; :func:`revert`
+    took this step already, before the destination removed its copy); have the source
     agent start the guest if it was running; end the task and the record.
     """
-    assert migration.source_compute_id is not None
-    assert migration.dest_compute_id is not None
-    async with pool.acquire() as conn, conn.transaction():
-        current = await moves.lock(conn, migration.uuid)
-        if current.status != MigrationStatus.REVERTING:
-            LOG.info("migration %s was already reverted", migration.uuid, extra=_extra(migration))
-            return
-        source = await compute_nodes.host_state_by_id(conn, migration.source_compute_id, down_time)
-        await allocations.release(conn, migration.uuid, migration.dest_compute_id)
-        instance = await instances.relink(
-            conn,
-            migration.instance_uuid,
-            task=TaskState.RESIZE_REVERTING,
-            node=source.node,
-            flavor=migration.old_flavor,
-            # The source's copy is the server's again (a resize in place kept its own).
-            copy_token=current.source_token,
-            set_token=not migration.in_place,
-        )
-        if instance is None:
-            await moves.swap_status(
-                conn,
-                migration.uuid,
-                expected=[MigrationStatus.REVERTING],
-                new=MigrationStatus.REVERTED,
-            )
-            LOG.info(
-                "migration %s is reverted without its instance (deleted, or its task ended)",
-                migration.uuid,
-                extra=_extra(migration),
-            )
-            return
+    linked = await _link_back(pool, migration, down_time)
+    if linked is None:
+        return
+    instance, source = linked
     running = _was_running(instance)
     try:
         await compute.finish_revert(
@@ -242,6 +218,87 @@ async def finish_revert(
         migration.source_compute,
         extra={**_extra(migration), "decision": "migration_reverted"},
     )
+
+
+async def _link_back(
+    pool: asyncpg.Pool, migration: Migration, down_time: float
+) -> tuple[Instance, HostState] | None:
+    """Link a ``reverting`` migration's server to its source, whose copy becomes its
+    current one, and release the migration's claim on the destination; the server and
+    the source's host, or ``None`` if there is nothing more to do.
+
+    Done before the destination removes its copy, so that the copy it removes is never
+    the server's current one. A server deleted meanwhile leaves the record ``reverted``.
+    A server whose task was ended meanwhile (an admin's ``os-resetState``) still lives on
+    the destination: the record becomes ``error``, nothing is removed, and the claims
+    follow the server as a confirm's do.
+    """
+    assert migration.source_compute_id is not None
+    assert migration.dest_compute_id is not None
+    async with pool.acquire() as conn, conn.transaction():
+        current = await moves.lock(conn, migration.uuid)
+        if current.status != MigrationStatus.REVERTING:
+            LOG.info("migration %s was already reverted", migration.uuid, extra=_extra(migration))
+            return None
+        source = await compute_nodes.host_state_by_id(conn, migration.source_compute_id, down_time)
+        instance = await instances.relink(
+            conn,
+            migration.instance_uuid,
+            task=TaskState.RESIZE_REVERTING,
+            node=source.node,
+            flavor=migration.old_flavor,
+            # The source's copy is the server's again (a resize in place kept its own).
+            copy_token=current.source_token,
+            set_token=not migration.in_place,
+        )
+        if instance is not None:
+            await allocations.release(conn, migration.uuid, migration.dest_compute_id)
+            return instance, source
+        found = await instances.find(conn, migration.instance_uuid)
+        deleted = found is None or found.deleted_at is not None
+        await moves.swap_status(
+            conn,
+            migration.uuid,
+            expected=[MigrationStatus.REVERTING],
+            new=MigrationStatus.REVERTED if deleted else MigrationStatus.ERROR,
+        )
+        if not deleted:
+            # It stays where it lives: the destination's copy is its current one again
+            # (keel-api made the source's current when it took the revert), and its claims
+            # follow it there, as a confirm's do.
+            if not migration.in_place:
+                await instances.set_copy_token(conn, migration.instance_uuid, migration.uuid)
+            await allocations.release(conn, migration.instance_uuid, migration.source_compute_id)
+            await allocations.hand_over(
+                conn,
+                migration.dest_compute_id,
+                from_consumer=migration.uuid,
+                to_consumer=migration.instance_uuid,
+            )
+            await instance_actions.finish(
+                conn,
+                migration.instance_uuid,
+                REVERT_ACTION,
+                "the server's task was ended (its state was reset) before it was reverted",
+            )
+    if deleted:
+        LOG.info(
+            "migration %s is reverted without its instance (deleted)",
+            migration.uuid,
+            extra=_extra(migration),
+        )
+    else:
+        LOG.warning(
+            "migration %s of server %s is not reverted: the server's task was ended (its "
+            "state was reset) first; it stays on %s, which holds its claim now, and the "
+            "copy on %s is its agent's to judge",
+            migration.uuid,
+            migration.instance_uuid,
+            migration.dest_compute,
+            migration.source_compute,
+            extra={**_extra(migration), "decision": "revert_abandoned"},
+        )
+    return None
 
 
 async def _step_failed(pool: asyncpg.Pool, migration: Migration, action: str, message: str) -> None:
