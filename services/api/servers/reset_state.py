@@ -6,7 +6,10 @@ As Nova's ``os-resetState``, at every microversion: admins only (403 for anyone 
 transaction the server's vm_state becomes ACTIVE or ERROR, its task state is cleared,
 and a ``resetState`` instance action is recorded, started and finished; the answer is 202
 with no body. No agent is told: the guest is not touched, and the power state stays
-what the host last reported. A move in flight is left to its own workflow.
+what the host last reported. A move in flight is left to its own workflow, which keeps
+the server where it lives when it finds the task ended: a live migration not yet
+switched over fails (the source resumes the guest), a revert not yet begun is abandoned
+(the server stays on the destination).
 
 One refusal Nova does not make: a server whose build never succeeded has no guest
 anywhere, so it is not made ACTIVE (409, nothing changed); it may be reset to ERROR, or
