@@ -298,6 +298,13 @@ class MachineBase(RuleBasedStateMachine):
 
     # -- gates -------------------------------------------------------------------------
 
+    def gated_by_shelve(self, i: int) -> bool:
+        """True while finding 33 is open and server i is shelving, shelved or unshelving."""
+        if known.RESET_WHILE_SHELVED not in known.UNFIXED:
+            return False
+        vm_state, task, _ = self.state_of(i)
+        return vm_state.startswith("shelved") or (task or "").startswith(("shelving", "unshelving"))
+
     def gated_by_move(self, i: int, finding: int) -> bool:
         """True while ``finding`` is open and server i has a move that has not ended."""
         if finding not in known.UNFIXED:

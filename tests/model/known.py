@@ -33,7 +33,12 @@ WITHDRAWN_WITHOUT_CONDUCTOR = 18
 #: 19: keel-api withdraws a request an agent of a release before 17 acts on regardless.
 WITHDRAWN_FROM_AN_OLD_AGENT = 19
 
-UNFIXED: frozenset[int] = frozenset()
+#: 33: an admin resets a server whose shelve offload had begun (keel made the shelved
+#: image its current copy): the offload is no longer taken, and the server is ACTIVE or
+#: ERROR on a host whose guest is not its copy — a server with no copy.
+RESET_WHILE_SHELVED = 33
+
+UNFIXED: frozenset[int] = frozenset({RESET_WHILE_SHELVED})
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

@@ -30,6 +30,7 @@ from services.compute.rpcapi import ComputeAPI
 from services.conductor.moves import endings
 from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances, moves
+from shared.db.pool import Connection
 from shared.objects.migration import CONFIRM_ACTION, Migration, MigrationStatus
 from shared.objects.states import TaskState, VmState
 
@@ -43,6 +44,22 @@ CONCURRENCY = 8
 
 class _Lost(Exception):
     """The record moved on inside the confirmation's transaction: roll it back."""
+
+
+async def _reset_on_destination(conn: Connection, migration: Migration) -> bool:
+    """Whether an admin reset the server (``os-resetState``) while its migration waited for
+    its confirm: no task, no longer RESIZED, and on the destination, where the migration
+    left it. It cannot be confirmed by its owner any more; the window confirms it all the
+    same (its state as the admin set it): it lives on the destination, whose copy is its
+    current one, and the source's copy and claim are left over."""
+    instance = await instances.find(conn, migration.instance_uuid)
+    return (
+        instance is not None
+        and instance.deleted_at is None
+        and instance.task_state is None
+        and instance.vm_state != VmState.RESIZED
+        and instance.compute_id == migration.dest_compute_id
+    )
 
 
 class MigrationSweep:
@@ -116,7 +133,7 @@ class MigrationSweep:
                     TaskState.RESIZE_CONFIRMING,
                     vm_states=(VmState.RESIZED,),
                 )
-                if started is None:
+                if started is None and not await _reset_on_destination(conn, migration):
                     return False
                 swapped = await moves.swap_status(
                     conn,
