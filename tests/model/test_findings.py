@@ -951,3 +951,31 @@ def test_finding_33_a_reset_during_a_shelve_offload_leaves_the_server_a_copy(
     m.deliver_all()
     m.every_step()
     m.teardown()  # I2: the server keeps a copy
+
+
+@known.xfail_until_fixed(
+    known.RESET_WHILE_DELETING, "a reset while a delete is on its way destroys an ACTIVE server"
+)
+def test_finding_34_a_reset_while_a_delete_is_on_its_way_never_destroys_the_server(
+    m: KeelMachine,
+) -> None:
+    """Finding 34, open (the search, seed 4072906765, example 420, shrunk): a delete was
+    accepted and its terminate cast to the agent; an admin reset the server to active
+    before the agent took it. The reset withdraws nothing and the terminate names no
+    task, so the agent destroyed the guest of a server the database shows ACTIVE. The
+    search's reset rule stays off for deleting servers until it is fixed (the terminate
+    taken only while the server is deleting, or the reset withdrawing an untaken delete)."""
+    steps: list[Callable[[], None]] = [m.create, m.deliver_all, lambda: m.delete(0)]
+    for step in steps:
+        step()
+        m.every_step()
+    server = m.server(0)
+    assert server is not None
+    assert m.state_of(0)[1] == "deleting"
+    m.observer.reset.add(server)
+    body = {"os-resetState": {"state": "active"}}
+    m.api("os-resetState", "POST", f"/v2.1/servers/{server}/action", body=body)
+    m.every_step()
+    m.deliver_all()
+    m.every_step()
+    m.teardown()  # I3: the current copy of a live server is never destroyed
