@@ -979,3 +979,32 @@ def test_finding_34_a_reset_while_a_delete_is_on_its_way_never_destroys_the_serv
     m.deliver_all()
     m.every_step()
     m.teardown()  # I3: the current copy of a live server is never destroyed
+
+
+@pytest.mark.parametrize("state", ["active", "error"])
+def test_finding_31_a_revert_reset_after_its_server_was_linked_back_is_reverted(
+    m: KeelMachine, state: str
+) -> None:
+    """Finding 31's other half: the revert linked the server back to its source, but the
+    destination's agent was down and its copy still there; an admin then reset the
+    server. When that agent came back and removed its copy, the revert's last step found
+    the task ended: the migration is reverted, the server stays on its source with its
+    claim there, its guest left as it is (the step does not start it)."""
+    steps: list[Callable[[], None]] = [
+        lambda: m.create(on=0),
+        m.deliver_all,
+        lambda: m.migrate(0, to=1),
+        m.deliver_all,
+        lambda: m.kill_agent(1),
+        lambda: m.finish_resize(0, False),
+        m.deliver_all,  # linked back; the destination's agent does not answer
+        lambda: m.reset_state(0, state),
+        lambda: m.start_agent(1),
+        m.deliver_all,
+    ]
+    for step in steps:
+        step()
+        m.every_step()
+    assert m.moves_of(0) == ["reverted"]
+    assert m.state_of(0)[2] == "host0"
+    m.teardown()  # I1: its claim on its source, none left on the destination

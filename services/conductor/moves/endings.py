@@ -229,9 +229,10 @@ async def _link_back(
 
     Done before the destination removes its copy, so that the copy it removes is never
     the server's current one. A server deleted meanwhile leaves the record ``reverted``.
-    A server whose task was ended meanwhile (an admin's ``os-resetState``) still lives on
-    the destination: the record becomes ``error``, nothing is removed, and the claims
-    follow the server as a confirm's do.
+    A server whose task was ended (an admin's ``os-resetState``) before it was linked
+    back still lives on the destination: the record becomes ``error``, nothing is
+    removed, and the claims follow the server as a confirm's do; one reset after it was
+    linked back is reverted, its guest on the source left as it is.
     """
     assert migration.source_compute_id is not None
     assert migration.dest_compute_id is not None
@@ -256,13 +257,29 @@ async def _link_back(
             return instance, source
         found = await instances.find(conn, migration.instance_uuid)
         deleted = found is None or found.deleted_at is not None
+        # Linked back by an earlier run of this step, then reset: the revert is done but
+        # for starting the guest, which is left as it is (its host reports its power).
+        linked_before = (
+            found is not None
+            and not deleted
+            and not migration.in_place
+            and found.compute_id == migration.source_compute_id
+        )
         await moves.swap_status(
             conn,
             migration.uuid,
             expected=[MigrationStatus.REVERTING],
-            new=MigrationStatus.REVERTED if deleted else MigrationStatus.ERROR,
+            new=MigrationStatus.REVERTED if deleted or linked_before else MigrationStatus.ERROR,
         )
-        if not deleted:
+        if linked_before:
+            await instance_actions.finish(
+                conn,
+                migration.instance_uuid,
+                REVERT_ACTION,
+                "the server's task was ended (its state was reset) before its guest was "
+                "started again",
+            )
+        elif not deleted:
             # It stays where it lives: the destination's copy is its current one again
             # (keel-api made the source's current when it took the revert), and its claims
             # follow it there, as a confirm's do.
@@ -286,6 +303,15 @@ async def _link_back(
             "migration %s is reverted without its instance (deleted)",
             migration.uuid,
             extra=_extra(migration),
+        )
+    elif linked_before:
+        LOG.warning(
+            "migration %s of server %s is reverted, but the server's task was ended (its "
+            "state was reset) before its guest on %s was started again: it is left as it is",
+            migration.uuid,
+            migration.instance_uuid,
+            migration.source_compute,
+            extra={**_extra(migration), "decision": "revert_reset"},
         )
     else:
         LOG.warning(
