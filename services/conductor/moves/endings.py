@@ -35,6 +35,7 @@ from services.conductor.moves.arrival import remove_copy
 from services.conductor.rpcapi import CopyRemoved, EvacuationConfirmed
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves
+from shared.db.pool import Connection
 from shared.exceptions import Conflict, KeelError
 from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
@@ -88,6 +89,20 @@ async def confirm(
         await finish_confirm(pool, migration)
 
 
+async def _claims_to_destination(conn: Connection, migration: Migration) -> None:
+    """The server lives on the destination for good: its claim on the source is released
+    and the migration's claim on the destination becomes its own."""
+    assert migration.source_compute_id is not None
+    assert migration.dest_compute_id is not None
+    await allocations.release(conn, migration.instance_uuid, migration.source_compute_id)
+    await allocations.hand_over(
+        conn,
+        migration.dest_compute_id,
+        from_consumer=migration.uuid,
+        to_consumer=migration.instance_uuid,
+    )
+
+
 async def finish_confirm(pool: asyncpg.Pool, migration: Migration) -> None:
     """The source's copy is gone: ``confirming`` → ``confirmed``, claims settled."""
     assert migration.source_compute_id is not None
@@ -103,13 +118,7 @@ async def finish_confirm(pool: asyncpg.Pool, migration: Migration) -> None:
         if confirmed is None:
             LOG.info("migration %s was already confirmed", migration.uuid, extra=_extra(migration))
             return
-        await allocations.release(conn, migration.instance_uuid, migration.source_compute_id)
-        await allocations.hand_over(
-            conn,
-            migration.dest_compute_id,
-            from_consumer=migration.uuid,
-            to_consumer=migration.instance_uuid,
-        )
+        await _claims_to_destination(conn, migration)
         instance = await instances.find(conn, migration.instance_uuid)
         if instance is not None and instance.deleted_at is None:
             running = _was_running(instance)
@@ -285,13 +294,7 @@ async def _link_back(
             # follow it there, as a confirm's do.
             if not migration.in_place:
                 await instances.set_copy_token(conn, migration.instance_uuid, migration.uuid)
-            await allocations.release(conn, migration.instance_uuid, migration.source_compute_id)
-            await allocations.hand_over(
-                conn,
-                migration.dest_compute_id,
-                from_consumer=migration.uuid,
-                to_consumer=migration.instance_uuid,
-            )
+            await _claims_to_destination(conn, migration)
             await instance_actions.finish(
                 conn,
                 migration.instance_uuid,
