@@ -467,14 +467,26 @@ class NeverBuilt(Exception):
     """The server was never built: it has no guest that could be ACTIVE."""
 
 
+class CopyIsShelvedImage(Exception):
+    """The server's current copy is its shelved image, not a guest on a host."""
+
+
+class BeingDeleted(Exception):
+    """The server's delete was accepted: it goes on, whatever the server's state."""
+
+
 async def reset_state(
     conn: Connection, instance_uuid: UUID, vm_state: VmState
 ) -> tuple[Instance, Instance] | None:
     """An admin's reset: ``vm_state`` set and the task cleared, whatever they were.
 
     Returns the row before and after (locked for the rest of the transaction); ``None``
-    if the instance is gone. Raises :class:`NeverBuilt` (nothing changed) for a reset to
-    ACTIVE of a server whose build never succeeded: no guest of it exists anywhere.
+    if the instance is gone. Raises (nothing changed) :class:`NeverBuilt` for a reset to
+    ACTIVE of a server whose build never succeeded: no guest of it exists anywhere; and
+    :class:`CopyIsShelvedImage` for a server offloaded or being offloaded: its copy is
+    its shelved image, which a state on a host would leave behind; and
+    :class:`BeingDeleted` for a server being deleted (its agent may be destroying its
+    guest: the delete goes on).
     """
     before = await conn.fetchrow(
         "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL FOR UPDATE",
@@ -484,6 +496,11 @@ async def reset_state(
         return None
     if vm_state == VmState.ACTIVE and before["launched_at"] is None:
         raise NeverBuilt(str(instance_uuid))
+    if before["task_state"] == TaskState.DELETING.value:
+        raise BeingDeleted(str(instance_uuid))
+    offloading = before["task_state"] == TaskState.SHELVING_OFFLOADING.value
+    if offloading or before["vm_state"] == VmState.SHELVED_OFFLOADED.value:
+        raise CopyIsShelvedImage(str(instance_uuid))
     after = await conn.fetchrow(
         """UPDATE instances SET vm_state = $2, task_state = NULL, soft_deleted_at = NULL,
                   updated_at = now()

@@ -298,17 +298,6 @@ class MachineBase(RuleBasedStateMachine):
 
     # -- gates -------------------------------------------------------------------------
 
-    def gated_reset(self, i: int) -> bool:
-        """True while a reset of server i would run into an open finding: 33 (shelving,
-        shelved or unshelving) or 34 (deleting)."""
-        vm_state, task, _ = self.state_of(i)
-        shelve = vm_state.startswith("shelved") or (task or "").startswith(
-            ("shelving", "unshelving")
-        )
-        return (shelve and known.RESET_WHILE_SHELVED in known.UNFIXED) or (
-            task == "deleting" and known.RESET_WHILE_DELETING in known.UNFIXED
-        )
-
     def gated_by_move(self, i: int, finding: int) -> bool:
         """True while ``finding`` is open and server i has a move that has not ended."""
         if finding not in known.UNFIXED:

@@ -33,17 +33,7 @@ WITHDRAWN_WITHOUT_CONDUCTOR = 18
 #: 19: keel-api withdraws a request an agent of a release before 17 acts on regardless.
 WITHDRAWN_FROM_AN_OLD_AGENT = 19
 
-#: 33: an admin resets a server whose shelve offload had begun (keel made the shelved
-#: image its current copy): the offload is no longer taken, and the server is ACTIVE or
-#: ERROR on a host whose guest is not its copy — a server with no copy.
-RESET_WHILE_SHELVED = 33
-
-#: 34 (the search, seed 4072906765, example 420): an admin resets a server whose delete
-#: was cast but not yet taken by its agent; the reset withdraws nothing, the agent takes
-#: the terminate (it names no task) and destroys the guest of a server now ACTIVE.
-RESET_WHILE_DELETING = 34
-
-UNFIXED: frozenset[int] = frozenset({RESET_WHILE_SHELVED, RESET_WHILE_DELETING})
+UNFIXED: frozenset[int] = frozenset()
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

@@ -920,65 +920,49 @@ def test_finding_32_a_migration_whose_server_was_reset_is_confirmed_by_the_windo
     m.teardown()  # I4: settled once the window passed; I1, I2: one copy, one claim
 
 
-@known.xfail_until_fixed(
-    known.RESET_WHILE_SHELVED, "a reset during a shelve offload leaves a server with no copy"
-)
 @pytest.mark.parametrize("state", ["active", "error"])
-def test_finding_33_a_reset_during_a_shelve_offload_leaves_the_server_a_copy(
-    m: KeelMachine, state: str
-) -> None:
-    """Finding 33, open (found beside 30 and 31): the server was shelved and its offload
-    asked for (its shelved image is now its current copy) when an admin reset it; the
-    agent no longer takes the offload (its task ended) and the server is ACTIVE or ERROR
-    on a host whose guest is not its copy. The search's reset rule stays off for shelved
-    servers until it is fixed."""
+def test_finding_33_a_reset_during_a_shelve_offload_is_refused(m: KeelMachine, state: str) -> None:
+    """Finding 33 (found beside 30 and 31): the server was shelved and its offload asked
+    for (its shelved image is now its current copy) when an admin reset it; the agent no
+    longer took the offload (its task ended) and the server was ACTIVE or ERROR on a host
+    whose guest was not its copy. A reset of a server offloaded or being offloaded is
+    refused now (409): the offload goes on, and the server ends SHELVED_OFFLOADED."""
     steps: list[Callable[[], None]] = [
         m.create,
         m.deliver_all,
         lambda: m.shelve(0, "shelve"),
         m.deliver_oldest,  # the shelve: the image written
         m.deliver_oldest,  # its result: the offload asked for
+        lambda: m.reset_state(0, state),
+        m.deliver_all,
     ]
     for step in steps:
         step()
         m.every_step()
-    server = m.server(0)
-    assert server is not None
-    m.observer.reset.add(server)
-    body = {"os-resetState": {"state": state}}
-    m.api("os-resetState", "POST", f"/v2.1/servers/{server}/action", body=body)
-    m.every_step()
-    m.deliver_all()
-    m.every_step()
-    m.teardown()  # I2: the server keeps a copy
+    assert m.answers[-1] == ("os-resetState", 409)
+    assert m.state_of(0)[:2] == ("shelved_offloaded", None)
+    m.teardown()  # I2: the server keeps a copy (its shelved image)
 
 
-@known.xfail_until_fixed(
-    known.RESET_WHILE_DELETING, "a reset while a delete is on its way destroys an ACTIVE server"
-)
-def test_finding_34_a_reset_while_a_delete_is_on_its_way_never_destroys_the_server(
-    m: KeelMachine,
-) -> None:
-    """Finding 34, open (the search, seed 4072906765, example 420, shrunk): a delete was
+def test_finding_34_a_reset_while_a_delete_is_on_its_way_is_refused(m: KeelMachine) -> None:
+    """Finding 34 (the search, seed 4072906765, example 420, shrunk): a delete was
     accepted and its terminate cast to the agent; an admin reset the server to active
-    before the agent took it. The reset withdraws nothing and the terminate names no
-    task, so the agent destroyed the guest of a server the database shows ACTIVE. The
-    search's reset rule stays off for deleting servers until it is fixed (the terminate
-    taken only while the server is deleting, or the reset withdrawing an untaken delete)."""
-    steps: list[Callable[[], None]] = [m.create, m.deliver_all, lambda: m.delete(0)]
+    before the agent took it; the terminate named no task, so the agent destroyed the
+    guest of a server the database showed ACTIVE. A reset of a server being deleted is
+    refused now (409): the delete keel-api answered 204 goes on."""
+    steps: list[Callable[[], None]] = [
+        m.create,
+        m.deliver_all,
+        lambda: m.delete(0),
+        lambda: m.reset_state(0, "active"),
+        m.deliver_all,
+    ]
     for step in steps:
         step()
         m.every_step()
-    server = m.server(0)
-    assert server is not None
-    assert m.state_of(0)[1] == "deleting"
-    m.observer.reset.add(server)
-    body = {"os-resetState": {"state": "active"}}
-    m.api("os-resetState", "POST", f"/v2.1/servers/{server}/action", body=body)
-    m.every_step()
-    m.deliver_all()
-    m.every_step()
-    m.teardown()  # I3: the current copy of a live server is never destroyed
+    assert m.answers[-1] == ("os-resetState", 409)
+    assert m.state_of(0)[0] == "deleted"
+    m.teardown()  # I0: the delete answered 204 deleted the server; I3: nothing else lost
 
 
 @pytest.mark.parametrize("state", ["active", "error"])

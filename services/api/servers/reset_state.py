@@ -11,9 +11,17 @@ the server where it lives when it finds the task ended: a live migration not yet
 switched over fails (the source resumes the guest), a revert not yet begun is abandoned
 (the server stays on the destination).
 
-One refusal Nova does not make: a server whose build never succeeded has no guest
-anywhere, so it is not made ACTIVE (409, nothing changed); it may be reset to ERROR, or
-deleted.
+Refusals Nova does not make (409, nothing changed), each where a reset would break a
+promise keel made:
+
+* a server whose build never succeeded has no guest anywhere, so it is not made ACTIVE;
+  it may be reset to ERROR, or deleted;
+* a server offloaded or being offloaded by a shelve: its copy is its shelved image, not
+  a guest on a host (an offload that does not finish is completed by keel's task
+  deadline, an unshelve that does not finish is sent back by the build deadline);
+* a server being deleted: keel-api answered its delete 204, and the delete goes on
+  (its agent may be destroying the guest already). If its agent is down, deleting it
+  again deletes it without the agent.
 
 Resetting is a plain write of what the admin asked, so two resets at once both succeed
 and the later one's state stays; each is logged with the states it replaced.
@@ -86,6 +94,17 @@ async def reset_state(
         raise ConflictingRequest(
             f"Server {instance.uuid} was never built: no guest of it exists, so it cannot "
             "be made active. Reset it to error, or delete it."
+        ) from None
+    except instances.CopyIsShelvedImage:
+        raise ConflictingRequest(
+            f"Server {instance.uuid} is shelved and offloaded, or being offloaded: its copy "
+            "is its shelved image, not a guest on a host, so its state cannot be reset. "
+            "Unshelve it, or delete it."
+        ) from None
+    except instances.BeingDeleted:
+        raise ConflictingRequest(
+            f"Server {instance.uuid} is being deleted: its state cannot be reset. If its "
+            "compute service is down, delete it again to delete it without its agent."
         ) from None
     if changed is None:
         raise ItemNotFound(f"Instance {instance.uuid} could not be found.")

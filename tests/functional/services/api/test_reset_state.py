@@ -80,7 +80,7 @@ async def test_an_admin_resets_to_error_then_active_and_each_is_recorded(
     shown = (await client.get(f"/v2.1/servers/{server}", headers=ADMIN)).json()["server"]
     assert (shown["status"], shown["OS-EXT-STS:task_state"]) == ("ERROR", None)
 
-    await stuck(db_pool, server, "deleting")
+    await stuck(db_pool, server, "rebooting")
     to_active = await client.post(action, headers=at("2.1"), json=reset("active"))
     assert to_active.status_code == 202, to_active.text
     assert await states(db_pool, server) == ("active", None)
@@ -113,6 +113,43 @@ async def test_a_server_never_built_is_not_made_active_but_may_be_made_error(
     again = await client.post(action, headers=ADMIN, json=reset("active"))
     assert again.status_code == 409, again.text
     assert await states(db_pool, server) == ("error", None)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("active", "deleting", "being deleted"),
+        ("soft-delete", "deleting", "being deleted"),
+        ("shelved", "shelving_offloading", "shelved image"),
+        ("shelved_offloaded", None, "shelved image"),
+        ("shelved_offloaded", "spawning", "shelved image"),
+    ],
+)
+@pytest.mark.parametrize("state", ["active", "error"])
+async def test_a_server_being_deleted_or_whose_copy_is_its_shelved_image_is_not_reset(
+    client: httpx.AsyncClient,
+    db_pool: asyncpg.Pool,
+    server: str,
+    case: tuple[str, str | None, str],
+    state: str,
+) -> None:
+    """A delete answered 204 goes on; a server whose copy is its shelved image has no
+    guest on a host that a state could describe. Either way: 409, nothing changed."""
+    vm_state, task, why = case
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instances SET vm_state = $2, task_state = $3 WHERE uuid = $1",
+            UUID(server),
+            vm_state,
+            task,
+        )
+
+    refused = await client.post(f"/v2.1/servers/{server}/action", headers=ADMIN, json=reset(state))
+
+    assert refused.status_code == 409, refused.text
+    assert why in refused.json()["conflictingRequest"]["message"]
+    assert await states(db_pool, server) == (vm_state, task)
+    assert await resets_recorded(db_pool, server) == []
 
 
 async def test_a_member_is_forbidden_and_nothing_changes(
