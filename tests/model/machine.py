@@ -13,11 +13,11 @@ swept) and checks the invariants of quiescence (:mod:`tests.model.invariants`).
 The model's operator does anything the API accepts, at any moment: evacuates any
 server (keel-api decides whether its host is fenced), forces hosts down and up, deletes
 services, resets servers' states, migrates (cold and live, aborting or force-completing
-a live migration at any moment), resizes, deletes (soft delete is on),
-restores and force-deletes; the API is the guard,
-and a refusal is fine. Only what keel cannot check is done as its documentation says:
-a host is renamed while its agent is stopped, and a host that reported no armed fence
-is turned off before it is forced down (keel then has only the operator's word).
+a live migration at any moment), resizes, deletes (soft delete on for an even seed, off
+for an odd one), restores and force-deletes; the API is the guard, and a refusal is fine.
+Only what keel cannot check is done as its documentation says: a host is renamed while
+its agent is stopped, and a host that reported no armed fence is turned off before it is
+forced down (keel then has only the operator's word).
 
 Rules gated on :data:`tests.model.known.UNFIXED` stay off while the finding they would
 trip over is open (its explicit example in ``test_findings.py`` is an xfail), so the

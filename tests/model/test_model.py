@@ -4,8 +4,10 @@ Every run searches from a seed of its own, drawn at random and printed (``model:
 N``), so CI explores new ground each time; ``make test-model SEED=N`` (or
 ``KEEL_MODEL_SEED=N``) runs the same search again. CI runs :data:`CI_EXAMPLES` examples;
 ``make test-model`` runs ``KEEL_MODEL_EXAMPLES`` and prints how many examples per second
-it ran. A failure prints the seed and the shortest sequence of steps Hypothesis found
-that breaks an invariant: keep it as an example in ``test_findings.py``.
+it ran. The seed picks the profile too: an even one searches with soft delete on, an odd
+one with it off (:func:`soft_delete_on`). A failure prints the seed and the shortest
+sequence of steps Hypothesis found that breaks an invariant: keep it as an example in
+``test_findings.py``.
 """
 
 from __future__ import annotations
@@ -33,10 +35,22 @@ STEPS = 25
 
 
 @pytest.fixture
-def reclaim_interval() -> float:
-    """The search runs with soft delete on: a DELETE may keep the server, which the
-    restore and forceDelete rules then act on."""
-    return RECLAIM_INTERVAL
+def chosen_seed() -> int:
+    """This search's seed (:func:`search_seed`), which also picks its profile."""
+    return search_seed()
+
+
+@pytest.fixture
+def reclaim_interval(chosen_seed: int) -> float:
+    """An even seed searches with soft delete on: a DELETE may keep the server, which the
+    restore and forceDelete rules then act on. An odd one with soft delete off: every
+    DELETE deletes (a terminate cast to the agent), as most clouds run."""
+    return RECLAIM_INTERVAL if soft_delete_on(chosen_seed) else 0.0
+
+
+def soft_delete_on(chosen: int) -> bool:
+    """Whether the search from seed ``chosen`` runs with soft delete on."""
+    return chosen % 2 == 0
 
 
 def _settings(examples: int) -> settings:
@@ -82,11 +96,12 @@ def search_seed() -> int:
 
 
 @pytest.mark.timeout(0)
-def test_the_model_holds(model: tuple[World, Loop]) -> None:
+def test_the_model_holds(model: tuple[World, Loop], chosen_seed: int) -> None:
     world, loop = model
     examples = int(os.environ.get("KEEL_MODEL_EXAMPLES", str(CI_EXAMPLES)))
-    chosen = search_seed()
-    print(f"\nmodel: seed {chosen} (again: make test-model SEED={chosen})")
+    chosen = chosen_seed
+    soft = "on" if soft_delete_on(chosen) else "off"
+    print(f"\nmodel: seed {chosen}, soft delete {soft} (again: make test-model SEED={chosen})")
     SearchMachine.world, SearchMachine.runner, SearchMachine.examples = world, loop, 0
     SearchMachine.first_failure = None
     search = seed(chosen)(get_state_machine_test(SearchMachine, settings=_settings(examples)))
