@@ -33,6 +33,7 @@ from uuid import UUID
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
 
+from services.api.servers import publish
 from shared.db import service_maintenance
 from shared.exceptions import KeelError
 from shared.rpc.fake import CallFault
@@ -196,6 +197,24 @@ class KeelMachine(MachineBase):
         self.deliver_all()
         self.advance(LEASE_RUNS_OUT)
         self.sweep()
+        self.deliver_all()
+
+    @rule(i=index, to=st.none() | hosts, force_down=st.booleans())
+    def evacuate_dead_agent(self, i: int, to: int | None = None, force_down: bool = False) -> None:
+        """The agent of the server's host dies while the host and its guests run on; the
+        operator perhaps forces the host down, and evacuates the server straight away
+        (keel-api decides whether the host is fenced; the copy there must be off before
+        another starts). One step, as an operator does it when an agent will not start."""
+        server = self.server(i)
+        if server is None:
+            return
+        source = self.run(self._host_of(server))
+        if source is None or source.gone or not source.powered:
+            return
+        self.kill_agent(source.index)
+        if force_down:
+            self.force_down(source.index, True)
+        self.evacuate(i, to)
         self.deliver_all()
 
     @rule(h=hosts)
@@ -447,13 +466,17 @@ class KeelMachine(MachineBase):
     @rule(
         which=st.sampled_from(["api", "conductor"]),
         delivered=st.booleans(),
+        times=st.sampled_from([1, publish.ATTEMPTS]),
     )
-    def cast_fails(self, which: str, delivered: bool) -> None:
-        """The next cast of keel-api (or the conductor) fails; perhaps after it went out."""
+    def cast_fails(self, which: str, delivered: bool, times: int = 1) -> None:
+        """The next cast of keel-api (or the conductor) fails, perhaps after it went out;
+        or the next few do (a broker that loses its confirms for a while: every attempt
+        keel-api makes at one request fails, and it answers 503)."""
         process = getattr(self.w, which)
         if not process.alive or process.transport is None:
             return
-        process.transport.fail_next_cast(delivered=delivered)
+        for _ in range(times):
+            process.transport.fail_next_cast(delivered=delivered)
 
     @rule(
         who=st.sampled_from(["api", "conductor", "scheduler", "agent"]),
