@@ -20,6 +20,7 @@ from uuid import UUID
 import httpx
 from hypothesis.stateful import RuleBasedStateMachine
 
+from services.compute.rpcapi import topic_for
 from shared.objects import transitions as states
 from shared.rpc.fake import HeldMessage
 from shared.versions import SERVICE_VERSION
@@ -413,13 +414,30 @@ class MachineBase(RuleBasedStateMachine):
             for host in w.hosts:
                 w.reconcile(host)
             await self.drain()
-            if not rt.broker.held and not rt.paused() and not await self._waiting_on_time():
+            if not await self._held() and not rt.paused() and not await self._waiting_on_time():
                 return []
-        held = [h.message.body[:80].decode(errors="replace") for h in rt.broker.held]
+        held = [h.message.body[:80].decode(errors="replace") for h in await self._held()]
         return [
             f"I4 the cloud did not drain in {SETTLE_ROUNDS} rounds: {len(held)} message(s) "
             f"held ({held[:3]}), {len(rt.paused())} activity(ies) paused"
         ]
+
+    async def _held(self) -> list[HeldMessage]:
+        """The messages still held, but those in the queue of a compute service deleted
+        for good: its host is gone, so no agent will ever consume them (the queue is left
+        on the broker, and nothing of keel waits for what is in it)."""
+        held = self.rt.broker.held
+        gone = [host.name for host in self.w.hosts if host.gone]
+        if not held or not gone:
+            return list(held)
+        async with self.w.db.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT uuid FROM services WHERE "binary" = 'keel-compute'
+                     AND host = ANY($1::text[]) AND deleted_at IS NOT NULL""",
+                gone,
+            )
+        dead = {topic_for(row["uuid"]) for row in rows}
+        return [h for h in held if h.topic not in dead]
 
     async def _waiting_on_time(self) -> bool:
         """Whether something ended the last round waiting on a deadline of its own: a move

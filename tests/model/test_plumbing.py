@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from services.compute.manager import ComputeManager
+from services.compute.rpcapi import topic_for
 from shared.db import allocations
 from shared.rpc import server
 from tests.model.conftest import routes_once_per_class
@@ -83,4 +84,36 @@ def test_a_step_that_ran_nothing_is_not_checked_again(m: KeelMachine) -> None:
     m.every_step()
     assert m.checked_at_run == m.runs > checked
     assert ("create", 503) in m.answers
+    m.teardown()
+
+
+def test_a_message_in_the_queue_of_a_service_deleted_for_good_is_not_left_undone(
+    m: KeelMachine,
+) -> None:
+    """A build's acknowledgement was lost and its agent killed before the message came
+    round again; its host's service is deleted for good once the server is. No agent will
+    ever consume that queue and nothing of keel waits for it: the settle does not count
+    the message as work left undone (I4) — but it does while the service exists."""
+    m.create(on=2)
+    m.every_step()
+    m.deliver_oldest()  # the conductor's: scheduled, the build cast to the agent
+    m.every_step()
+    service = m.run(m._service_uuid(m.host(2)))
+    assert service is not None
+    assert [h.topic for h in m.rt.broker.held] == [topic_for(service)]
+    m.deliver(k=0, lose_ack=True)  # built; the message returns to its queue
+    m.kill_agent(2)
+    m.deliver_all()  # the build's result: the server ACTIVE
+    m.advance(3601.0)
+    m.every_step()
+    m.delete(0)  # its host is down: deleted without the agent
+    m.every_step()
+    left = [h.topic for h in m.rt.broker.held]
+    assert left == [topic_for(service)]
+    assert [h.topic for h in m.run(m._held())] == left
+    m.delete_service(2)
+    m.every_step()
+    assert m.answers[-2:] == [("delete", 204), ("service delete", 204)]
+    assert [h.topic for h in m.rt.broker.held] == left
+    assert m.run(m._held()) == []
     m.teardown()
