@@ -475,6 +475,10 @@ class BeingDeleted(Exception):
     """The server's delete was accepted: it goes on, whatever the server's state."""
 
 
+class SoftDeleted(Exception):
+    """The server was deleted with soft delete on: only a restore brings it back."""
+
+
 async def reset_state(
     conn: Connection, instance_uuid: UUID, vm_state: VmState
 ) -> tuple[Instance, Instance] | None:
@@ -486,7 +490,8 @@ async def reset_state(
     :class:`CopyIsShelvedImage` for a server offloaded or being offloaded: its copy is
     its shelved image, which a state on a host would leave behind; and
     :class:`BeingDeleted` for a server being deleted (its agent may be destroying its
-    guest: the delete goes on).
+    guest: the delete goes on), and :class:`SoftDeleted` for one soft-deleted (a restore
+    brings it back, its guest started; a reset would leave it ACTIVE with its guest off).
     """
     before = await conn.fetchrow(
         "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL FOR UPDATE",
@@ -498,6 +503,8 @@ async def reset_state(
         raise NeverBuilt(str(instance_uuid))
     if before["task_state"] == TaskState.DELETING.value:
         raise BeingDeleted(str(instance_uuid))
+    if before["vm_state"] == VmState.SOFT_DELETED.value:
+        raise SoftDeleted(str(instance_uuid))
     offloading = before["task_state"] == TaskState.SHELVING_OFFLOADING.value
     if offloading or before["vm_state"] == VmState.SHELVED_OFFLOADED.value:
         raise CopyIsShelvedImage(str(instance_uuid))

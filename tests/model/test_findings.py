@@ -965,6 +965,31 @@ def test_finding_34_a_reset_while_a_delete_is_on_its_way_is_refused(m: KeelMachi
     m.teardown()  # I0: the delete answered 204 deleted the server; I3: nothing else lost
 
 
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+@pytest.mark.parametrize("state", ["active", "error"])
+def test_finding_35_a_reset_of_a_soft_deleted_server_is_refused(
+    m: KeelMachine, state: str, reclaim_interval: float
+) -> None:
+    """Finding 35 (found beside 34): with soft delete on, a DELETE answered 204 powered
+    the guest off and kept the server; an admin's reset then brought it back ACTIVE with
+    its guest off, and the delete answered 204 never happened. A reset of a soft-deleted
+    server is refused now (409): a restore brings it back (its guest started), or the
+    reclaim deletes it."""
+    steps: list[Callable[[], None]] = [
+        m.create,
+        m.deliver_all,
+        lambda: m.delete(0),
+        m.deliver_all,
+        lambda: m.reset_state(0, state),
+    ]
+    for step in steps:
+        step()
+        m.every_step()
+    assert m.answers[-2:] == [("delete", 204), ("os-resetState", 409)]
+    assert m.state_of(0)[:2] == ("soft-delete", None)
+    m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came
+
+
 @pytest.mark.parametrize("state", ["active", "error"])
 def test_finding_31_a_revert_reset_after_its_server_was_linked_back_is_reverted(
     m: KeelMachine, state: str

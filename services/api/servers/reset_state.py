@@ -21,7 +21,10 @@ promise keel made:
   deadline, an unshelve that does not finish is sent back by the build deadline);
 * a server being deleted: keel-api answered its delete 204, and the delete goes on
   (its agent may be destroying the guest already). If its agent is down, deleting it
-  again deletes it without the agent.
+  again deletes it without the agent;
+* a server soft-deleted: its delete was answered 204 and is reclaimed in time unless it
+  is restored; a restore brings it back with its guest started, a reset would leave it
+  ACTIVE with its guest off.
 
 Resetting is a plain write of what the admin asked, so two resets at once both succeed
 and the later one's state stays; each is logged with the states it replaced.
@@ -100,6 +103,11 @@ async def reset_state(
             f"Server {instance.uuid} is shelved and offloaded, or being offloaded: its copy "
             "is its shelved image, not a guest on a host, so its state cannot be reset. "
             "Unshelve it, or delete it."
+        ) from None
+    except instances.SoftDeleted:
+        raise ConflictingRequest(
+            f"Server {instance.uuid} is soft-deleted: its state cannot be reset. Restore it "
+            "(openstack server restore) to bring it back, or force-delete it."
         ) from None
     except instances.BeingDeleted:
         raise ConflictingRequest(

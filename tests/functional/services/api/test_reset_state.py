@@ -120,6 +120,8 @@ async def test_a_server_never_built_is_not_made_active_but_may_be_made_error(
     [
         ("active", "deleting", "being deleted"),
         ("soft-delete", "deleting", "being deleted"),
+        ("soft-delete", None, "soft-deleted"),
+        ("soft-delete", "restoring", "soft-deleted"),
         ("shelved", "shelving_offloading", "shelved image"),
         ("shelved_offloaded", None, "shelved image"),
         ("shelved_offloaded", "spawning", "shelved image"),
@@ -133,8 +135,9 @@ async def test_a_server_being_deleted_or_whose_copy_is_its_shelved_image_is_not_
     case: tuple[str, str | None, str],
     state: str,
 ) -> None:
-    """A delete answered 204 goes on; a server whose copy is its shelved image has no
-    guest on a host that a state could describe. Either way: 409, nothing changed."""
+    """A delete answered 204 goes on (a soft-deleted server comes back only by a restore,
+    which starts its guest); a server whose copy is its shelved image has no guest on a
+    host that a state could describe. Each way: 409, nothing changed."""
     vm_state, task, why = case
     async with db_pool.acquire() as conn:
         await conn.execute(
