@@ -18,6 +18,9 @@ def statuses(cloud: Cloud) -> dict[str, str]:
     return {s["Name"]: s["Status"] for s in cloud.openstack("server", "list")}
 
 
+# Eight runs of the `openstack` client and its polls, each starting a Python client:
+# minutes on a loaded two-core machine, past the tier's default limit.
+@pytest.mark.timeout(300)
 def test_three_servers_from_one_create_and_an_empty_page(cloud: Cloud) -> None:
     cloud.openstack(
         "server", "create", "--flavor", "m1.tiny", "--image", "cirros", "--min", "3",
