@@ -463,20 +463,9 @@ async def begin_reclaim(conn: Connection, interval: float, *, batch: int = 100) 
     return [Instance.from_row(row) for row in rows]
 
 
-class NeverBuilt(Exception):
-    """The server was never built: it has no guest that could be ACTIVE."""
-
-
-class CopyIsShelvedImage(Exception):
-    """The server's current copy is its shelved image, not a guest on a host."""
-
-
-class BeingDeleted(Exception):
-    """The server's delete was accepted: it goes on, whatever the server's state."""
-
-
-class SoftDeleted(Exception):
-    """The server was deleted with soft delete on: only a restore brings it back."""
+class NotResettable(Exception):
+    """An admin's reset would break what keel promised (nothing changed); the message
+    says why, and what to do instead."""
 
 
 async def reset_state(
@@ -485,13 +474,12 @@ async def reset_state(
     """An admin's reset: ``vm_state`` set and the task cleared, whatever they were.
 
     Returns the row before and after (locked for the rest of the transaction); ``None``
-    if the instance is gone. Raises (nothing changed) :class:`NeverBuilt` for a reset to
-    ACTIVE of a server whose build never succeeded: no guest of it exists anywhere; and
-    :class:`CopyIsShelvedImage` for a server offloaded or being offloaded: its copy is
-    its shelved image, which a state on a host would leave behind; and
-    :class:`BeingDeleted` for a server being deleted (its agent may be destroying its
-    guest: the delete goes on), and :class:`SoftDeleted` for one soft-deleted (a restore
-    brings it back, its guest started; a reset would leave it ACTIVE with its guest off).
+    if the instance is gone. Raises :class:`NotResettable` (nothing changed) for a reset
+    to ACTIVE of a server whose build never succeeded (no guest of it exists anywhere), a
+    server being deleted (its agent may be destroying its guest: the delete goes on), one
+    soft-deleted (a restore brings it back with its guest started; a reset would leave it
+    ACTIVE with its guest off), and one offloaded or being offloaded (its copy is its
+    shelved image, which a state on a host would leave behind).
     """
     before = await conn.fetchrow(
         "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL FOR UPDATE",
@@ -499,18 +487,31 @@ async def reset_state(
     )
     if before is None:
         return None
+    server = f"Server {instance_uuid}"
     if vm_state == VmState.ACTIVE and before["launched_at"] is None:
-        raise NeverBuilt(str(instance_uuid))
+        raise NotResettable(
+            f"{server} was never built: no guest of it exists, so it cannot be made "
+            "active. Reset it to error, or delete it."
+        )
     if before["task_state"] == TaskState.DELETING.value:
-        raise BeingDeleted(str(instance_uuid))
+        raise NotResettable(
+            f"{server} is being deleted: its state cannot be reset. If its compute service "
+            "is down, delete it again to delete it without its agent."
+        )
     if before["vm_state"] == VmState.SOFT_DELETED.value:
-        raise SoftDeleted(str(instance_uuid))
+        raise NotResettable(
+            f"{server} is soft-deleted: its state cannot be reset. Restore it (openstack "
+            "server restore) to bring it back, or force-delete it."
+        )
     offloading = before["task_state"] == TaskState.SHELVING_OFFLOADING.value
     if offloading or before["vm_state"] == VmState.SHELVED_OFFLOADED.value:
-        raise CopyIsShelvedImage(str(instance_uuid))
+        raise NotResettable(
+            f"{server} is shelved and offloaded, or being offloaded: its copy is its "
+            "shelved image, not a guest on a host, so its state cannot be reset. Unshelve "
+            "it, or delete it."
+        )
     after = await conn.fetchrow(
-        """UPDATE instances SET vm_state = $2, task_state = NULL, soft_deleted_at = NULL,
-                  updated_at = now()
+        """UPDATE instances SET vm_state = $2, task_state = NULL, updated_at = now()
             WHERE uuid = $1 RETURNING *""",
         instance_uuid,
         vm_state.value,

@@ -93,27 +93,8 @@ async def reset_state(
 
     try:
         changed = await in_transaction(pool, reset, what=f"resetting the state of {instance.uuid}")
-    except instances.NeverBuilt:
-        raise ConflictingRequest(
-            f"Server {instance.uuid} was never built: no guest of it exists, so it cannot "
-            "be made active. Reset it to error, or delete it."
-        ) from None
-    except instances.CopyIsShelvedImage:
-        raise ConflictingRequest(
-            f"Server {instance.uuid} is shelved and offloaded, or being offloaded: its copy "
-            "is its shelved image, not a guest on a host, so its state cannot be reset. "
-            "Unshelve it, or delete it."
-        ) from None
-    except instances.SoftDeleted:
-        raise ConflictingRequest(
-            f"Server {instance.uuid} is soft-deleted: its state cannot be reset. Restore it "
-            "(openstack server restore) to bring it back, or force-delete it."
-        ) from None
-    except instances.BeingDeleted:
-        raise ConflictingRequest(
-            f"Server {instance.uuid} is being deleted: its state cannot be reset. If its "
-            "compute service is down, delete it again to delete it without its agent."
-        ) from None
+    except instances.NotResettable as exc:
+        raise ConflictingRequest(str(exc)) from None
     if changed is None:
         raise ItemNotFound(f"Instance {instance.uuid} could not be found.")
     before, _ = changed
