@@ -1,0 +1,123 @@
+"""A delete an agent of an older release never got is sent again: real RabbitMQ and PostgreSQL.
+
+keel-api cannot withdraw a delete such an agent may have received, so it answered 204;
+the conductor's sweep keeps that promise (:mod:`services.conductor.older_agent_deletes`).
+A stand-in agent deletes what reaches it; sweeps run twice at once, as two conductors
+would run them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from services.compute.rpcapi import ComputeAPI
+from services.conductor.deadlines import TaskDeadline
+from services.conductor.older_agent_deletes import OlderAgentDeletes
+from services.conductor.rpcapi import ConductorAPI
+from shared.context import RequestContext
+from shared.db import instance_actions, instances
+from shared.exceptions import InstanceNotFound
+from shared.objects.states import TaskState
+from shared.rpc.amqp import AmqpTransport
+from shared.versions import TAKING_REQUESTS_VERSION
+from tests.functional.services.conductor.conftest import SOON
+from tests.functional.services.conductor.stand_in import eventually
+from tests.functional.services.conductor.test_deadlines import placed_on_a
+
+pytestmark = pytest.mark.functional
+
+TIMEOUT = 600.0
+
+
+async def deleting_past_its_deadline(
+    pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport, prefix: str
+) -> UUID:
+    """A server built on a stand-in agent, then marked ``deleting`` as keel-api marks it,
+    an hour ago; its delete never reached the agent."""
+    server, _, _ = await placed_on_a(pool, conductor, transport, prefix)
+    async with pool.acquire() as conn:
+        await instances.set_task_state(conn, server, TaskState.DELETING)
+        await instance_actions.start(conn, RequestContext(user_id="u"), server, "delete")
+        await conn.execute(
+            "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
+            server,
+        )
+    return server
+
+
+async def agent_release(pool: asyncpg.Pool, server: UUID, version: int) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services s SET version = $2
+                 FROM compute_nodes n, instances i
+                WHERE i.uuid = $1 AND n.id = i.compute_id AND s.id = n.service_id""",
+            server,
+            version,
+        )
+
+
+def resender(pool: asyncpg.Pool, transport: AmqpTransport) -> OlderAgentDeletes:
+    compute = ComputeAPI(transport, timeout=SOON)
+    return OlderAgentDeletes(pool, compute, timeout=TIMEOUT, down_time=60)
+
+
+async def task_of(pool: asyncpg.Pool, server: UUID) -> str | None:
+    async with pool.acquire() as conn:
+        return (await instances.get(conn, server)).task_state
+
+
+async def gone(pool: asyncpg.Pool, server: UUID) -> bool | None:
+    async with pool.acquire() as conn:
+        try:
+            await instances.get(conn, server)
+        except InstanceNotFound:
+            return True
+    return None
+
+
+async def test_a_delete_an_older_agent_never_got_is_sent_again_once_by_two_sweeps(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-sent")
+    await agent_release(db_pool, server, TAKING_REQUESTS_VERSION - 1)
+
+    # The task deadline leaves it: clearing it would make the 204 keel-api gave a lie.
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
+    assert await task_of(db_pool, server) == TaskState.DELETING
+    sent = await asyncio.gather(*(resender(db_pool, agent_transport).sweep() for _ in range(2)))
+
+    assert sorted(sent) == [0, 1]
+    assert await eventually(lambda: gone(db_pool, server))
+
+
+async def test_a_delete_waits_while_the_older_agent_is_down(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-down")
+    await agent_release(db_pool, server, TAKING_REQUESTS_VERSION - 1)
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services s SET forced_down = true
+                 FROM compute_nodes n, instances i
+                WHERE i.uuid = $1 AND n.id = i.compute_id AND s.id = n.service_id""",
+            server,
+        )
+
+    assert await resender(db_pool, agent_transport).sweep() == 0
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
+    # Neither sent nor cleared: the delete may be in the agent's queue.
+    assert await task_of(db_pool, server) == TaskState.DELETING
+
+
+async def test_a_delete_on_an_agent_that_takes_requests_is_left_to_the_task_deadline(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-new")
+
+    assert await resender(db_pool, agent_transport).sweep() == 0
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 1
+    assert await task_of(db_pool, server) is None
