@@ -20,6 +20,7 @@ from uuid import UUID
 import httpx
 from hypothesis.stateful import RuleBasedStateMachine
 
+from services.api.servers import publish
 from services.compute.rpcapi import topic_for
 from shared.objects import transitions as states
 from shared.rpc.fake import HeldMessage
@@ -165,10 +166,18 @@ class MachineBase(RuleBasedStateMachine):
                 )
             return response
 
+        steps = dict(plan or {})
+        casts_fail = steps.pop("casts_fail", None)
+
         async def go() -> None:
             if not self.w.api.alive:
                 await self.w.start_api()
-            self.rt.start(self.w.api, what, request, **(plan or {}))
+            if casts_fail is not None and self.w.api.transport is not None:
+                # Every attempt keel-api makes at the request's cast fails (perhaps after
+                # the message went out): it withdraws what it can and answers 503.
+                for _ in range(publish.ATTEMPTS):
+                    self.w.api.transport.fail_next_cast(delivered=casts_fail)
+            self.rt.start(self.w.api, what, request, **steps)
 
         self.act(go())
 

@@ -57,6 +57,13 @@ plans = st.one_of(
 #: The release the agents run when an example begins: this one mostly, sometimes the one
 #: before requests were taken (conductor RPC 1.11): a rolling upgrade under way, whose
 #: agents are upgraded as the model restarts them.
+#: What happens to a request a rule sends: what may happen to any activity, or every cast
+#: keel-api makes for it fails, its messages perhaps gone out all the same (a broker that
+#: loses its confirms for a while): keel-api answers 503, which must mean nothing happens.
+requests = st.one_of(
+    plans,
+    st.builds(lambda delivered: {"casts_fail": delivered}, st.booleans()),
+)
 releases = st.sampled_from([SERVICE_VERSION] * 3 + [TAKING_REQUESTS_VERSION - 1])
 ADVANCES = (30.0, DOWN_TIME + 1, 121.0, 601.0, 1801.0, 3601.0)
 
@@ -72,7 +79,7 @@ class KeelMachine(MachineBase):
 
     # -- the API -----------------------------------------------------------------------
 
-    @rule(on=st.none() | hosts, plan=plans)
+    @rule(on=st.none() | hosts, plan=requests)
     def create(self, on: int | None = None, plan: dict[str, Any] | None = None) -> None:
         server: dict[str, Any] = {
             "name": "s",
@@ -87,13 +94,20 @@ class KeelMachine(MachineBase):
             "create", "POST", "/v2.1/servers", body={"server": server}, version="2.74", plan=plan
         )
 
-    @rule(i=index, plan=plans)
+    @rule(on=st.none() | hosts)
+    def boot(self, on: int | None = None) -> None:
+        """A create that goes through: every message it and what came before it cast is
+        delivered (most boots meet no fault; an example spends its steps on later ones)."""
+        self.create(on)
+        self.deliver_all()
+
+    @rule(i=index, plan=requests)
     def delete(self, i: int, plan: dict[str, Any] | None = None) -> None:
         if not self.servers or self.gated_by_move(i, known.DELETE_DURING_MOVE):
             return
         self.api("delete", "DELETE", f"/v2.1/servers/{self.server(i)}", plan=plan)
 
-    @rule(i=index, action=st.sampled_from(["os-stop", "os-start", "soft", "hard"]), plan=plans)
+    @rule(i=index, action=st.sampled_from(["os-stop", "os-start", "soft", "hard"]), plan=requests)
     def power(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
         if not self.servers:
             return
@@ -102,7 +116,7 @@ class KeelMachine(MachineBase):
         )
         self.api(action, "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
-    @rule(i=index, plan=plans)
+    @rule(i=index, plan=requests)
     def rebuild(self, i: int, plan: dict[str, Any] | None = None) -> None:
         """Rebuild a server from its image, in any state: keel-api refuses what it must."""
         if not self.servers:
@@ -113,7 +127,7 @@ class KeelMachine(MachineBase):
     @rule(
         i=index,
         action=st.sampled_from(["addSecurityGroup", "removeSecurityGroup"]),
-        plan=plans,
+        plan=requests,
     )
     def security_group(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
         """Take a server out of its project's default group, or put it back, in any state
@@ -123,7 +137,7 @@ class KeelMachine(MachineBase):
         body = {action: {"name": "default"}}
         self.api(action, "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
-    @rule(i=index, plan=plans)
+    @rule(i=index, plan=requests)
     def snapshot(self, i: int, plan: dict[str, Any] | None = None) -> None:
         """Snapshot a server (createImage), in any state: keel-api refuses what it must.
         The agents' uploads are taken by the world as keel-api takes them."""
@@ -135,7 +149,7 @@ class KeelMachine(MachineBase):
     @rule(
         i=index,
         action=st.sampled_from(["shelve", "shelveOffload", "unshelve", "unshelve-az"]),
-        plan=plans,
+        plan=requests,
     )
     def shelve(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
         """Shelve, offload or unshelve a server (into its zone, 2.77), in any state:
@@ -155,7 +169,7 @@ class KeelMachine(MachineBase):
             plan=plan,
         )
 
-    @rule(i=index, action=st.sampled_from(["restore", "forceDelete"]), plan=plans)
+    @rule(i=index, action=st.sampled_from(["restore", "forceDelete"]), plan=requests)
     def deferred_delete(self, i: int, action: str, plan: dict[str, Any] | None = None) -> None:
         """Restore or force-delete a server, soft-deleted or not (os-deferred-delete)."""
         if not self.servers:
@@ -163,13 +177,17 @@ class KeelMachine(MachineBase):
         body = {action: None}
         self.api(action, "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
-    @rule(i=index, to=st.none() | hosts, plan=plans)
+    @rule(i=index, to=st.none() | hosts, plan=requests)
     def evacuate(self, i: int, to: int | None = None, plan: dict[str, Any] | None = None) -> None:
         """Evacuate a server whatever its host's state: keel-api decides whether the host
         is fenced (a live host, one merely silent, one whose agent died: refused)."""
         server = self.server(i)
-        if server is None:
-            return
+        if server is not None:
+            self._evacuate(server, to, plan)
+
+    def _evacuate(
+        self, server: UUID, to: int | None = None, plan: dict[str, Any] | None = None
+    ) -> None:
         body: dict[str, Any] = {"evacuate": {} if to is None else {"host": self.host(to).name}}
         self.api(
             "evacuate",
@@ -205,17 +223,37 @@ class KeelMachine(MachineBase):
         operator perhaps forces the host down, and evacuates the server straight away
         (keel-api decides whether the host is fenced; the copy there must be off before
         another starts). One step, as an operator does it when an agent will not start."""
-        server = self.server(i)
-        if server is None:
+        settled = self.run(self._settled_on_live_agents())
+        if not settled:
             return
-        source = self.run(self._host_of(server))
-        if source is None or source.gone or not source.powered:
-            return
+        server, source = settled[i % len(settled)]
         self.kill_agent(source.index)
         if force_down:
             self.force_down(source.index, True)
-        self.evacuate(i, to)
+        self._evacuate(server, to)
         self.deliver_all()
+
+    async def _settled_on_live_agents(self) -> list[tuple[UUID, Host]]:
+        """The servers built and at rest on a powered host whose agent runs, oldest first:
+        those whose agent's death an evacuation must not outrun."""
+        async with self.w.db.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT i.uuid, n.uuid AS node FROM instances i
+                     JOIN compute_nodes n ON n.id = i.compute_id
+                    WHERE i.deleted_at IS NULL AND i.task_state IS NULL
+                      AND i.vm_state IN ('active', 'stopped')
+                    ORDER BY i.id"""
+            )
+        hosts = {h.node_uuid: h for h in self.w.hosts if h.node_uuid is not None}
+        return [
+            (row["uuid"], host)
+            for row in rows
+            if (host := hosts.get(row["node"])) is not None
+            and host.powered
+            and not host.gone
+            and host.cut_for is None
+            and self.w.agent(host) is not None
+        ]
 
     @rule(h=hosts)
     def bring_back(self, h: int) -> None:
@@ -236,7 +274,7 @@ class KeelMachine(MachineBase):
         body = {"os-resetState": {"state": state}}
         self.api("os-resetState", "POST", f"/v2.1/servers/{server}/action", body=body)
 
-    @rule(i=index, to=st.none() | hosts, plan=plans)
+    @rule(i=index, to=st.none() | hosts, plan=requests)
     def migrate(self, i: int, to: int | None = None, plan: dict[str, Any] | None = None) -> None:
         if not self.servers:
             return
@@ -250,7 +288,7 @@ class KeelMachine(MachineBase):
             plan=plan,
         )
 
-    @rule(i=index, to=st.none() | hosts, force=st.booleans(), plan=plans)
+    @rule(i=index, to=st.none() | hosts, force=st.booleans(), plan=requests)
     def live_migrate(
         self, i: int, to: int | None = None, force: bool = False, plan: dict[str, Any] | None = None
     ) -> None:
@@ -272,7 +310,7 @@ class KeelMachine(MachineBase):
             plan=plan,
         )
 
-    @rule(i=index, abort=st.booleans(), plan=plans)
+    @rule(i=index, abort=st.booleans(), plan=requests)
     def end_live_migration(self, i: int, abort: bool, plan: dict[str, Any] | None = None) -> None:
         """Abort (2.65) or force-complete (2.22) the server's latest live migration."""
         server = self.server(i)
@@ -297,7 +335,7 @@ class KeelMachine(MachineBase):
             )
         return found
 
-    @rule(i=index, flavor=st.sampled_from(["1", BIG_FLAVOR]), plan=plans)
+    @rule(i=index, flavor=st.sampled_from(["1", BIG_FLAVOR]), plan=requests)
     def resize(self, i: int, flavor: str, plan: dict[str, Any] | None = None) -> None:
         """A cold migration to another flavor (to the server's own flavor: 400)."""
         if not self.servers:
@@ -305,7 +343,7 @@ class KeelMachine(MachineBase):
         body = {"resize": {"flavorRef": flavor}}
         self.api("resize", "POST", f"/v2.1/servers/{self.server(i)}/action", body=body, plan=plan)
 
-    @rule(i=index, confirm=st.booleans(), plan=plans)
+    @rule(i=index, confirm=st.booleans(), plan=requests)
     def finish_resize(self, i: int, confirm: bool, plan: dict[str, Any] | None = None) -> None:
         if not self.servers:
             return

@@ -1017,3 +1017,35 @@ def test_finding_31_a_revert_reset_after_its_server_was_linked_back_is_reverted(
     assert m.moves_of(0) == ["reverted"]
     assert m.state_of(0)[2] == "host0"
     m.teardown()  # I1: its claim on its source, none left on the destination
+
+
+@pytest.mark.parametrize("delivered", [False, True])
+def test_finding_36_a_delete_answered_for_an_older_agent_always_happens(
+    m: KeelMachine, delivered: bool
+) -> None:
+    """Finding 36 (found by the search, seed 4230552597, once API requests could meet a
+    broker that loses its confirms): A's agent is of the release before requests were
+    taken; every attempt at a delete's cast fails, before the broker took the message or
+    after. keel-api cannot withdraw a delete such an agent may act on, so it answers 204
+    — and when the message never left, the task deadline cleared ``deleting`` and the
+    server lived on. The conductor sends it again while the agent is up."""
+    s = Steps(m)
+    m.restart_as(TAKING_REQUESTS_VERSION - 1)
+    s.boot(on=A)
+    s.delete(0, plan={"casts_fail": delivered})
+    assert m.answers[-1] == ("delete", 204)
+    m.teardown()  # I0: the server answered 204 is deleted
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_finding_36_a_force_delete_answered_for_an_older_agent_always_happens(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Finding 36 with soft delete on (seed 1515279842): a forceDelete of a server on an
+    older agent, its every cast lost before the broker took it, answered 202."""
+    s = Steps(m)
+    m.restart_as(TAKING_REQUESTS_VERSION - 1)
+    s.boot(on=A)
+    s.deferred_delete(0, "forceDelete", plan={"casts_fail": False})
+    assert m.answers[-1] == ("forceDelete", 202)
+    m.teardown()  # I0: the server answered 202 is deleted
