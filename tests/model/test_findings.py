@@ -1049,3 +1049,19 @@ def test_finding_36_a_force_delete_answered_for_an_older_agent_always_happens(
     s.deferred_delete(0, "forceDelete", plan={"casts_fail": False})
     assert m.answers[-1] == ("forceDelete", 202)
     m.teardown()  # I0: the server answered 202 is deleted
+
+
+def test_finding_37_a_delete_withdrawn_leaves_an_earlier_deletes_task(m: KeelMachine) -> None:
+    """Finding 37 (found by the search, seed 3693425815): a delete answered 204, its
+    terminate on its way; a second delete of the server, every cast of it lost, was
+    withdrawn (503) — and its withdrawal cleared the ``deleting`` task the first had set.
+    The first's terminate then destroyed the guest of a server shown ACTIVE. A withdrawn
+    delete leaves a task it found as it found it."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.delete(0)
+    s.delete(0, plan={"casts_fail": False})
+    assert m.answers[-2:] == [("delete", 204), ("delete", 503)]
+    assert m.state_of(0)[:2] == ("active", "deleting")
+    s.deliver_all()
+    m.teardown()  # I3: no current copy destroyed; I0: the delete answered 204 happened

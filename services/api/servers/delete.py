@@ -260,10 +260,20 @@ async def _restore(
 ) -> bool:
     """Undo the ``deleting`` mark after the delete could not be sent, and withdraw the
     request; False if its agent already took it (or, an agent of an older release,
-    deleted the server, or its task moved on)."""
+    deleted the server, or its task moved on).
+
+    A server already ``deleting`` when this delete came keeps its task: an earlier delete
+    marked it, whose message may be on its way (it was answered 204), or whose deadline
+    clears it; withdrawn, this one leaves the server as it found it."""
 
     async def restore(conn: Connection) -> bool:
         async def undo() -> bool:
+            if instance.task_state == TaskState.DELETING:
+                still = await conn.fetchval(
+                    "SELECT task_state FROM instances WHERE uuid = $1 AND deleted_at IS NULL",
+                    instance.uuid,
+                )
+                return bool(still == TaskState.DELETING.value)
             restored = await instances.swap_task_state(
                 conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
             )

@@ -250,3 +250,32 @@ async def test_a_delete_that_cannot_be_sent_is_503_and_the_server_unchanged(
     async with db_pool.acquire() as conn:
         shown = await instances.get(conn, server)
     assert (shown.vm_state, shown.task_state, shown.deleted_at) == (VmState.ACTIVE, None, None)
+
+
+async def test_a_delete_that_cannot_be_sent_leaves_an_earlier_deletes_task(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    """A server already ``deleting`` (an earlier delete answered 204, its terminate on its
+    way): a second delete that cannot be sent is withdrawn (503) and leaves the task for
+    the earlier one, whose agent then deletes the server (finding 37)."""
+    client, conductor, compute = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-f")
+    await takes_requests(db_pool, "pub-f")
+    server = await _active_server(client, db_pool, conductor)
+    async with db_pool.acquire() as conn:
+        await instances.set_task_state(conn, server, TaskState.DELETING)
+
+    response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
+
+    assert response.status_code == 503, response.text
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+        withdrawn = await conn.fetchval(
+            """SELECT count(*) FROM instance_actions
+                WHERE instance_uuid = $1 AND action = 'delete' AND withdrawn_at IS NOT NULL""",
+            server,
+        )
+    assert compute.attempts == publish.ATTEMPTS
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.DELETING)
+    assert withdrawn == 1
