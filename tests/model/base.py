@@ -140,6 +140,11 @@ class MachineBase(RuleBasedStateMachine):
         version: str | None = None,
         plan: dict[str, Any] | None = None,
     ) -> None:
+        deleting = what in ("delete", "forceDelete")
+        # A delete of a server already gone (its create withdrawn, or deleted before)
+        # promises nothing, whatever it answers (404, or 503 in an outage).
+        gone_before = deleting and self.run(self._gone(UUID(path.split("/")[3])))
+
         async def request() -> httpx.Response:
             assert self.w.http is not None
             headers = {"OpenStack-API-Version": f"compute {version}"} if version else {}
@@ -148,7 +153,7 @@ class MachineBase(RuleBasedStateMachine):
             self.answers.append((what, status))
             if what == "create" and status == 202:
                 self.created.add(UUID(response.json()["server"]["id"]))
-            if what in ("delete", "forceDelete"):
+            if deleting and not gone_before:
                 server = UUID(path.split("/")[3])
                 # Once a delete was accepted the server must go, whatever a later delete
                 # of it answers (a 503 then says that that request did nothing). A soft
@@ -180,6 +185,14 @@ class MachineBase(RuleBasedStateMachine):
             self.rt.start(self.w.api, what, request, **steps)
 
         self.act(go())
+
+    async def _gone(self, server: UUID) -> bool:
+        async with self.w.db.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT deleted_at IS NOT NULL FROM instances WHERE uuid = $1", server
+                )
+            )
 
     async def _host_of(self, server: UUID) -> Host | None:
         async with self.w.db.acquire() as conn:

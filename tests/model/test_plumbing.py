@@ -117,3 +117,18 @@ def test_a_message_in_the_queue_of_a_service_deleted_for_good_is_not_left_undone
     assert [h.topic for h in m.rt.broker.held] == left
     assert m.run(m._held()) == []
     m.teardown()
+
+
+def test_a_delete_of_a_server_already_gone_promises_nothing(m: KeelMachine) -> None:
+    """A server whose create keel-api withdrew (503) is gone; a force-delete of it during
+    a database outage answers 503 too, and I0 does not count the server's being gone
+    against that 503 (the search, seed 1671428202, stopped on it). A delete that found
+    its server still there keeps its promise: see finding 18's examples."""
+    s = Steps(m)
+    s.create(plan={"casts_fail": True})
+    assert m.answers == [("create", 503)]
+    assert m.state_of(0)[0] == "deleted"
+    s.database_outage("api", 3)
+    s.deferred_delete(0, "forceDelete")
+    assert m.answers[-1] == ("forceDelete", 503)
+    m.teardown()
