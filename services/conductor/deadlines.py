@@ -20,9 +20,10 @@ the others), so one of them wins and the rest find it done. A pass:
   in-place unshelve past ``KEEL_TASK_TIMEOUT`` left as it was, an offload past it
   completed, an unshelve's build past ``KEEL_BUILD_TIMEOUT`` back to SHELVED_OFFLOADED,
   and servers shelved for longer than a positive ``KEEL_SHELVED_OFFLOAD_TIME`` offloaded;
-* **deletes sent to an agent of an older release** and still not done past
-  ``KEEL_TASK_TIMEOUT`` (:mod:`services.conductor.older_agent_deletes`): sent again while
-  that agent is up (keel-api answered 204 for them and could not withdraw them);
+* **deletes no agent took** past ``KEEL_TASK_TIMEOUT``
+  (:mod:`services.conductor.untaken_deletes`): sent again while their host's compute
+  service is up, and never cleared (keel-api may have answered 204 for them without
+  being able to withdraw them);
 * **every other task** — stop, start, reboot, delete, rebuild, soft delete, restore,
   snapshot — past ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a
   server still building goes back to its build's task, which the build deadline ends; a
@@ -45,10 +46,10 @@ from services.conductor.moves import live_deadline
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.held import HeldMoves
 from services.conductor.moves.sweep import MigrationSweep
-from services.conductor.older_agent_deletes import ON_AN_OLDER_AGENT_SQL, OlderAgentDeletes
 from services.conductor.reclaim import SoftDeleteReclaim
 from services.conductor.rpcapi import ConductorAPI
 from services.conductor.shelving import ShelveDeadline
+from services.conductor.untaken_deletes import UNTAKEN_DELETE_SQL, UntakenDeletes
 from shared.config import Settings
 from shared.db import instance_actions, snapshots
 from shared.objects.states import SNAPSHOT_TASKS, TaskState
@@ -106,7 +107,7 @@ class TaskDeadline:
                      FROM (SELECT i.id, i.task_state FROM instances i
                             WHERE i.task_state = ANY($1::text[]) AND i.deleted_at IS NULL
                               AND i.updated_at < now() - make_interval(secs => $2)
-                              AND NOT (i.task_state = 'deleting' AND {ON_AN_OLDER_AGENT_SQL})
+                              AND NOT (i.task_state = 'deleting' AND {UNTAKEN_DELETE_SQL})
                             ORDER BY i.id LIMIT 100
                               FOR UPDATE OF i SKIP LOCKED) old
                     WHERE i.id = old.id AND i.task_state = old.task_state
@@ -179,7 +180,7 @@ class Deadlines:
             down_time=down_time,
         )
         self.tasks = TaskDeadline(pool, settings.task_timeout)
-        self.older_deletes = OlderAgentDeletes(
+        self.untaken_deletes = UntakenDeletes(
             pool, compute, timeout=settings.task_timeout, down_time=down_time
         )
         self.reclaim = SoftDeleteReclaim(
@@ -225,7 +226,7 @@ class Deadlines:
         # back to its build, whose deadline this same pass may then end.
         steps: list[tuple[str, Callable[[], Awaitable[int]]]] = [
             ("task", self.tasks.sweep),
-            ("delete to an older agent", self.older_deletes.sweep),
+            ("untaken delete", self.untaken_deletes.sweep),
             ("build", self.build.sweep),
             ("move", self.moves.sweep),
             ("live migration", self._live_migrations),

@@ -464,15 +464,17 @@ class MachineBase(RuleBasedStateMachine):
     async def _waiting_on_time(self) -> bool:
         """Whether something ended the last round waiting on a deadline of its own: a move
         that reached ``finished`` only after that round's time passed waits for its
-        confirm window, and a soft-deleted server whose reclaim could not be sent waits
-        for the next sweep; another round passes both. (An evacuation ``done`` waits for
-        its source's agent, not for time: a host gone for good leaves it so.)"""
+        confirm window, a soft-deleted server whose reclaim could not be sent and a server
+        whose delete no agent took (its sending again failed) wait for the next sweep;
+        another round passes them. (An evacuation ``done`` waits for its source's agent,
+        not for time: a host gone for good leaves it so.)"""
         async with self.w.db.acquire() as conn:
             waiting: bool = await conn.fetchval(
                 """SELECT EXISTS (SELECT 1 FROM migrations
                                    WHERE status <> ALL($1::text[]) AND status <> 'done')
                        OR EXISTS (SELECT 1 FROM instances
-                                   WHERE vm_state = 'soft-delete' AND deleted_at IS NULL)""",
+                                   WHERE (vm_state = 'soft-delete' OR task_state = 'deleting')
+                                     AND deleted_at IS NULL)""",
                 list(states.TERMINAL),
             )
         return waiting

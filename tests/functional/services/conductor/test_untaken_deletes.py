@@ -1,7 +1,7 @@
 """A delete an agent of an older release never got is sent again: real RabbitMQ and PostgreSQL.
 
 keel-api cannot withdraw a delete such an agent may have received, so it answered 204;
-the conductor's sweep keeps that promise (:mod:`services.conductor.older_agent_deletes`).
+the conductor's sweep keeps that promise (:mod:`services.conductor.untaken_deletes`).
 A stand-in agent deletes what reaches it; sweeps run twice at once, as two conductors
 would run them.
 """
@@ -16,8 +16,8 @@ import pytest
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.deadlines import TaskDeadline
-from services.conductor.older_agent_deletes import OlderAgentDeletes
 from services.conductor.rpcapi import ConductorAPI
+from services.conductor.untaken_deletes import UntakenDeletes
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
 from shared.exceptions import InstanceNotFound
@@ -60,9 +60,9 @@ async def agent_release(pool: asyncpg.Pool, server: UUID, version: int) -> None:
         )
 
 
-def resender(pool: asyncpg.Pool, transport: AmqpTransport) -> OlderAgentDeletes:
+def resender(pool: asyncpg.Pool, transport: AmqpTransport) -> UntakenDeletes:
     compute = ComputeAPI(transport, timeout=SOON)
-    return OlderAgentDeletes(pool, compute, timeout=TIMEOUT, down_time=60)
+    return UntakenDeletes(pool, compute, timeout=TIMEOUT, down_time=60)
 
 
 async def task_of(pool: asyncpg.Pool, server: UUID) -> str | None:
@@ -113,11 +113,30 @@ async def test_a_delete_waits_while_the_older_agent_is_down(
     assert await task_of(db_pool, server) == TaskState.DELETING
 
 
-async def test_a_delete_on_an_agent_that_takes_requests_is_left_to_the_task_deadline(
+async def test_a_delete_an_agent_took_is_left_to_the_task_deadline(
     db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
 ) -> None:
-    server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-new")
+    """Taken, the delete is the agent's (a redelivery finishes it): not sent again, and
+    the task deadline clears the task as for any other."""
+    server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-took")
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instance_actions SET taken_at = now() WHERE instance_uuid = $1", server
+        )
 
     assert await resender(db_pool, agent_transport).sweep() == 0
     assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 1
     assert await task_of(db_pool, server) is None
+
+
+async def test_an_untaken_delete_is_sent_again_after_its_agent_was_upgraded(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """The delete keel-api could not confirm to an older agent never left; the agent was
+    upgraded since (it takes requests now). The task deadline still leaves the server,
+    and the delete, sent again under its own request id, is taken and done."""
+    server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-upg")
+
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
+    assert await resender(db_pool, agent_transport).sweep() == 1
+    assert await eventually(lambda: gone(db_pool, server))
