@@ -220,3 +220,21 @@ async def test_a_note_does_not_invent_a_minimum_it_never_read(
 
     assert await cache.minimum(COMPUTE) == 1
     assert deployment.asked == 2
+
+
+async def test_by_default_a_cached_minimum_ages_on_the_event_loops_clock(
+    deployment: Deployment, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncio's clock, not the wall's: a test that drives its loop's time (the model)
+    sees the cache expire as its time passes, however fast it runs."""
+    deployment.counts[COMPUTE] = {3: 1}
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
+    cache = MinimumVersions(ttl=60, fetch=deployment.fetch, metrics=Metrics())
+
+    assert await cache.minimum(COMPUTE) == 3
+    deployment.counts[COMPUTE] = {4: 1}
+    clock.now += 59
+    assert await cache.minimum(COMPUTE) == 3
+    clock.now += 2
+    assert await cache.minimum(COMPUTE) == 4
+    assert deployment.asked == 2
