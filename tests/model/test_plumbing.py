@@ -132,3 +132,26 @@ def test_a_delete_of_a_server_already_gone_promises_nothing(m: KeelMachine) -> N
     s.deferred_delete(0, "forceDelete")
     assert m.answers[-1] == ("forceDelete", 503)
     m.teardown()
+
+
+def test_a_moves_claim_before_its_destination_is_recorded_may_be_anywhere(
+    m: KeelMachine,
+) -> None:
+    """A live migration's conductor handler paused after the scheduler claimed its
+    destination, before the conductor recorded it (the search, seed 3830007340): the
+    claim is on a node the move does not name yet, as a build's is. The per-step I1
+    allows it; the move's deadline or its resumption settles it."""
+    s = Steps(m)
+    s.boot()
+    s.live_migrate(0, force=False, plan={}, to=None)
+    m.deliver(0, lose_ack=False, plan={"pause_at": 8})
+    m.every_step()
+
+    async def move() -> tuple[str, int | None]:
+        async with m.w.db.acquire() as conn:
+            row = await conn.fetchrow("SELECT status, dest_compute_id FROM migrations")
+        assert row is not None
+        return row["status"], row["dest_compute_id"]
+
+    assert m.run(move()) == ("accepted", None)
+    m.teardown()
