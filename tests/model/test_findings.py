@@ -1084,3 +1084,19 @@ def test_finding_37_a_delete_withdrawn_leaves_an_earlier_deletes_task(m: KeelMac
     assert m.state_of(0)[:2] == ("active", "deleting")
     s.deliver_all()
     m.teardown()  # I3: no current copy destroyed; I0: the delete answered 204 happened
+
+
+def test_finding_38_a_timed_out_migration_leaves_a_server_that_moved_on(m: KeelMachine) -> None:
+    """Finding 38 (found by the search, seed 1217687537, example 395): a migration not
+    yet begun (its cast held) whose server an admin reset to ACTIVE; the host then
+    crashed and the server was evacuated. The migration, timed out, put the server back
+    "on its source": it asked the crashed host to start the guest there and, failing,
+    put the server — ACTIVE on the evacuation's host — in ERROR. A move's deadline leaves
+    a server no longer on its source as it is."""
+    s = Steps(m)
+    s.boot()
+    s.migrate(0)
+    s.reset_state(0, "active")
+    s.evacuate_crashed(0)
+    assert m.state_of(0)[:2] == ("active", None)
+    m.teardown()  # I5: active → error is no transition a timed-out move may make

@@ -116,6 +116,12 @@ class MoveDeadline:
             instance = await instances.find(conn, migration.instance_uuid)
             tasks = tuple(dict.fromkeys((kind.choosing, kind.building)))
             was_running = instance is not None and instance.power_state != PowerState.SHUTDOWN
+            # A server no longer on the move's source moved on since (an admin reset it,
+            # then it was evacuated): what this move would put back is not its copy.
+            moved_on = instance is None or instance.compute_id not in (
+                None,
+                migration.source_compute_id,
+            )
             if kind is EVACUATION:
                 for task in tasks:
                     await instances.fail_task(conn, migration.instance_uuid, task, message=message)
@@ -139,6 +145,8 @@ class MoveDeadline:
             await instance_actions.finish(conn, migration.instance_uuid, kind.action, message)
         if kind is EVACUATION:
             outcome = "; the server is in ERROR"
+        elif moved_on:
+            outcome = "; the server is no longer on its source (it moved on since): left as it is"
         elif stray is not None:
             outcome = f"; the server stays SHUTOFF on its source: the copy on {stray} may run"
         else:
@@ -155,7 +163,7 @@ class MoveDeadline:
         )
         if kind is EVACUATION:
             await self._stop_destination_copy(migration)
-        elif stray is None:
+        elif stray is None and not moved_on:
             await self._back_to_source(migration, was_running, message)
         return True
 

@@ -188,6 +188,42 @@ async def test_a_cold_migration_whose_destination_died_goes_back_to_its_source(
     await until(lambda: any(r.power_on for r in agent_a.reverted))
 
 
+async def test_a_cold_migration_whose_server_moved_on_leaves_it_as_it_is(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Finding 38: while the migration waited, an admin reset its server and the server
+    was evacuated to another host. The migration, timed out, must neither start a guest
+    on its source nor put the server, ACTIVE elsewhere, in ERROR."""
+    instance_uuid, node_a, agent_a = await placed_on_a(db_pool, conductor, agent_transport, "dl-on")
+    node_b, _ = await silent_host(conductor, agent_transport, "dl-on-b")
+    migration = await start_move(db_pool, conductor, MIGRATION, instance_uuid, node_a)
+    pending = await migration_status(db_pool, migration.uuid, MigrationStatus.PRE_MIGRATING)
+    assert pending.dest_compute_id == node_b
+    registration_c, _ = await host(conductor, agent_transport, "dl-on-c")
+    async with db_pool.acquire() as conn:
+        # The reset, then the evacuation's end: the server ACTIVE on C with no task.
+        await conn.execute(
+            """UPDATE instances SET task_state = NULL, vm_state = 'active', compute_id = $2,
+                                    host = 'dl-on-c', node = 'dl-on-c'
+                WHERE uuid = $1""",
+            instance_uuid,
+            registration_c.node_id,
+        )
+    await aged(db_pool, pending)
+
+    instance, message = await ended_by_two_sweeps(db_pool, agent_transport, migration)
+
+    assert (instance.vm_state, instance.task_state, instance.compute_id) == (
+        VmState.ACTIVE,
+        None,
+        registration_c.node_id,
+    )
+    assert instance.fault is None
+    assert message is not None
+    await asyncio.sleep(0.5)  # a power-on cast to A would have reached its stand-in by now
+    assert not any(r.power_on for r in agent_a.reverted)
+
+
 async def test_an_evacuation_whose_destination_died_ends_in_error(
     db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
 ) -> None:
