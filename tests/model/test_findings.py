@@ -1100,3 +1100,23 @@ def test_finding_38_a_timed_out_migration_leaves_a_server_that_moved_on(m: KeelM
     s.evacuate_crashed(0)
     assert m.state_of(0)[:2] == ("active", None)
     m.teardown()  # I5: active → error is no transition a timed-out move may make
+
+
+def test_finding_39_a_delete_withdrawn_leaves_the_mark_of_one_sent_beside_it(
+    m: KeelMachine,
+) -> None:
+    """Finding 39 (found by the search, seed 3521208881, example 930): two deletes of a
+    server being live-migrated, both begun from that state; the first, every cast of it
+    lost, was withdrawn (503) and put back the task it had found (``migrating``) over the
+    ``deleting`` mark the second — sent, 204 — had written. The second's terminate then
+    destroyed the guest of a server shown migrating. A withdrawn delete leaves the mark
+    of another delete under way."""
+    s = Steps(m)
+    s.boot()
+    s.delete(0, plan={"pause_at": 1})
+    s.delete(0, plan={"pause_at": 1})
+    s.live_migrate(0, force=False, plan={}, to=None)
+    s.cast_fails("api", delivered=False, times=3)
+    s.deliver_all()
+    assert sorted(a for a in m.answers if a[0] == "delete") == [("delete", 204), ("delete", 503)]
+    m.teardown()  # I3: no current copy destroyed; I0: the delete answered 204 happened

@@ -262,13 +262,17 @@ async def _restore(
     request; False if its agent already took it (or, an agent of an older release,
     deleted the server, or its task moved on).
 
-    A server already ``deleting`` when this delete came keeps its task: an earlier delete
-    marked it, whose message may be on its way (it was answered 204), or whose deadline
-    clears it; withdrawn, this one leaves the server as it found it."""
+    A server another delete marked ``deleting`` keeps its task: one that came earlier,
+    or one at the same time that began from the same state as this one (each wrote the
+    mark; only the last to withdraw may take it back). That delete's message may be on
+    its way (it was answered 204), or its deadline clears the task; withdrawn, this one
+    leaves the server as that delete left it."""
 
     async def restore(conn: Connection) -> bool:
         async def undo() -> bool:
-            if instance.task_state == TaskState.DELETING:
+            if instance.task_state == TaskState.DELETING or await _another_delete_under_way(
+                conn, instance.uuid, ctx.request_id
+            ):
                 still = await conn.fetchval(
                     "SELECT task_state FROM instances WHERE uuid = $1 AND deleted_at IS NULL",
                     instance.uuid,
@@ -284,6 +288,21 @@ async def _restore(
         )
 
     return await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
+
+
+async def _another_delete_under_way(conn: Connection, server: UUID, request_id: str) -> bool:
+    """Whether a delete of ``server`` other than request ``request_id`` is recorded and
+    neither withdrawn nor ended (it marked the server ``deleting`` with its record)."""
+    found: bool = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM instance_actions
+                           WHERE instance_uuid = $1 AND action = $3
+                             AND request_id IS DISTINCT FROM $2
+                             AND withdrawn_at IS NULL AND finish_time IS NULL)""",
+        server,
+        request_id,
+        DELETE_ACTION,
+    )
+    return found
 
 
 def instance_task(instance: Instance) -> TaskState | None:

@@ -21,7 +21,7 @@ from services.compute.rpcapi import ComputeAPI
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import compute_nodes, instances
+from shared.db import compute_nodes, instance_actions, instances
 from shared.exceptions import MessagingTimeout
 from shared.objects.instance import RequestedDestination
 from shared.objects.states import PowerState, TaskState, VmState
@@ -279,3 +279,50 @@ async def test_a_delete_that_cannot_be_sent_leaves_an_earlier_deletes_task(
     assert compute.attempts == publish.ATTEMPTS
     assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.DELETING)
     assert withdrawn == 1
+
+
+class RacedCompute(LosingCompute):
+    """Every delete cast is lost, and while the first is on its way another delete of the
+    same server marks it ``deleting`` and records itself, as one sent beside it would."""
+
+    async def terminate_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        if self.attempts == 0:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await instances.set_task_state(conn, instance_uuid, TaskState.DELETING)
+                await instance_actions.start(
+                    conn, RequestContext(user_id="other"), instance_uuid, "delete"
+                )
+        await super().terminate_instance(ctx, service_uuid, instance_uuid)
+
+
+async def test_a_delete_that_cannot_be_sent_leaves_the_mark_of_another_under_way(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> None:
+    """Finding 39: two deletes begun from the same state; the one that could not be sent
+    is withdrawn (503) and leaves the ``deleting`` mark of the other, which was sent."""
+    conductor = LosingConductor(transport, db_pool, taken=False)
+    compute = RacedCompute(transport, db_pool, taken=False)
+    app = create_app(settings, db_pool, conductor, compute)
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-g")
+    await takes_requests(db_pool, "pub-g")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server = await _active_server(client, db_pool, conductor)
+
+        response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
+
+    assert response.status_code == 503, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+        live = await conn.fetchval(
+            """SELECT count(*) FROM instance_actions
+                WHERE instance_uuid = $1 AND action = 'delete' AND withdrawn_at IS NULL""",
+            server,
+        )
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.DELETING)
+    assert live == 1
