@@ -498,6 +498,11 @@ async def reset_state(
             f"{server} is being deleted: its state cannot be reset. If its compute service "
             "is down, delete it again to delete it without its agent."
         )
+    if before["task_state"] == TaskState.SOFT_DELETING.value:
+        raise NotResettable(
+            f"{server} is being soft-deleted (a delete keel-api accepted): its state cannot "
+            "be reset. Restore it once it is soft-deleted, or force-delete it."
+        )
     if before["vm_state"] == VmState.SOFT_DELETED.value:
         raise NotResettable(
             f"{server} is soft-deleted: its state cannot be reset. Restore it (openstack "

@@ -1120,3 +1120,20 @@ def test_finding_39_a_delete_withdrawn_leaves_the_mark_of_one_sent_beside_it(
     s.deliver_all()
     assert sorted(a for a in m.answers if a[0] == "delete") == [("delete", 204), ("delete", 503)]
     m.teardown()  # I3: no current copy destroyed; I0: the delete answered 204 happened
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_finding_40_a_reset_of_a_server_being_soft_deleted_is_refused(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Finding 40 (found by the search, seed 3280377776, example 2,053): with soft delete
+    on, a DELETE answered 204 sent its soft delete; an admin's reset while it was on its
+    way cleared ``soft-deleting``, the agent's soft delete then acted on nothing, and the
+    server lived on. Finding 34's refusal, for a soft delete: 409."""
+    s = Steps(m)
+    s.boot()
+    s.delete(0)
+    s.deliver_oldest()
+    s.reset_state(0, "active")
+    assert m.answers[-2:] == [("delete", 204), ("os-resetState", 409)]
+    m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came

@@ -22,9 +22,10 @@ promise keel made:
 * a server being deleted: keel-api answered its delete 204, and the delete goes on
   (its agent may be destroying the guest already). If its agent is down, deleting it
   again deletes it without the agent;
-* a server soft-deleted: its delete was answered 204 and is reclaimed in time unless it
-  is restored; a restore brings it back with its guest started, a reset would leave it
-  ACTIVE with its guest off.
+* a server soft-deleted, or being soft-deleted: its delete was answered 204 and is
+  reclaimed in time unless it is restored; a restore brings it back with its guest
+  started, a reset would leave it ACTIVE with its guest off (or, during the soft delete,
+  end it: the server would stay).
 
 Resetting is a plain write of what the admin asked, so two resets at once both succeed
 and the later one's state stays; each is logged with the states it replaced.

@@ -120,6 +120,8 @@ async def test_a_server_never_built_is_not_made_active_but_may_be_made_error(
     [
         ("active", "deleting", "being deleted"),
         ("soft-delete", "deleting", "being deleted"),
+        ("active", "soft-deleting", "being soft-deleted"),
+        ("stopped", "soft-deleting", "being soft-deleted"),
         ("soft-delete", None, "soft-deleted"),
         ("soft-delete", "restoring", "soft-deleted"),
         ("shelved", "shelving_offloading", "shelved image"),
