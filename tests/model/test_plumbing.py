@@ -155,3 +155,21 @@ def test_a_moves_claim_before_its_destination_is_recorded_may_be_anywhere(
 
     assert m.run(move()) == ("accepted", None)
     m.teardown()
+
+
+def test_a_delete_cut_off_after_its_cast_may_delete_whatever_a_later_one_answers(
+    m: KeelMachine,
+) -> None:
+    """A delete paused after sending its terminate, then cut off with its keel-api
+    (killed during another delete), never answered: its delete may happen. A third
+    delete, withdrawn (503), did nothing — and I0 does not count the server's being
+    deleted against it (the search, seed 3423950737, stopped on it)."""
+    s = Steps(m)
+    s.boot()
+    s.delete(0, plan={"pause_at": 12})
+    assert m.state_of(0)[:2] == ("active", "deleting")
+    s.delete(0, plan={"kill_at": 1})
+    s.delete(0, plan={"casts_fail": False})
+    assert [a for a in m.answers if a[0] == "delete"] == [("delete", 503)]
+    m.teardown()
+    assert m.state_of(0)[0] == "deleted"
