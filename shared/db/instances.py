@@ -463,6 +463,17 @@ async def begin_reclaim(conn: Connection, interval: float, *, batch: int = 100) 
     return [Instance.from_row(row) for row in rows]
 
 
+async def _last_rebuild_failed(conn: Connection, instance_uuid: UUID) -> bool:
+    """Whether the server's latest action (resets aside) is a rebuild that failed."""
+    row = await conn.fetchrow(
+        """SELECT action, result FROM instance_actions
+            WHERE instance_uuid = $1 AND action <> 'resetState'
+            ORDER BY id DESC LIMIT 1""",
+        instance_uuid,
+    )
+    return row is not None and row["action"] == "rebuild" and row["result"] == "Error"
+
+
 class NotResettable(Exception):
     """An admin's reset would break what keel promised (nothing changed); the message
     says why, and what to do instead."""
@@ -478,8 +489,9 @@ async def reset_state(
     to ACTIVE of a server whose build never succeeded (no guest of it exists anywhere), a
     server being deleted (its agent may be destroying its guest: the delete goes on), one
     soft-deleted (a restore brings it back with its guest started; a reset would leave it
-    ACTIVE with its guest off), and one offloaded or being offloaded (its copy is its
-    shelved image, which a state on a host would leave behind).
+    ACTIVE with its guest off), one offloaded or being offloaded (its copy is its
+    shelved image, which a state on a host would leave behind), and a reset to ACTIVE of
+    a server in ERROR because its last rebuild failed (its old guest may be gone).
     """
     before = await conn.fetchrow(
         "SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL FOR UPDATE",
@@ -492,6 +504,16 @@ async def reset_state(
         raise NotResettable(
             f"{server} was never built: no guest of it exists, so it cannot be made "
             "active. Reset it to error, or delete it."
+        )
+    if (
+        vm_state == VmState.ACTIVE
+        and before["vm_state"] == VmState.ERROR.value
+        and await _last_rebuild_failed(conn, instance_uuid)
+    ):
+        raise NotResettable(
+            f"{server} is in error because its last rebuild failed: its old guest may be "
+            "gone and no new one runs, so it cannot be made active. Rebuild it again, or "
+            "delete it."
         )
     if before["task_state"] == TaskState.DELETING.value:
         raise NotResettable(

@@ -1137,3 +1137,24 @@ def test_finding_40_a_reset_of_a_server_being_soft_deleted_is_refused(
     s.reset_state(0, "active")
     assert m.answers[-2:] == [("delete", 204), ("os-resetState", 409)]
     m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came
+
+
+def test_finding_41_a_server_whose_rebuild_failed_is_not_reset_to_active(
+    m: KeelMachine,
+) -> None:
+    """Finding 41 (found by the search, seed 1221867230, example 987): a rebuild whose
+    spawn failed left the server in ERROR with its old guest destroyed and no new one;
+    an admin's reset made it ACTIVE with no copy anywhere. Refused now (409: rebuild it
+    again, or delete it); the rebuild again brings it back."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.fail_next(A, "spawn")
+    s.rebuild(0)
+    s.deliver_all()
+    assert m.state_of(0)[0] == "error"
+    s.reset_state(0, "active")
+    assert m.answers[-1] == ("os-resetState", 409)
+    s.rebuild(0)
+    s.deliver_all()
+    assert m.state_of(0)[:2] == ("active", None)
+    m.teardown()  # I2: a live server has exactly one copy

@@ -15,7 +15,9 @@ Refusals Nova does not make (409, nothing changed), each where a reset would bre
 promise keel made:
 
 * a server whose build never succeeded has no guest anywhere, so it is not made ACTIVE;
-  it may be reset to ERROR, or deleted;
+  it may be reset to ERROR, or deleted; nor is one in ERROR because its last rebuild
+  failed (its old guest may be destroyed and no new one runs): a rebuild again brings it
+  back;
 * a server offloaded or being offloaded by a shelve: its copy is its shelved image, not
   a guest on a host (an offload that does not finish is completed by keel's task
   deadline, an unshelve that does not finish is sent back by the build deadline);

@@ -273,3 +273,42 @@ async def test_a_reset_whose_database_call_fails_once_is_whole_or_absent_then_re
     again = await outage_client.post(action, headers=ADMIN, json=reset("error"))
     assert again.status_code == 202, again.text
     assert await states(db_pool, server) == ("error", None)
+
+
+async def test_a_server_whose_rebuild_failed_is_not_made_active(
+    client: httpx.AsyncClient, db_pool: asyncpg.Pool, server: str
+) -> None:
+    """Finding 41: a rebuild that failed leaves its server in ERROR, its old guest perhaps
+    destroyed and no new one running. A reset to ACTIVE is refused (409, nothing
+    changed); to ERROR it is not, and a rebuild that succeeds lifts the refusal."""
+    uuid = UUID(server)
+    async with db_pool.acquire() as conn:
+        await conn.execute("UPDATE instances SET vm_state = 'error' WHERE uuid = $1", uuid)
+        await conn.execute(
+            """INSERT INTO instance_actions (instance_uuid, action, request_id, finish_time,
+                                             result, message)
+               VALUES ($1, 'rebuild', 'req-failed', now(), 'Error', 'spawn failed')""",
+            uuid,
+        )
+    action = f"/v2.1/servers/{server}/action"
+    before = await states(db_pool, server)
+
+    refused = await client.post(action, headers=ADMIN, json=reset("active"))
+    assert refused.status_code == 409, refused.text
+    assert "last rebuild failed" in refused.json()["conflictingRequest"]["message"]
+    assert await states(db_pool, server) == before
+    to_error = await client.post(action, headers=ADMIN, json=reset("error"))
+    assert to_error.status_code == 202, to_error.text
+    again = await client.post(action, headers=ADMIN, json=reset("active"))
+    assert again.status_code == 409, again.text
+
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """INSERT INTO instance_actions (instance_uuid, action, request_id, finish_time,
+                                             result)
+               VALUES ($1, 'rebuild', 'req-done', now(), 'Success')""",
+            uuid,
+        )
+    allowed = await client.post(action, headers=ADMIN, json=reset("active"))
+    assert allowed.status_code == 202, allowed.text
+    assert await states(db_pool, server) == ("active", None)
