@@ -445,12 +445,21 @@ class MachineBase(RuleBasedStateMachine):
             for host in w.hosts:
                 w.reconcile(host)
             await self.drain()
-            if not await self._held() and not rt.paused() and not await self._waiting_on_time():
+            # An agent that could not start this round (its conductor's database was out
+            # while it registered) starts in the next: its guests are not reconciled yet.
+            down = [h for h in w.hosts if not h.gone and w.agent(h) is None]
+            if (
+                not await self._held()
+                and not rt.paused()
+                and not down
+                and not await self._waiting_on_time()
+            ):
                 return []
         held = [h.message.body[:80].decode(errors="replace") for h in await self._held()]
         return [
             f"I4 the cloud did not drain in {SETTLE_ROUNDS} rounds: {len(held)} message(s) "
-            f"held ({held[:3]}), {len(rt.paused())} activity(ies) paused"
+            f"held ({held[:3]}), {len(rt.paused())} activity(ies) paused, agents of "
+            f"{[h.name for h in w.hosts if not h.gone and w.agent(h) is None]} not running"
         ]
 
     async def _held(self) -> list[HeldMessage]:

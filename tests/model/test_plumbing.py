@@ -173,3 +173,18 @@ def test_a_delete_cut_off_after_its_cast_may_delete_whatever_a_later_one_answers
     assert [a for a in m.answers if a[0] == "delete"] == [("delete", 503)]
     m.teardown()
     assert m.state_of(0)[0] == "deleted"
+
+
+def test_the_settle_waits_for_an_agent_that_could_not_start(m: KeelMachine) -> None:
+    """A server deleted without its agent while its host was down (crashed and forced
+    down); at the settle the host's agent could not register at first (its conductor's
+    database refused the connections), so its guests were not reconciled and the
+    deleted server's guest stayed (the search, seed 1586215118, reported I2). The settle
+    runs another round until every agent of a host not gone runs."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.crash(A, force_down=True)
+    s.delete(0)
+    assert m.state_of(0)[0] == "deleted"
+    s.database_outage("conductor", 4)
+    m.teardown()  # I2: the deleted server's guest on A is removed once A's agent runs
