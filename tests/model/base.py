@@ -144,12 +144,11 @@ class MachineBase(RuleBasedStateMachine):
         version: str | None = None,
         plan: dict[str, Any] | None = None,
     ) -> None:
-        deleting = what in ("delete", "forceDelete")
+        target = UUID(path.split("/")[3]) if what in ("delete", "forceDelete") else None
         # A delete of a server already gone (its create withdrawn, or deleted before)
         # promises nothing, whatever it answers (404, or 503 in an outage).
-        gone_before = deleting and self.run(self._gone(UUID(path.split("/")[3])))
-        if deleting:
-            target = UUID(path.split("/")[3])
+        gone_before = target is not None and self.run(self._gone(target))
+        if target is not None:
             self.deletes_sent[target] = self.deletes_sent.get(target, 0) + 1
 
         async def request() -> httpx.Response:
@@ -160,14 +159,13 @@ class MachineBase(RuleBasedStateMachine):
             self.answers.append((what, status))
             if what == "create" and status == 202:
                 self.created.add(UUID(response.json()["server"]["id"]))
-            if deleting:
-                server = UUID(path.split("/")[3])
-                self.deletes_answered[server] = self.deletes_answered.get(server, 0) + 1
+            if target is not None:
+                self.deletes_answered[target] = self.deletes_answered.get(target, 0) + 1
                 # Once a delete was accepted the server must go, whatever a later delete
                 # of it answers (a 503 then says that that request did nothing). A soft
                 # delete too: settling passes the reclaim interval.
-                if not gone_before and self.deletes.get(server) not in (202, 204):
-                    self.deletes[server] = status
+                if not gone_before and self.deletes.get(target) not in (202, 204):
+                    self.deletes[target] = status
             if what == "restore" and status == 202:
                 # A restore accepted brings back a server soft-deleted: the deletes before
                 # it no longer say it must go.

@@ -54,9 +54,6 @@ plans = st.one_of(
     st.builds(lambda n: {"pause_at": n}, st.integers(1, 12)),
     st.builds(lambda n: {"kill_at": n}, st.integers(1, 12)),
 )
-#: The release the agents run when an example begins: this one mostly, sometimes the one
-#: before requests were taken (conductor RPC 1.11): a rolling upgrade under way, whose
-#: agents are upgraded as the model restarts them.
 #: What happens to a request a rule sends: what may happen to any activity, or every cast
 #: keel-api makes for it fails, its messages perhaps gone out all the same (a broker that
 #: loses its confirms for a while): keel-api answers 503, which must mean nothing happens.
@@ -64,6 +61,9 @@ requests = st.one_of(
     plans,
     st.builds(lambda delivered: {"casts_fail": delivered}, st.booleans()),
 )
+#: The release the agents run when an example begins: this one mostly, sometimes the one
+#: before requests were taken (conductor RPC 1.11): a rolling upgrade under way, whose
+#: agents are upgraded as the model restarts them.
 releases = st.sampled_from([SERVICE_VERSION] * 3 + [TAKING_REQUESTS_VERSION - 1])
 ADVANCES = (30.0, DOWN_TIME + 1, 121.0, 601.0, 1801.0, 3601.0)
 
