@@ -5,8 +5,10 @@ started, a host crashing, an operator command, time passing, a periodic job — 
 thing the broker does with a held message: deliver it (perhaps pausing its handler at
 its n-th checkpoint, or killing its process there, or losing the acknowledgement so it
 comes back), duplicate it, or deliver two at once, interleaved step by step in an order
-Hypothesis draws. After every rule the world is run until idle and the per-step
-invariants are checked; at the end of each example :meth:`KeelMachine.teardown` settles
+Hypothesis draws. Any request may meet a broker that loses its confirms (every cast
+keel-api makes for it fails, before or after the broker took it), and a boot that goes
+through is one step of its own. After every rule the world is run until idle and the
+per-step invariants are checked; at the end of each example :meth:`KeelMachine.teardown` settles
 the cloud (everything delivered and resumed, every host back, every deadline passed and
 swept) and checks the invariants of quiescence (:mod:`tests.model.invariants`).
 
