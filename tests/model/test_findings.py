@@ -1158,3 +1158,20 @@ def test_finding_41_a_server_whose_rebuild_failed_is_not_reset_to_active(
     s.deliver_all()
     assert m.state_of(0)[:2] == ("active", None)
     m.teardown()  # I2: a live server has exactly one copy
+
+
+def test_finding_42_an_evacuation_is_confirmed_after_its_server_was_offloaded(
+    m: KeelMachine,
+) -> None:
+    """Finding 42 (found by the search, seed 2316772573, example 2,037): evacuated from
+    its crashed host, then shelved and offloaded before that host came back. The source's
+    report found the server placed nowhere and called its old copy an orphan: the
+    evacuation stayed ``done`` for ever (I4) and the copy was kept. An offloaded server's
+    copy is its shelved image, so the evacuation's record says the old copy goes."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.evacuate_crashed(0, to=B)
+    s.shelve(0, "shelve")
+    s.deliver_all()
+    assert m.state_of(0)[0] == "shelved_offloaded"
+    m.teardown()  # I4: no evacuation left done; I2: the offloaded server has no guest

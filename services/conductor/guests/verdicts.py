@@ -23,6 +23,8 @@ R4    the last ended move touching N says N's copy was superseded:   ``evacuated
       N was the source of an evacuation ``done``/``completed`` or    ``moved``: remove
       of a migration ``confirmed`` or a live migration
       ``completed``, or the destination of a migration ``reverted``
+      (the server placed on another node, or shelved and offloaded:
+      its copy is then its shelved image)
 R5    anything else (an unknown server; a copy a failed, cancelled   ``orphaned``: never
       or timed-out move left; a copy no record explains)             destroyed; stopped,
                                                                      reported
@@ -113,14 +115,17 @@ def guest_verdict(
     node: int,
     *,
     current: bool | None = None,
+    offloaded: bool = False,
 ) -> GuestVerdict:
     """The fate of guest ``guest`` on node ``node``; see the module's table.
 
     ``instance_node``: the node the server lives on (``None``: no such server, or not
     placed); ``history``: every move of the server, oldest first; ``current``: whether
-    the guest carries the server's current copy token (``None``: not reported).
+    the guest carries the server's current copy token (``None``: not reported);
+    ``offloaded``: the server is shelved and offloaded (placed nowhere, its copy its
+    shelved image).
     """
-    verdict = _by_history(guest, instance_node, deleted, history, node)
+    verdict = _by_history(guest, instance_node, deleted, history, node, offloaded=offloaded)
     if current is True and verdict.fate in (GuestFate.MOVED, GuestFate.EVACUATED):
         return _verdict(guest, GuestFate.KEEP, "it carries the server's current copy token")
     if current is False and verdict.fate is GuestFate.KEEP and verdict.migration_uuid is None:
@@ -134,7 +139,13 @@ def guest_verdict(
 
 
 def _by_history(
-    guest: UUID, instance_node: int | None, deleted: bool, history: list[Migration], node: int
+    guest: UUID,
+    instance_node: int | None,
+    deleted: bool,
+    history: list[Migration],
+    node: int,
+    *,
+    offloaded: bool = False,
 ) -> GuestVerdict:
     """The table's verdict, from the server's row and its move history alone."""
     if deleted:
@@ -159,7 +170,8 @@ def _by_history(
         return _verdict(guest, GuestFate.KEEP, "the server lives here")
     touching = [m for m in history if node in (m.source_compute_id, m.dest_compute_id)]
     last_here = next((m for m in reversed(touching) if m.status not in UNDER_WAY), None)
-    if instance_node is not None and last_here is not None and _superseded(last_here, node):
+    placed_elsewhere = instance_node is not None or offloaded
+    if placed_elsewhere and last_here is not None and _superseded(last_here, node):
         if last_here.migration_type == MigrationType.EVACUATION:
             reason = f"evacuation {last_here.uuid} rebuilt it on {last_here.dest_compute}"
             return _verdict(guest, GuestFate.EVACUATED, reason, last_here)
@@ -232,10 +244,8 @@ async def _records(
     return records
 
 
-async def _where(conn: Connection, instance_uuid: UUID) -> tuple[int | None, bool]:
-    """The node the server lives on (``None`` if unknown or unplaced), and if deleted."""
-    instance = await instances.find(conn, instance_uuid)
-    return await _placed(conn, instance)
+def _offloaded(instance: Instance | None) -> bool:
+    return instance is not None and instance.vm_state == VmState.SHELVED_OFFLOADED
 
 
 async def _placed(conn: Connection, instance: Instance | None) -> tuple[int | None, bool]:
@@ -254,9 +264,17 @@ async def _settle_evacuations(conn: Connection, node_id: int) -> list[GuestVerdi
     for done in await moves.from_source(
         conn, node_id, MigrationType.EVACUATION, [MigrationStatus.DONE]
     ):
-        instance_node, deleted = await _where(conn, done.instance_uuid)
+        instance = await instances.find(conn, done.instance_uuid)
+        instance_node, deleted = await _placed(conn, instance)
         history = await _history(conn, done.instance_uuid)
-        verdict = guest_verdict(done.instance_uuid, instance_node, deleted, history, node_id)
+        verdict = guest_verdict(
+            done.instance_uuid,
+            instance_node,
+            deleted,
+            history,
+            node_id,
+            offloaded=_offloaded(instance),
+        )
         if verdict.fate in (GuestFate.EVACUATED, GuestFate.DELETED):
             to_confirm.append(
                 verdict.model_copy(
@@ -372,7 +390,13 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
             if req.tokens is not None and guest in req.tokens:
                 current = copy_tokens.is_current(instance, req.tokens[guest])
             verdict = guest_verdict(
-                guest, instance_node, deleted, history, node.id, current=current
+                guest,
+                instance_node,
+                deleted,
+                history,
+                node.id,
+                current=current,
+                offloaded=_offloaded(instance),
             )
             verdicts.append(step_down(verdict, release))
         kept_here = [

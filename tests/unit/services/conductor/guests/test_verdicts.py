@@ -186,6 +186,31 @@ def test_an_unknown_server_is_an_orphan_whatever_the_records() -> None:
     assert guest_verdict(GUEST, None, False, history, HERE).fate is GuestFate.ORPHANED
 
 
+@pytest.mark.parametrize(
+    "history",
+    [
+        [(EVAC, S.DONE, HERE, THERE)],
+        [(EVAC, S.COMPLETED, HERE, THERE)],
+        [(MIGR, S.CONFIRMED, HERE, THERE)],
+    ],
+)
+def test_a_copy_an_ended_move_superseded_goes_once_its_server_is_offloaded(
+    history: list[tuple[MigrationType, MigrationStatus, int, int]],
+) -> None:
+    """Finding 42: evacuated (or migrated) away, then shelved and offloaded: the server is
+    placed nowhere, its copy its shelved image. The copy the move left here is the
+    move's to remove (R4), not an orphan; without the offload it stays one (an unplaced
+    server is no evidence that a newer copy exists)."""
+    moves = [move(*m) for m in history]
+    offloaded = guest_verdict(GUEST, None, False, moves, HERE, offloaded=True)
+    assert offloaded.fate in (GuestFate.EVACUATED, GuestFate.MOVED)
+    assert guest_verdict(GUEST, None, False, moves, HERE).fate is GuestFate.ORPHANED
+
+
+def test_an_offloaded_servers_copy_with_no_move_record_is_an_orphan() -> None:
+    assert guest_verdict(GUEST, None, False, [], HERE, offloaded=True).fate is GuestFate.ORPHANED
+
+
 @pytest.mark.parametrize("status", [S.FINISHED, S.CONFIRMING, S.REVERTING, S.CONFIRMED])
 def test_a_resize_on_its_own_host_never_condemns_its_one_copy(status: MigrationStatus) -> None:
     resized = move(MigrationType.RESIZE, status, HERE, HERE)
