@@ -1175,3 +1175,22 @@ def test_finding_42_an_evacuation_is_confirmed_after_its_server_was_offloaded(
     s.deliver_all()
     assert m.state_of(0)[0] == "shelved_offloaded"
     m.teardown()  # I4: no evacuation left done; I2: the offloaded server has no guest
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_finding_43_a_force_delete_withdrawn_gives_a_soft_delete_its_mark_back(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Finding 43 (found by the search, seed 2251706724, example 1,864), finding 39's
+    fix too wide: with soft delete on, a DELETE answered 204 cast its soft delete; a
+    force-delete, every cast of it lost, was withdrawn and left its own ``deleting`` in
+    place because the soft delete is recorded as a delete too. The soft delete then
+    found no ``soft-deleting`` to act on, and the server answered 204 lived on. The
+    withdrawal puts the soft delete's mark back."""
+    s = Steps(m)
+    s.boot()
+    s.delete(0)
+    s.deferred_delete(0, "forceDelete", plan={"casts_fail": False})
+    assert m.answers[-2:] == [("delete", 204), ("forceDelete", 503)]
+    assert m.state_of(0)[:2] == ("active", "soft-deleting")
+    m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came

@@ -270,8 +270,12 @@ async def _restore(
 
     async def restore(conn: Connection) -> bool:
         async def undo() -> bool:
-            if instance.task_state == TaskState.DELETING or await _another_delete_under_way(
-                conn, instance.uuid, ctx.request_id
+            # A soft delete records itself as a delete too, but its mark is its own
+            # task: a withdrawn delete that found it puts it back.
+            found_soft = instance.task_state == TaskState.SOFT_DELETING
+            if instance.task_state == TaskState.DELETING or (
+                not found_soft
+                and await _another_delete_under_way(conn, instance.uuid, ctx.request_id)
             ):
                 still = await conn.fetchval(
                     "SELECT task_state FROM instances WHERE uuid = $1 AND deleted_at IS NULL",

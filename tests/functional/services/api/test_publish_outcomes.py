@@ -326,3 +326,29 @@ async def test_a_delete_that_cannot_be_sent_leaves_the_mark_of_another_under_way
         )
     assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.DELETING)
     assert live == 1
+
+
+async def test_a_delete_that_cannot_be_sent_gives_a_soft_delete_its_mark_back(
+    api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
+) -> None:
+    """Finding 43: a server being soft-deleted (its soft delete recorded as a delete, on
+    its way); a force-delete that cannot be sent is withdrawn (503) and puts
+    ``soft-deleting`` back, so the soft delete goes on."""
+    client, conductor, compute = api
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-h")
+    await takes_requests(db_pool, "pub-h")
+    server = await _active_server(client, db_pool, conductor)
+    async with db_pool.acquire() as conn:
+        await instances.set_task_state(conn, server, TaskState.SOFT_DELETING)
+        await instance_actions.start(conn, RequestContext(user_id="u"), server, "delete")
+
+    response = await client.post(
+        f"/v2.1/servers/{server}/action", headers=ADMIN, json={"forceDelete": None}
+    )
+
+    assert response.status_code == 503, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.SOFT_DELETING)
