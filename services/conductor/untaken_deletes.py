@@ -31,16 +31,16 @@ import asyncpg
 
 from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
+from shared.db.instance_actions import UNDER_WAY_SQL
 from shared.exceptions import MessagingError
 
 LOG = logging.getLogger(__name__)
 
 #: A delete of instance ``i`` that no agent took, keel-api did not withdraw and nothing
 #: ended, on a host whose compute service exists: this pass's, not the task deadline's.
-UNTAKEN_DELETE_SQL = """(
+UNTAKEN_DELETE_SQL = f"""(
     EXISTS (SELECT 1 FROM instance_actions a
-             WHERE a.instance_uuid = i.uuid AND a.action = 'delete'
-               AND a.taken_at IS NULL AND a.withdrawn_at IS NULL AND a.finish_time IS NULL)
+             WHERE a.instance_uuid = i.uuid AND a.action = 'delete' AND {UNDER_WAY_SQL})
     AND EXISTS (SELECT 1 FROM compute_nodes n JOIN services s ON s.id = n.service_id
                  WHERE n.id = i.compute_id AND s.deleted_at IS NULL))"""
 
@@ -65,7 +65,7 @@ class UntakenDeletes:
         # finds the row fresh once the first's update commits, and skips it.
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
-                """WITH due AS (
+                f"""WITH due AS (
                        SELECT i.id, s.uuid AS service, s.host, a.request_id, a.user_id
                          FROM instances i
                          JOIN compute_nodes n ON n.id = i.compute_id
@@ -73,8 +73,7 @@ class UntakenDeletes:
                          CROSS JOIN LATERAL (
                                SELECT a.request_id, a.user_id FROM instance_actions a
                                 WHERE a.instance_uuid = i.uuid AND a.action = 'delete'
-                                  AND a.taken_at IS NULL AND a.withdrawn_at IS NULL
-                                  AND a.finish_time IS NULL
+                                  AND {UNDER_WAY_SQL}
                                 ORDER BY a.id DESC LIMIT 1) a
                         WHERE i.task_state = 'deleting' AND i.deleted_at IS NULL
                           AND i.updated_at < now() - make_interval(secs => $1)

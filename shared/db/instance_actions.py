@@ -172,6 +172,39 @@ async def _agent_takes_requests(conn: Connection, instance_uuid: UUID) -> bool:
     return version is None or version >= TAKING_REQUESTS_VERSION
 
 
+#: A record of instance action ``a`` that no agent took, keel-api did not withdraw and
+#: nothing ended: a request still under way.
+UNDER_WAY_SQL = "a.taken_at IS NULL AND a.withdrawn_at IS NULL AND a.finish_time IS NULL"
+
+
+async def another_under_way(
+    conn: Connection, instance_uuid: UUID, action: str, request_id: str
+) -> bool:
+    """Whether a request of ``action`` other than ``request_id`` is recorded for the
+    instance and neither withdrawn nor ended (taken or not)."""
+    found: bool = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM instance_actions
+                           WHERE instance_uuid = $1 AND action = $2
+                             AND request_id IS DISTINCT FROM $3
+                             AND withdrawn_at IS NULL AND finish_time IS NULL)""",
+        instance_uuid,
+        action,
+        request_id,
+    )
+    return found
+
+
+async def latest_failed(conn: Connection, instance_uuid: UUID, action: str) -> bool:
+    """Whether the instance's latest action (resets aside) is ``action``, ended in error."""
+    row = await conn.fetchrow(
+        """SELECT action, result FROM instance_actions
+            WHERE instance_uuid = $1 AND action <> 'resetState'
+            ORDER BY id DESC LIMIT 1""",
+        instance_uuid,
+    )
+    return row is not None and row["action"] == action and row["result"] == "Error"
+
+
 async def withdraw(conn: Connection, instance_uuid: UUID, request_id: str, message: str) -> None:
     """Mark request ``request_id`` withdrawn and ended in error, saying why."""
     await conn.execute(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
-from shared.db import moves
+from shared.db import instance_actions, moves
 from shared.db.pool import Connection
 from shared.exceptions import InstanceNotFound
 from shared.objects import transitions
@@ -463,17 +463,6 @@ async def begin_reclaim(conn: Connection, interval: float, *, batch: int = 100) 
     return [Instance.from_row(row) for row in rows]
 
 
-async def _last_rebuild_failed(conn: Connection, instance_uuid: UUID) -> bool:
-    """Whether the server's latest action (resets aside) is a rebuild that failed."""
-    row = await conn.fetchrow(
-        """SELECT action, result FROM instance_actions
-            WHERE instance_uuid = $1 AND action <> 'resetState'
-            ORDER BY id DESC LIMIT 1""",
-        instance_uuid,
-    )
-    return row is not None and row["action"] == "rebuild" and row["result"] == "Error"
-
-
 class NotResettable(Exception):
     """An admin's reset would break what keel promised (nothing changed); the message
     says why, and what to do instead."""
@@ -508,7 +497,7 @@ async def reset_state(
     if (
         vm_state == VmState.ACTIVE
         and before["vm_state"] == VmState.ERROR.value
-        and await _last_rebuild_failed(conn, instance_uuid)
+        and await instance_actions.latest_failed(conn, instance_uuid, "rebuild")
     ):
         raise NotResettable(
             f"{server} is in error because its last rebuild failed: its old guest may be "

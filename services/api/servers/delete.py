@@ -275,7 +275,9 @@ async def _restore(
             found_soft = instance.task_state == TaskState.SOFT_DELETING
             if instance.task_state == TaskState.DELETING or (
                 not found_soft
-                and await _another_delete_under_way(conn, instance.uuid, ctx.request_id)
+                and await instance_actions.another_under_way(
+                    conn, instance.uuid, DELETE_ACTION, ctx.request_id
+                )
             ):
                 still = await conn.fetchval(
                     "SELECT task_state FROM instances WHERE uuid = $1 AND deleted_at IS NULL",
@@ -294,24 +296,9 @@ async def _restore(
     return await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
 
 
-async def _another_delete_under_way(conn: Connection, server: UUID, request_id: str) -> bool:
-    """Whether a delete of ``server`` other than request ``request_id`` is recorded and
-    neither withdrawn nor ended (it marked the server ``deleting`` with its record)."""
-    found: bool = await conn.fetchval(
-        """SELECT EXISTS (SELECT 1 FROM instance_actions
-                           WHERE instance_uuid = $1 AND action = $3
-                             AND request_id IS DISTINCT FROM $2
-                             AND withdrawn_at IS NULL AND finish_time IS NULL)""",
-        server,
-        request_id,
-        DELETE_ACTION,
-    )
-    return found
-
-
 def instance_task(instance: Instance) -> TaskState | None:
     """The task state to restore after a failed delete request."""
-    if instance.task_state in (None, TaskState.DELETING):
+    if instance.task_state is None:
         return None
     try:
         return TaskState(instance.task_state)

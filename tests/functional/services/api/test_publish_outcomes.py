@@ -127,6 +127,16 @@ async def _active_server(
     return server
 
 
+async def _active_server_on(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, conductor: LosingConductor, host: str
+) -> UUID:
+    """An ACTIVE server on ``host``, an agent that takes requests."""
+    await add_image(pool)
+    await add_compute(pool, host)
+    await takes_requests(pool, host)
+    return await _active_server(client, pool, conductor)
+
+
 async def test_a_create_that_cannot_be_sent_is_503_and_withdrawn(
     api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
 ) -> None:
@@ -238,10 +248,7 @@ async def test_a_delete_that_cannot_be_sent_is_503_and_the_server_unchanged(
     api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
 ) -> None:
     client, conductor, compute = api
-    await add_image(db_pool)
-    await add_compute(db_pool, "pub-e")
-    await takes_requests(db_pool, "pub-e")
-    server = await _active_server(client, db_pool, conductor)
+    server = await _active_server_on(client, db_pool, conductor, "pub-e")
 
     response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
 
@@ -259,10 +266,7 @@ async def test_a_delete_that_cannot_be_sent_leaves_an_earlier_deletes_task(
     way): a second delete that cannot be sent is withdrawn (503) and leaves the task for
     the earlier one, whose agent then deletes the server (finding 37)."""
     client, conductor, compute = api
-    await add_image(db_pool)
-    await add_compute(db_pool, "pub-f")
-    await takes_requests(db_pool, "pub-f")
-    server = await _active_server(client, db_pool, conductor)
+    server = await _active_server_on(client, db_pool, conductor, "pub-f")
     async with db_pool.acquire() as conn:
         await instances.set_task_state(conn, server, TaskState.DELETING)
 
@@ -335,10 +339,7 @@ async def test_a_delete_that_cannot_be_sent_gives_a_soft_delete_its_mark_back(
     its way); a force-delete that cannot be sent is withdrawn (503) and puts
     ``soft-deleting`` back, so the soft delete goes on."""
     client, conductor, compute = api
-    await add_image(db_pool)
-    await add_compute(db_pool, "pub-h")
-    await takes_requests(db_pool, "pub-h")
-    server = await _active_server(client, db_pool, conductor)
+    server = await _active_server_on(client, db_pool, conductor, "pub-h")
     async with db_pool.acquire() as conn:
         await instances.set_task_state(conn, server, TaskState.SOFT_DELETING)
         await instance_actions.start(conn, RequestContext(user_id="u"), server, "delete")
