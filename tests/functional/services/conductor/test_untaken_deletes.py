@@ -20,7 +20,7 @@ from services.conductor.rpcapi import ConductorAPI
 from services.conductor.untaken_deletes import UntakenDeletes
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
-from shared.exceptions import InstanceNotFound
+from shared.exceptions import InstanceNotFound, MessagingTimeout
 from shared.objects.states import TaskState
 from shared.rpc.amqp import AmqpTransport
 from shared.versions import TAKING_REQUESTS_VERSION
@@ -139,4 +139,40 @@ async def test_an_untaken_delete_is_sent_again_after_its_agent_was_upgraded(
 
     assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
     assert await resender(db_pool, agent_transport).sweep() == 1
+    assert await eventually(lambda: gone(db_pool, server))
+
+
+class LosingOnce(ComputeAPI):
+    """Its first terminate is lost (the broker unreachable); later ones go out."""
+
+    lost = 0
+
+    async def terminate_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        if self.lost == 0:
+            self.lost += 1
+            raise MessagingTimeout("the broker could not be reached")
+        await super().terminate_instance(ctx, service_uuid, instance_uuid)
+
+
+async def test_a_delete_whose_sending_again_fails_is_sent_at_the_next_timeout(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """The pass's own cast fails once: the server stays deleting, the next pass after
+    the timeout sends it, and the agent deletes it."""
+    server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-lost")
+    sweep = UntakenDeletes(
+        db_pool, LosingOnce(agent_transport, timeout=SOON), timeout=TIMEOUT, down_time=60
+    )
+
+    assert await sweep.sweep() == 1
+    assert await task_of(db_pool, server) == TaskState.DELETING
+    assert await sweep.sweep() == 0  # not before the timeout
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
+            server,
+        )
+    assert await sweep.sweep() == 1
     assert await eventually(lambda: gone(db_pool, server))
