@@ -160,6 +160,9 @@ def _for_the_current_copy(instance: Instance | None, req: InstanceBuildResult) -
         return True  # what a deleted server's result does is decided below
     if copy_tokens.is_current(instance, req.built.token):
         return True
+    if instance.task_state == TaskState.DELETING and instance.copy_token == req.built.token:
+        # The delete may yet be withdrawn: the server's guest runs, and is recorded so.
+        return True
     LOG.warning(
         "ignoring a build result for server %s: it is for %s, and the server's current copy "
         "carries %s",

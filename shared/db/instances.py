@@ -116,15 +116,21 @@ async def set_active(
 ) -> Instance | None:
     """building/spawning → active/running; ``None`` if lost (deleted, or not spawning).
 
+    A server a delete marked ``deleting`` while it was built becomes active and keeps
+    that mark: its guest runs whether the delete is carried out or withdrawn (keel-api
+    then gives it no task back: :func:`undo_deleting`).
+
     With ``closing``, the same statement closes the newest open action record of that
     name as a success (``instance_actions.finish``), only if the swap was won: one round
     trip, and one transaction, for both.
     """
     row = await conn.fetchrow(
         """WITH active AS (
-               UPDATE instances SET vm_state = $2, task_state = NULL, power_state = $3,
+               UPDATE instances SET vm_state = $2, power_state = $3,
+                      task_state = CASE WHEN task_state = $7 THEN task_state END,
                       launched_at = now(), updated_at = now()
-                WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4 AND task_state = $5
+                WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = $4
+                  AND task_state IN ($5, $7)
                RETURNING *
            ), closed AS (
                UPDATE instance_actions SET finish_time = now(), message = NULL,
@@ -142,6 +148,7 @@ async def set_active(
         VmState.BUILDING.value,
         TaskState.SPAWNING.value,
         closing,
+        TaskState.DELETING.value,
     )
     return None if row is None else Instance.from_row(row)
 
@@ -234,6 +241,27 @@ async def swap_task_state(
         instance_uuid,
         None if new is None else new.value,
         None if expected is None else expected.value,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
+async def undo_deleting(
+    conn: Connection, instance_uuid: UUID, *, found: Instance, task: TaskState | None
+) -> Instance | None:
+    """``deleting`` → ``task``, the task a withdrawn delete found on the server (as
+    ``found``, read before it marked it); no task if the server has left ``found``'s vm
+    state since: what that task did ended meanwhile (a build whose guest runs now).
+    ``None`` if lost (gone, or no longer ``deleting``)."""
+    transitions.require_task_change(TaskState.DELETING.value, _value(task))
+    row = await conn.fetchrow(
+        """UPDATE instances SET task_state = CASE WHEN vm_state = $3 THEN $2 END,
+                  updated_at = now()
+            WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $4
+        RETURNING *""",
+        instance_uuid,
+        _value(task),
+        found.vm_state,
+        TaskState.DELETING.value,
     )
     return None if row is None else Instance.from_row(row)
 

@@ -176,7 +176,9 @@ def instance_allowed(old: State, new: State) -> bool:
     if new == DELETED:
         return True  # a delete (local, or once the agent removed the guest) from any state
     if new[1] == "deleting":
-        return old[0] == new[0]  # keel-api marks any live server deleting, state unchanged
+        # keel-api marks any live server deleting, state unchanged; a build that ends while
+        # the mark is on leaves the server active and marked (instances.set_active).
+        return old[0] == new[0] or (old, new) == (("building", "deleting"), ("active", "deleting"))
     if old[1] == "deleting":
         # A delete keel-api could not send is withdrawn (a compare-and-swap while no agent
         # took it: docs/repair.md, "503 that nothing will"): the task it replaced is back.

@@ -117,5 +117,25 @@ async def test_tempests_ssh_validating_and_live_migration_tests_pass(
         output = await asyncio.to_thread(run_tempest, tempest, conf, args, workdir / "run")
 
     totals = Totals.parse(output)
-    assert totals.failed == 0, output[-5000:]
-    assert totals.passed == EXPECTED[run], output[-5000:]
+    why = _failures(output) + keel_log_excerpt(workdir / "cloud" / "logs")
+    assert totals.failed == 0, why
+    assert totals.passed == EXPECTED[run], why
+
+
+def _failures(output: str) -> str:
+    """Tempest's traceback of each failed test (what it waited for, and how long)."""
+    start = output.find("Captured traceback:")
+    return output[start : start + 4000] if start >= 0 else output[-3000:]
+
+
+def keel_log_excerpt(logs: Path, limit: int = 60) -> str:
+    """What keel's processes said that explains a failure: their warnings and errors, and
+    each move's decisions (the last ``limit`` such lines, in each log's order)."""
+    wanted = ("WARNING", "ERROR", "migrat")
+    lines = [
+        f"{log.stem}: {line[:400]}"
+        for log in sorted(logs.glob("*.log"))
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines()
+        if any(word in line for word in wanted) and "node froze" not in line  # a start-up hint
+    ]
+    return "\n\nkeel's logs (warnings, errors, moves):\n" + "\n".join(lines[-limit:])

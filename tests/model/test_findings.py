@@ -1194,3 +1194,27 @@ def test_finding_43_a_force_delete_withdrawn_gives_a_soft_delete_its_mark_back(
     assert m.answers[-2:] == [("delete", 204), ("forceDelete", 503)]
     assert m.state_of(0)[:2] == ("active", "soft-deleting")
     m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came
+
+
+def test_finding_44_a_build_that_ends_while_a_delete_is_on_its_way_is_recorded(
+    m: KeelMachine,
+) -> None:
+    """Finding 44 (found by the search, seed 2903922881, example 150): a delete of a
+    server still building marked it ``deleting``; its guest built, the agent's result
+    reached the conductor, which dropped it (a server being deleted has no copy to
+    keep). The delete, every cast of it lost, was withdrawn and gave the server its
+    ``spawning`` back; no result came again, and the build deadline put the server in
+    ERROR and released its claim while its guest ran. The result is now recorded under
+    the mark, and the withdrawal leaves the server ACTIVE."""
+    s = Steps(m)
+    s.create()
+    s.deliver_oldest()  # the conductor places it and casts its build
+    assert s.deliver_named("build_and_run_instance", B, pause_at=3)  # built, checked
+    s.delete(0, plan={"casts_fail": False, "pause_at": 8})  # marked, its casts to come
+    s.resume(0)  # the build's result goes out
+    assert s.deliver_named("instance_build_result")
+    assert m.state_of(0) == ("active", "deleting", "host1")
+    s.resume(0)  # every cast of the delete fails: withdrawn
+    assert m.answers[-1] == ("delete", 503)
+    assert m.state_of(0) == ("active", None, "host1")
+    m.teardown()  # I1: the guest that runs is claimed

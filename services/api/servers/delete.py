@@ -284,8 +284,8 @@ async def _restore(
                     instance.uuid,
                 )
                 return bool(still == TaskState.DELETING.value)
-            restored = await instances.swap_task_state(
-                conn, instance.uuid, expected=TaskState.DELETING, new=instance_task(instance)
+            restored = await instances.undo_deleting(
+                conn, instance.uuid, found=instance, task=instance_task(instance)
             )
             return restored is not None
 

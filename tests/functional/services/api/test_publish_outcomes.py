@@ -18,7 +18,8 @@ import pytest
 from services.api.app import create_app
 from services.api.servers import publish
 from services.compute.rpcapi import ComputeAPI
-from services.conductor.rpcapi import ConductorAPI
+from services.conductor import instance_events
+from services.conductor.rpcapi import ConductorAPI, CopyToken, InstanceBuildResult
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import compute_nodes, instance_actions, instances
@@ -353,3 +354,61 @@ async def test_a_delete_that_cannot_be_sent_gives_a_soft_delete_its_mark_back(
     async with db_pool.acquire() as conn:
         shown = await instances.get(conn, server)
     assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.SOFT_DELETING)
+
+
+class BuiltMeanwhileCompute(LosingCompute):
+    """Every delete cast is lost, and while the first is on its way the server's build
+    ends: its agent's result (for the server's copy) reaches the conductor."""
+
+    recorded: object = None
+
+    async def terminate_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        if self.attempts == 0:
+            async with self.pool.acquire() as conn:
+                token = (await instances.get(conn, instance_uuid)).copy_token
+            built = InstanceBuildResult(
+                instance_uuid=instance_uuid, success=True, built=CopyToken(token=token)
+            )
+            self.recorded = await instance_events.record_build_result(self.pool, built)
+        await super().terminate_instance(ctx, service_uuid, instance_uuid)
+
+
+async def test_a_delete_that_cannot_be_sent_leaves_a_server_built_meanwhile_active(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> None:
+    """Finding 44: a delete of a server still building; its build ends while the delete
+    is on its way, and the delete, never sent, is withdrawn (503). The build's result is
+    recorded, not dropped for the ``deleting`` mark: the server is ACTIVE, with no task
+    (its spawn is over) and its claim, since its guest runs."""
+    conductor = LosingConductor(transport, db_pool, taken=True)
+    compute = BuiltMeanwhileCompute(transport, db_pool, taken=False)
+    app = create_app(settings, db_pool, conductor, compute)
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-i")
+    await takes_requests(db_pool, "pub-i")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        created = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
+        assert created.status_code == 202, created.text
+        server = UUID(created.json()["server"]["id"])
+        async with db_pool.acquire() as conn:
+            building = await instances.get(conn, server)
+        assert (building.vm_state, building.task_state) == (VmState.BUILDING, TaskState.SPAWNING)
+
+        response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
+
+    assert response.status_code == 503, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    assert compute.recorded is not None  # the conductor recorded the build's result
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+        created_result = await conn.fetchval(
+            "SELECT result FROM instance_actions WHERE instance_uuid = $1 AND action = 'create'",
+            server,
+        )
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, None)
+    assert shown.launched_at is not None
+    assert created_result == "Success"
