@@ -2,7 +2,7 @@
 
 While a finding is listed here, the rules that would run into it are gated off in the
 search (so the search keeps finding new problems, and main stays green), and its
-explicit example in ``test_findings.py`` is an ``xfail(strict=True)``. The fix of a
+explicit example in ``test_findings*.py`` is an ``xfail(strict=True)``. The fix of a
 finding removes its number here; its example must then pass, and the search covers
 that ground again.
 """

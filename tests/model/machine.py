@@ -22,7 +22,7 @@ its agent is stopped, and a host that reported no armed fence is turned off befo
 forced down (keel then has only the operator's word).
 
 Rules gated on :data:`tests.model.known.UNFIXED` stay off while the finding they would
-trip over is open (its explicit example in ``test_findings.py`` is an xfail), so the
+trip over is open (its explicit example in ``test_findings*.py`` is an xfail), so the
 search keeps finding *new* problems on main.
 """
 

@@ -1,4 +1,4 @@
-"""Scripted examples: the model's rules run in a fixed order (``test_findings.py`` and
+"""Scripted examples: the model's rules run in a fixed order (``test_findings*.py`` and
 ``test_crash_points.py``), each step followed by the per-step invariants."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ N``), so CI explores new ground each time; ``make test-model SEED=N`` (or
 it ran. The seed picks the profile too: an even one searches with soft delete on, an odd
 one with it off (:func:`soft_delete_on`). A failure prints the seed and the shortest
 sequence of steps Hypothesis found that breaks an invariant: keep it as an example in
-``test_findings.py``.
+``test_findings*.py``.
 """
 
 from __future__ import annotations
