@@ -1,5 +1,8 @@
 """Deletes no agent took: sent again until one does, never cleared by the task deadline.
 
+A soft delete (``soft-deleting``, recorded as a delete too) is a delete here: keel-api
+answered 204 for it, so the server must end soft-deleted.
+
 A delete keel-api answered 204 for must happen. keel-api withdraws a delete it could not
 confirm sent (503: nothing happened) only while the agent it was for takes requests
 before acting (release 17 and later): an agent of an older release acts on whatever
@@ -33,11 +36,16 @@ from services.compute.rpcapi import ComputeAPI
 from shared.context import RequestContext
 from shared.db.instance_actions import UNDER_WAY_SQL
 from shared.exceptions import MessagingError
+from shared.objects.states import TaskState
 
 LOG = logging.getLogger(__name__)
 
-#: A delete of instance ``i`` that no agent took, keel-api did not withdraw and nothing
-#: ended, on a host whose compute service exists: this pass's, not the task deadline's.
+#: The tasks of a delete: a delete's, and a soft delete's.
+DELETE_TASKS = (TaskState.DELETING.value, TaskState.SOFT_DELETING.value)
+
+#: A delete of instance ``i`` (its task one of :data:`DELETE_TASKS`) that no agent took,
+#: keel-api did not withdraw and nothing ended, on a host whose compute service exists:
+#: this pass's, not the task deadline's.
 UNTAKEN_DELETE_SQL = f"""(
     EXISTS (SELECT 1 FROM instance_actions a
              WHERE a.instance_uuid = i.uuid AND a.action = 'delete' AND {UNDER_WAY_SQL})
@@ -46,8 +54,9 @@ UNTAKEN_DELETE_SQL = f"""(
 
 
 class UntakenDeletes:
-    """Sends again, once per ``timeout``, the deletes of servers still ``deleting`` whose
-    delete no agent took, while their host's compute service is up."""
+    """Sends again, once per ``timeout``, the deletes (and soft deletes) of servers still
+    ``deleting`` (``soft-deleting``) that no agent took, while their host's compute
+    service is up."""
 
     def __init__(
         self, pool: asyncpg.Pool, compute: ComputeAPI, *, timeout: float, down_time: float
@@ -66,7 +75,8 @@ class UntakenDeletes:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 f"""WITH due AS (
-                       SELECT i.id, s.uuid AS service, s.host, a.request_id, a.user_id
+                       SELECT i.id, i.task_state, s.uuid AS service, s.host, a.request_id,
+                              a.user_id
                          FROM instances i
                          JOIN compute_nodes n ON n.id = i.compute_id
                          JOIN services s ON s.id = n.service_id
@@ -75,7 +85,7 @@ class UntakenDeletes:
                                 WHERE a.instance_uuid = i.uuid AND a.action = 'delete'
                                   AND {UNDER_WAY_SQL}
                                 ORDER BY a.id DESC LIMIT 1) a
-                        WHERE i.task_state = 'deleting' AND i.deleted_at IS NULL
+                        WHERE i.task_state = ANY($3::text[]) AND i.deleted_at IS NULL
                           AND i.updated_at < now() - make_interval(secs => $1)
                           AND s.deleted_at IS NULL AND NOT s.forced_down
                           AND s.last_seen_up IS NOT NULL
@@ -86,10 +96,11 @@ class UntakenDeletes:
                      FROM due
                     WHERE i.id = due.id
                       AND i.updated_at < now() - make_interval(secs => $1)
-                RETURNING i.uuid, i.project_id, due.service, due.host, due.request_id,
-                          due.user_id""",
+                RETURNING i.uuid, i.project_id, due.task_state, due.service, due.host,
+                          due.request_id, due.user_id""",
                 self.timeout,
                 self.down_time,
+                list(DELETE_TASKS),
             )
         for row in rows:
             ctx = RequestContext(
@@ -97,19 +108,24 @@ class UntakenDeletes:
                 user_id=row["user_id"],
                 project_id=row["project_id"],
             )
-            await self._send(ctx, row["uuid"], row["service"], row["host"])
+            soft = row["task_state"] == TaskState.SOFT_DELETING.value
+            await self._send(ctx, row["uuid"], row["service"], row["host"], soft=soft)
         return len(rows)
 
-    async def _send(self, ctx: RequestContext, server: UUID, service: UUID, host: str) -> None:
+    async def _send(
+        self, ctx: RequestContext, server: UUID, service: UUID, host: str, *, soft: bool
+    ) -> None:
         extra = {"instance_uuid": str(server), "decision": "delete_sent_again"}
+        send = self.compute.soft_delete_instance if soft else self.compute.terminate_instance
         try:
-            await self.compute.terminate_instance(ctx, service, server)
+            await send(ctx, service, server)
         except MessagingError as exc:
             LOG.warning(
-                "server %s is still being deleted %gs after its delete, which no agent took; "
+                "server %s is still being %sdeleted %gs after its delete, which no agent took; "
                 "sending it again to compute service %s on %s failed (%s): the next pass "
                 "tries again",
                 server,
+                "soft-" if soft else "",
                 self.timeout,
                 service,
                 host,
@@ -118,9 +134,10 @@ class UntakenDeletes:
             )
             return
         LOG.warning(
-            "server %s is still being deleted %gs after its delete (request %s), which no "
+            "server %s is still being %sdeleted %gs after its delete (request %s), which no "
             "agent took: it may never have reached the agent on %s, so it was sent again",
             server,
+            "soft-" if soft else "",
             self.timeout,
             ctx.request_id,
             host,

@@ -361,3 +361,24 @@ def test_finding_43_a_force_delete_withdrawn_gives_a_soft_delete_its_mark_back(
     assert m.answers[-2:] == [("delete", 204), ("forceDelete", 503)]
     assert m.state_of(0)[:2] == ("active", "soft-deleting")
     m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_finding_45_a_soft_delete_whose_agent_was_down_past_the_timeout_happens(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Finding 45 (found reading the task deadline beside finding 36's fix, then shown
+    by this example): with soft delete on, a DELETE answered 204 cast its soft delete to
+    an agent that was down; past ``KEEL_TASK_TIMEOUT`` the task deadline cleared
+    ``soft-deleting``, and the agent, back, found its request ended and did nothing: the
+    server answered 204 ran on. A soft delete no agent took is now a delete no agent
+    took: never cleared while its host's service exists, sent again while it is up."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.kill_agent(A)
+    s.delete(0)
+    assert m.answers[-1] == ("delete", 204)
+    s.advance(3601.0)
+    s.sweep()
+    assert m.state_of(0) == ("active", "soft-deleting", "host0")
+    m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came

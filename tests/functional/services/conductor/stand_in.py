@@ -13,11 +13,12 @@ import asyncpg
 from services.compute.rpcapi import (
     RPC_VERSION,
     BuildAndRunInstance,
+    GuestAction,
     InstanceSpec,
     TerminateInstance,
     topic_for,
 )
-from services.conductor.rpcapi import ConductorAPI, Registration
+from services.conductor.rpcapi import ConductorAPI, PowerAction, Registration
 from shared.context import RequestContext
 from shared.db import instance_actions, instances, request_specs
 from shared.objects.compute_node import NodeResources
@@ -56,6 +57,11 @@ class StandInCompute:
 
     async def terminate_instance(self, ctx: RequestContext, req: TerminateInstance) -> None:
         await self.conductor.instance_deleted(ctx, req.instance_uuid)
+
+    async def soft_delete_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        await self.conductor.instance_action_result(
+            ctx, req.instance_uuid, PowerAction.SOFT_DELETE, success=True
+        )
 
 
 def resources(hostname: str, *, memory_mb: int = 2048) -> NodeResources:

@@ -21,7 +21,7 @@ from services.conductor.untaken_deletes import UntakenDeletes
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
 from shared.exceptions import InstanceNotFound, MessagingTimeout
-from shared.objects.states import TaskState
+from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from shared.versions import TAKING_REQUESTS_VERSION
 from tests.functional.services.conductor.conftest import SOON
@@ -34,13 +34,18 @@ TIMEOUT = 600.0
 
 
 async def deleting_past_its_deadline(
-    pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport, prefix: str
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    transport: AmqpTransport,
+    prefix: str,
+    task: TaskState = TaskState.DELETING,
 ) -> UUID:
-    """A server built on a stand-in agent, then marked ``deleting`` as keel-api marks it,
-    an hour ago; its delete never reached the agent."""
+    """A server built on a stand-in agent, then marked ``task`` (``deleting``, or a soft
+    delete's ``soft-deleting``) as keel-api marks it, an hour ago; its delete never
+    reached the agent."""
     server, _, _ = await placed_on_a(pool, conductor, transport, prefix)
     async with pool.acquire() as conn:
-        await instances.set_task_state(conn, server, TaskState.DELETING)
+        await instances.set_task_state(conn, server, task)
         await instance_actions.start(conn, RequestContext(user_id="u"), server, "delete")
         await conn.execute(
             "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
@@ -176,3 +181,27 @@ async def test_a_delete_whose_sending_again_fails_is_sent_at_the_next_timeout(
         )
     assert await sweep.sweep() == 1
     assert await eventually(lambda: gone(db_pool, server))
+
+
+async def test_a_soft_delete_no_agent_took_is_sent_again_and_never_cleared(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """A soft delete keel-api answered 204 for never reached the agent (or the agent was
+    down past the timeout): the task deadline leaves ``soft-deleting`` (clearing it would
+    leave the server running), and two sweeps at once send the soft delete once, which
+    the agent carries out: the server is soft-deleted."""
+    server = await deleting_past_its_deadline(
+        db_pool, conductor, agent_transport, "oad-soft", TaskState.SOFT_DELETING
+    )
+
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
+    assert await task_of(db_pool, server) == TaskState.SOFT_DELETING
+    sent = await asyncio.gather(*(resender(db_pool, agent_transport).sweep() for _ in range(2)))
+    assert sorted(sent) == [0, 1]
+
+    async def soft_deleted() -> bool | None:
+        async with db_pool.acquire() as conn:
+            found = await instances.get(conn, server)
+        return (found.vm_state, found.task_state) == (VmState.SOFT_DELETED, None) or None
+
+    assert await eventually(soft_deleted)
