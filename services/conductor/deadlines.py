@@ -22,8 +22,9 @@ the others), so one of them wins and the rest find it done. A pass:
   and servers shelved for longer than a positive ``KEEL_SHELVED_OFFLOAD_TIME`` offloaded;
 * **deletes and soft deletes no agent took** past ``KEEL_TASK_TIMEOUT``
   (:mod:`services.conductor.untaken_deletes`): sent again while their host's compute
-  service is up, and never cleared (keel-api answered 204 for them, or may have without
-  being able to withdraw them);
+  service is up, and never cleared while it exists (keel-api answered 204 for them, or
+  may have without being able to withdraw them); nor is a soft delete an agent took and
+  has not finished;
 * **every other task** — stop, start, reboot, delete, rebuild, soft delete, restore,
   snapshot — past ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a
   server still building goes back to its build's task, which the build deadline ends; a
@@ -49,7 +50,7 @@ from services.conductor.moves.sweep import MigrationSweep
 from services.conductor.reclaim import SoftDeleteReclaim
 from services.conductor.rpcapi import ConductorAPI
 from services.conductor.shelving import ShelveDeadline
-from services.conductor.untaken_deletes import DELETE_TASKS, UNTAKEN_DELETE_SQL, UntakenDeletes
+from services.conductor.untaken_deletes import LEFT_BY_THE_TASK_DEADLINE_SQL, UntakenDeletes
 from shared.config import Settings
 from shared.db import instance_actions, snapshots
 from shared.objects.states import SNAPSHOT_TASKS, TaskState
@@ -70,9 +71,9 @@ TASK_ACTIONS: dict[TaskState, str] = {
     TaskState.REBOOTING_HARD: "reboot",
     TaskState.DELETING: "delete",
     TaskState.REBUILD_SPAWNING: "rebuild",
-    # A soft delete that overran (taken by its agent, or its host's service deleted)
-    # leaves the server as it was (not soft-deleted), a restore that overran leaves it
-    # soft-deleted: either may be asked for again.
+    # A soft delete is cleared only once its host's compute service is deleted (see
+    # untaken_deletes): the server is left as it was, not soft-deleted. A restore that
+    # overran leaves it soft-deleted. Either may be asked for again.
     TaskState.SOFT_DELETING: "delete",
     TaskState.RESTORING: "restore",
     # A snapshot that overran leaves the server as it was; its image is killed.
@@ -108,14 +109,13 @@ class TaskDeadline:
                      FROM (SELECT i.id, i.task_state FROM instances i
                             WHERE i.task_state = ANY($1::text[]) AND i.deleted_at IS NULL
                               AND i.updated_at < now() - make_interval(secs => $2)
-                              AND NOT (i.task_state = ANY($3::text[]) AND {UNTAKEN_DELETE_SQL})
+                              AND NOT {LEFT_BY_THE_TASK_DEADLINE_SQL}
                             ORDER BY i.id LIMIT 100
                               FOR UPDATE OF i SKIP LOCKED) old
                     WHERE i.id = old.id AND i.task_state = old.task_state
                 RETURNING i.uuid, old.task_state""",
                 [task.value for task in TASK_ACTIONS],
                 self.timeout,
-                list(DELETE_TASKS),
             )
             for row in rows:
                 actions = [TASK_ACTIONS[TaskState(row["task_state"])]]

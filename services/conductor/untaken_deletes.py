@@ -1,8 +1,5 @@
 """Deletes no agent took: sent again until one does, never cleared by the task deadline.
 
-A soft delete (``soft-deleting``, recorded as a delete too) is a delete here: keel-api
-answered 204 for it, so the server must end soft-deleted.
-
 A delete keel-api answered 204 for must happen. keel-api withdraws a delete it could not
 confirm sent (503: nothing happened) only while the agent it was for takes requests
 before acting (release 17 and later): an agent of an older release acts on whatever
@@ -20,6 +17,13 @@ terminate is idempotent: a second copy of one that did arrive deletes nothing mo
 agent that takes requests marks it taken, which ends the resending). While the service
 is down the server waits as it is: the delete may be in its agent's queue, and deleting
 the server again deletes it without the agent, as for any server on a host that is down.
+
+A soft delete (``soft-deleting``, recorded as a delete too) is a delete here: keel-api
+answered 204 for it, so the server must end soft-deleted; one no agent took is sent
+again as a soft delete. One an agent took and has not finished is left too (not sent):
+its agent died at it, or is at it, and its message comes back to it when it starts
+again; only its result ends the task (a delete's agent deletes the server whatever
+became of its task, so a delete taken is left to the task deadline).
 
 Resending a delete no agent took never contradicts an answer: keel-api answered 204
 (it must happen), or was cut off before answering (either outcome is allowed).
@@ -43,14 +47,32 @@ LOG = logging.getLogger(__name__)
 #: The tasks of a delete: a delete's, and a soft delete's.
 DELETE_TASKS = (TaskState.DELETING.value, TaskState.SOFT_DELETING.value)
 
+_ON_AN_EXISTING_SERVICE = """EXISTS (
+        SELECT 1 FROM compute_nodes n JOIN services s ON s.id = n.service_id
+         WHERE n.id = i.compute_id AND s.deleted_at IS NULL)"""
+
 #: A delete of instance ``i`` (its task one of :data:`DELETE_TASKS`) that no agent took,
 #: keel-api did not withdraw and nothing ended, on a host whose compute service exists:
 #: this pass's, not the task deadline's.
 UNTAKEN_DELETE_SQL = f"""(
     EXISTS (SELECT 1 FROM instance_actions a
              WHERE a.instance_uuid = i.uuid AND a.action = 'delete' AND {UNDER_WAY_SQL})
-    AND EXISTS (SELECT 1 FROM compute_nodes n JOIN services s ON s.id = n.service_id
-                 WHERE n.id = i.compute_id AND s.deleted_at IS NULL))"""
+    AND {_ON_AN_EXISTING_SERVICE})"""
+
+#: Instance ``i``'s delete task that the task deadline leaves however long it lasts: a
+#: delete or soft delete no agent took (this pass sends it again), and a soft delete an
+#: agent took and has not finished, on a host whose compute service exists. That agent
+#: died at it, or is at it: its message comes back to it when it starts again, and only
+#: its result makes the server soft-deleted (a delete's needs no task: its agent deletes
+#: the server whatever became of it). Cleared, the server answered 204 would run on.
+LEFT_BY_THE_TASK_DEADLINE_SQL = f"""(
+    (i.task_state IN ('{TaskState.DELETING.value}', '{TaskState.SOFT_DELETING.value}')
+     AND {UNTAKEN_DELETE_SQL})
+    OR (i.task_state = '{TaskState.SOFT_DELETING.value}'
+        AND EXISTS (SELECT 1 FROM instance_actions a
+                     WHERE a.instance_uuid = i.uuid AND a.action = 'delete'
+                       AND a.withdrawn_at IS NULL AND a.finish_time IS NULL)
+        AND {_ON_AN_EXISTING_SERVICE}))"""
 
 
 class UntakenDeletes:

@@ -382,3 +382,24 @@ def test_finding_45_a_soft_delete_whose_agent_was_down_past_the_timeout_happens(
     s.sweep()
     assert m.state_of(0) == ("active", "soft-deleting", "host0")
     m.teardown()  # I0: the delete answered 204 deleted the server once its reclaim came
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_finding_46_a_soft_delete_whose_agent_died_at_it_happens_when_it_is_back(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Finding 46 (finding 45's sibling, found the same way): the agent took the soft
+    delete and died at it; past ``KEEL_TASK_TIMEOUT`` the task deadline cleared
+    ``soft-deleting``. Back, the agent was given the message again and powered the guest
+    off, but its result found no task to end: the server answered 204 ran on, ACTIVE.
+    The task deadline leaves a soft delete an agent took and did not finish while its
+    host's service exists."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.delete(0)
+    assert m.answers[-1] == ("delete", 204)
+    assert s.deliver_named("soft_delete_instance", A, kill_at=2)  # taken; the agent dies
+    s.advance(3601.0)
+    s.sweep()
+    assert m.state_of(0) == ("active", "soft-deleting", "host0")
+    m.teardown()  # I0: soft-deleted once its agent was back, reclaimed at its interval

@@ -205,3 +205,33 @@ async def test_a_soft_delete_no_agent_took_is_sent_again_and_never_cleared(
         return (found.vm_state, found.task_state) == (VmState.SOFT_DELETED, None) or None
 
     assert await eventually(soft_deleted)
+
+
+async def test_a_soft_delete_an_agent_took_is_left_until_its_agent_finishes_it(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Taken and not finished (its agent died at it), a soft delete is not sent again,
+    and the task deadline leaves it too: only the agent's result, once its message comes
+    back to it, makes the server soft-deleted. Its service deleted, the deadline clears
+    it as any other task."""
+    server = await deleting_past_its_deadline(
+        db_pool, conductor, agent_transport, "oad-soft-took", TaskState.SOFT_DELETING
+    )
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instance_actions SET taken_at = now() WHERE instance_uuid = $1", server
+        )
+
+    assert await resender(db_pool, agent_transport).sweep() == 0
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
+    assert await task_of(db_pool, server) == TaskState.SOFT_DELETING
+
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE services s SET deleted_at = now()
+                 FROM compute_nodes n, instances i
+                WHERE i.uuid = $1 AND n.id = i.compute_id AND s.id = n.service_id""",
+            server,
+        )
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 1
+    assert await task_of(db_pool, server) is None
