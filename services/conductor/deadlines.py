@@ -20,11 +20,11 @@ the others), so one of them wins and the rest find it done. A pass:
   in-place unshelve past ``KEEL_TASK_TIMEOUT`` left as it was, an offload past it
   completed, an unshelve's build past ``KEEL_BUILD_TIMEOUT`` back to SHELVED_OFFLOADED,
   and servers shelved for longer than a positive ``KEEL_SHELVED_OFFLOAD_TIME`` offloaded;
-* **deletes and soft deletes no agent took** past ``KEEL_TASK_TIMEOUT``
-  (:mod:`services.conductor.untaken_deletes`): sent again while their host's compute
-  service is up, and never cleared while it exists (keel-api answered 204 for them, or
-  may have without being able to withdraw them); nor is a soft delete an agent took and
-  has not finished;
+* **deletes, soft deletes and restores no agent took** past ``KEEL_TASK_TIMEOUT``
+  (:mod:`services.conductor.promised_requests`): sent again while their host's compute
+  service is up, and never cleared while it exists (keel-api answered that they would
+  happen, or may have without being able to withdraw them); nor is a soft delete or a
+  restore an agent took and has not finished;
 * **every other task** — stop, start, reboot, delete, rebuild, soft delete, restore,
   snapshot — past ``KEEL_TASK_TIMEOUT`` (:class:`TaskDeadline`): the task is cleared (a
   server still building goes back to its build's task, which the build deadline ends; a
@@ -47,10 +47,10 @@ from services.conductor.moves import live_deadline
 from services.conductor.moves.deadline import MoveDeadline
 from services.conductor.moves.held import HeldMoves
 from services.conductor.moves.sweep import MigrationSweep
+from services.conductor.promised_requests import LEFT_BY_THE_TASK_DEADLINE_SQL, PromisedRequests
 from services.conductor.reclaim import SoftDeleteReclaim
 from services.conductor.rpcapi import ConductorAPI
 from services.conductor.shelving import ShelveDeadline
-from services.conductor.untaken_deletes import LEFT_BY_THE_TASK_DEADLINE_SQL, UntakenDeletes
 from shared.config import Settings
 from shared.db import instance_actions, snapshots
 from shared.objects.states import SNAPSHOT_TASKS, TaskState
@@ -71,9 +71,8 @@ TASK_ACTIONS: dict[TaskState, str] = {
     TaskState.REBOOTING_HARD: "reboot",
     TaskState.DELETING: "delete",
     TaskState.REBUILD_SPAWNING: "rebuild",
-    # A soft delete is cleared only once its host's compute service is deleted (see
-    # untaken_deletes): the server is left as it was, not soft-deleted. A restore that
-    # overran leaves it soft-deleted. Either may be asked for again.
+    # A soft delete or a restore is cleared only once its host's compute service is
+    # deleted (promised_requests): the server is left as it was, soft-deleted or not.
     TaskState.SOFT_DELETING: "delete",
     TaskState.RESTORING: "restore",
     # A snapshot that overran leaves the server as it was; its image is killed.
@@ -182,7 +181,7 @@ class Deadlines:
             down_time=down_time,
         )
         self.tasks = TaskDeadline(pool, settings.task_timeout)
-        self.untaken_deletes = UntakenDeletes(
+        self.promised_requests = PromisedRequests(
             pool, compute, timeout=settings.task_timeout, down_time=down_time
         )
         self.reclaim = SoftDeleteReclaim(
@@ -228,7 +227,7 @@ class Deadlines:
         # back to its build, whose deadline this same pass may then end.
         steps: list[tuple[str, Callable[[], Awaitable[int]]]] = [
             ("task", self.tasks.sweep),
-            ("untaken delete", self.untaken_deletes.sweep),
+            ("promised request", self.promised_requests.sweep),
             ("build", self.build.sweep),
             ("move", self.moves.sweep),
             ("live migration", self._live_migrations),

@@ -403,3 +403,32 @@ def test_finding_46_a_soft_delete_whose_agent_died_at_it_happens_when_it_is_back
     s.sweep()
     assert m.state_of(0) == ("active", "soft-deleting", "host0")
     m.teardown()  # I0: soft-deleted once its agent was back, reclaimed at its interval
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+@pytest.mark.parametrize("taken", [False, True])
+def test_finding_47_a_restore_answered_202_is_never_reclaimed(
+    m: KeelMachine, reclaim_interval: float, taken: bool
+) -> None:
+    """Finding 47 (findings 45 and 46's sibling, found the same way): a soft-deleted
+    server's restore was answered 202 while its agent was down (or the agent took it and
+    died at it); past ``KEEL_TASK_TIMEOUT`` the task deadline cleared ``restoring`` and,
+    in the same sweep, the soft-delete reclaim deleted for good the server its user had
+    asked back. The task deadline leaves a restore keel-api did not withdraw and nothing
+    ended while its host's service exists: the agent, back, restores the server."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.delete(0)
+    s.deliver_all()
+    assert m.state_of(0) == ("soft-delete", None, "host0")
+    if not taken:
+        s.kill_agent(A)
+    s.deferred_delete(0, "restore")
+    assert m.answers[-1] == ("restore", 202)
+    if taken:
+        assert s.deliver_named("restore_instance", A, kill_at=2)  # taken; the agent dies
+    s.advance(3601.0)
+    s.sweep()
+    assert m.state_of(0) == ("soft-delete", "restoring", "host0")
+    m.teardown()  # every process back, every message delivered, every deadline passed
+    assert m.state_of(0) == ("active", None, "host0")

@@ -63,6 +63,11 @@ class StandInCompute:
             ctx, req.instance_uuid, PowerAction.SOFT_DELETE, success=True
         )
 
+    async def restore_instance(self, ctx: RequestContext, req: GuestAction) -> None:
+        await self.conductor.instance_action_result(
+            ctx, req.instance_uuid, PowerAction.RESTORE, success=True
+        )
+
 
 def resources(hostname: str, *, memory_mb: int = 2048) -> NodeResources:
     return NodeResources(

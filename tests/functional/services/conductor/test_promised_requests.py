@@ -1,9 +1,10 @@
-"""A delete an agent of an older release never got is sent again: real RabbitMQ and PostgreSQL.
+"""Deletes, soft deletes and restores keel-api promised: real RabbitMQ and PostgreSQL.
 
-keel-api cannot withdraw a delete such an agent may have received, so it answered 204;
-the conductor's sweep keeps that promise (:mod:`services.conductor.untaken_deletes`).
-A stand-in agent deletes what reaches it; sweeps run twice at once, as two conductors
-would run them.
+keel-api cannot withdraw a request an agent of an older release may have received, so it
+answered that it would happen; and an agent down past the task timeout finds its
+request still wanted when it is back. The conductor's sweep keeps those promises
+(:mod:`services.conductor.promised_requests`). A stand-in agent does what reaches it;
+sweeps run twice at once, as two conductors would run them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 
 from services.compute.rpcapi import ComputeAPI
 from services.conductor.deadlines import TaskDeadline
+from services.conductor.promised_requests import PromisedRequests
 from services.conductor.rpcapi import ConductorAPI
-from services.conductor.untaken_deletes import UntakenDeletes
 from shared.context import RequestContext
 from shared.db import instance_actions, instances
 from shared.exceptions import InstanceNotFound, MessagingTimeout
@@ -65,9 +66,9 @@ async def agent_release(pool: asyncpg.Pool, server: UUID, version: int) -> None:
         )
 
 
-def resender(pool: asyncpg.Pool, transport: AmqpTransport) -> UntakenDeletes:
+def resender(pool: asyncpg.Pool, transport: AmqpTransport) -> PromisedRequests:
     compute = ComputeAPI(transport, timeout=SOON)
-    return UntakenDeletes(pool, compute, timeout=TIMEOUT, down_time=60)
+    return PromisedRequests(pool, compute, timeout=TIMEOUT, down_time=60)
 
 
 async def task_of(pool: asyncpg.Pool, server: UUID) -> str | None:
@@ -167,7 +168,7 @@ async def test_a_delete_whose_sending_again_fails_is_sent_at_the_next_timeout(
     """The pass's own cast fails once: the server stays deleting, the next pass after
     the timeout sends it, and the agent deletes it."""
     server = await deleting_past_its_deadline(db_pool, conductor, agent_transport, "oad-lost")
-    sweep = UntakenDeletes(
+    sweep = PromisedRequests(
         db_pool, LosingOnce(agent_transport, timeout=SOON), timeout=TIMEOUT, down_time=60
     )
 
@@ -235,3 +236,63 @@ async def test_a_soft_delete_an_agent_took_is_left_until_its_agent_finishes_it(
         )
     assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 1
     assert await task_of(db_pool, server) is None
+
+
+async def restoring_past_its_deadline(
+    pool: asyncpg.Pool, conductor: ConductorAPI, transport: AmqpTransport, prefix: str
+) -> UUID:
+    """A server built on a stand-in agent, soft-deleted two hours ago (past any reclaim
+    interval of these tests) and then marked ``restoring`` as keel-api marks it, an hour
+    ago; its restore never reached the agent."""
+    server, _, _ = await placed_on_a(pool, conductor, transport, prefix)
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """UPDATE instances SET vm_state = $2, task_state = $3,
+                      soft_deleted_at = now() - interval '2 hours',
+                      updated_at = now() - interval '1 hour'
+                WHERE uuid = $1""",
+            server,
+            VmState.SOFT_DELETED.value,
+            TaskState.RESTORING.value,
+        )
+        await instance_actions.start(conn, RequestContext(user_id="u"), server, "restore")
+    return server
+
+
+async def test_a_restore_no_agent_took_is_sent_again_and_never_reclaimed(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """A restore answered 202 never reached the agent (or the agent was down past the
+    timeout): the task deadline leaves ``restoring`` (cleared, the soft-delete sweep
+    would reclaim the server the user asked back), the sweep sends it once, and the
+    agent restores the server."""
+    server = await restoring_past_its_deadline(db_pool, conductor, agent_transport, "oad-rst")
+
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
+    async with db_pool.acquire() as conn:
+        assert await instances.begin_reclaim(conn, 60.0) == []
+    sent = await asyncio.gather(*(resender(db_pool, agent_transport).sweep() for _ in range(2)))
+    assert sorted(sent) == [0, 1]
+
+    async def restored() -> bool | None:
+        async with db_pool.acquire() as conn:
+            found = await instances.get(conn, server)
+        return (found.vm_state, found.task_state) == (VmState.ACTIVE, None) or None
+
+    assert await eventually(restored)
+
+
+async def test_a_restore_an_agent_took_is_left_until_its_agent_finishes_it(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Taken and not finished, a restore is neither sent again nor cleared: its agent's
+    result ends it."""
+    server = await restoring_past_its_deadline(db_pool, conductor, agent_transport, "oad-rtk")
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instance_actions SET taken_at = now() WHERE instance_uuid = $1", server
+        )
+
+    assert await resender(db_pool, agent_transport).sweep() == 0
+    assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
+    assert await task_of(db_pool, server) == TaskState.RESTORING
