@@ -226,6 +226,9 @@ class LibvirtSettings(_Group):
     migration_address: str = Field(default="127.0.0.1", min_length=1)
     #: The most MiB/s a live migration this host sends may use; 0: no limit.
     migration_bandwidth_mib: int = Field(default=0, ge=0)
+    #: Let QEMU slow a migrating guest's vCPUs while it dirties memory faster than the
+    #: copy goes (libvirt's auto-converge), so that a busy guest's migration ends.
+    migration_auto_converge: bool = True
 
     @model_validator(mode="after")
     def _bridge_named(self) -> LibvirtSettings:

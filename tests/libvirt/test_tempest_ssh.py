@@ -110,6 +110,9 @@ async def test_tempests_ssh_validating_and_live_migration_tests_pass(
             compute_nodes=len(HOSTS),
             network_for_ssh="forwarded",
             features=(("metadata_service", True), ("config_drive", True)),
+            # TCG guests, and in CI every other tier beside them: what takes a few
+            # seconds here may take minutes there.
+            build_timeout=300,
         )
         conf = workdir / "tempest.conf"
         conf.write_text(config.tempest_conf(described, workdir, admin), encoding="utf-8")

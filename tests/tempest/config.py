@@ -83,6 +83,9 @@ class Cloud:
     #: Features this cloud has beyond :data:`FEATURES` (its guests read config drives and
     #: the metadata service, say).
     features: tuple[tuple[str, bool], ...] = ()
+    #: Seconds Tempest waits for a server to reach a status (real guests on a loaded
+    #: machine: longer).
+    build_timeout: int = 120
 
 
 def validation(cloud: Cloud) -> str:
@@ -142,7 +145,7 @@ image_ref_alt = {cloud.image_ref_alt}
 flavor_ref = {cloud.flavor_ref}
 flavor_ref_alt = {cloud.flavor_ref_alt}
 build_interval = 1
-build_timeout = 120
+build_timeout = {cloud.build_timeout}
 ready_wait = 0
 min_compute_nodes = {cloud.compute_nodes}
 min_microversion = {MIN_MICROVERSION}

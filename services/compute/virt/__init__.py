@@ -98,5 +98,6 @@ def _libvirt_driver(settings: Settings) -> Driver:
             uri=libvirt.migration_uri or libvirt.uri,
             address=libvirt.migration_address,
             bandwidth_mib=libvirt.migration_bandwidth_mib,
+            auto_converge=libvirt.migration_auto_converge,
         ),
     )

@@ -607,7 +607,11 @@ class LibvirtDriver:
                 address=target.address,
                 bandwidth_mib=self.migration.bandwidth_mib,
             )
-            dom.migrate3(dconn, settings, migration_flags(libvirt))
+            dom.migrate3(
+                dconn,
+                settings,
+                migration_flags(libvirt, auto_converge=self.migration.auto_converge),
+            )
 
         def destination_answers() -> bool:
             # QEMU's stream goes on when the destination's daemon is gone; only its last

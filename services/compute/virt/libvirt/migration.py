@@ -16,6 +16,9 @@ The migration is *managed* (the source's agent holds a connection to both daemon
 needs no daemon to reach another), live, with the disk's top layer copied over NBD
 (``VIR_MIGRATE_NON_SHARED_INC``: the base is on both sides), the destination's domain
 made persistent and left *paused* (``VIR_MIGRATE_PAUSED``): keel's switch-over resumes it.
+QEMU may slow a guest that dirties its memory faster than it is copied
+(``VIR_MIGRATE_AUTO_CONVERGE``, ``KEEL_LIBVIRT__MIGRATION_AUTO_CONVERGE``): without it, a
+busy guest on a loaded host can keep its migration copying until keel's move deadline.
 Once libvirt's copy is done the source's domain is shut off; until then it runs, and a
 failed or aborted copy leaves it running there.
 """
@@ -43,6 +46,9 @@ class MigrationConfig:
     address: str = "127.0.0.1"
     #: MiB/s a migration from this host may use; 0: no limit.
     bandwidth_mib: int = 0
+    #: Let QEMU slow the guest's vCPUs while its memory is dirtied faster than it is
+    #: copied, so that a busy guest's migration ends instead of copying for ever.
+    auto_converge: bool = True
 
 
 def _replace(parent: ElementTree.Element, old: ElementTree.Element | None, new: Any) -> None:
@@ -111,13 +117,16 @@ def disks_to_copy(xml: str) -> list[str]:
     return found
 
 
-def flags(libvirt: Any) -> int:
-    return int(
+def flags(libvirt: Any, *, auto_converge: bool = True) -> int:
+    found = (
         libvirt.VIR_MIGRATE_LIVE
         | libvirt.VIR_MIGRATE_PERSIST_DEST
         | libvirt.VIR_MIGRATE_PAUSED
         | libvirt.VIR_MIGRATE_NON_SHARED_INC
     )
+    if auto_converge:
+        found |= libvirt.VIR_MIGRATE_AUTO_CONVERGE
+    return int(found)
 
 
 def params(

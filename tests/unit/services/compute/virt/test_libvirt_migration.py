@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from xml.etree import ElementTree
 
 from services.compute.virt.libvirt.domain import (
@@ -18,7 +19,7 @@ from services.compute.virt.libvirt.interface import (
     NetworkConfig,
     primary_address,
 )
-from services.compute.virt.libvirt.migration import destination_xml, disks_to_copy
+from services.compute.virt.libvirt.migration import destination_xml, disks_to_copy, flags
 from shared.objects.network import FixedIp
 from tests.unit.services.compute.standin import make_spec
 
@@ -84,3 +85,18 @@ def test_the_source_definition_gets_the_destination_paths_metadata_and_forwards(
 
 def test_only_the_writable_disk_is_copied() -> None:
     assert disks_to_copy(_xml(SOURCE_NODE, "/a/x", "build", 22)) == ["vda"]
+
+
+def test_a_migration_may_slow_a_busy_guest_unless_told_not_to() -> None:
+    """Live, persistent on the destination, left paused there, the disk's top layer
+    copied; auto-converge unless the setting turns it off."""
+    bits = SimpleNamespace(
+        VIR_MIGRATE_LIVE=1,
+        VIR_MIGRATE_PERSIST_DEST=8,
+        VIR_MIGRATE_PAUSED=32,
+        VIR_MIGRATE_NON_SHARED_INC=128,
+        VIR_MIGRATE_AUTO_CONVERGE=8192,
+    )
+
+    assert flags(bits) == 1 | 8 | 32 | 128 | 8192
+    assert flags(bits, auto_converge=False) == 1 | 8 | 32 | 128
