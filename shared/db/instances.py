@@ -273,8 +273,10 @@ async def begin_task(
     *,
     vm_states: Sequence[VmState],
     from_tasks: Sequence[TaskState | None] = (None,),
+    claimed_in_error: bool = False,
 ) -> Instance | None:
-    """Start ``task`` if the instance is in one of ``vm_states`` with a task in ``from_tasks``.
+    """Start ``task`` if the instance is in one of ``vm_states`` with a task in ``from_tasks``
+    (and, with ``claimed_in_error``, holds a claim on its node if it is in ERROR).
 
     ``None`` if the swap was lost (gone, or in another state): the caller refuses with 409.
     """
@@ -283,15 +285,21 @@ async def begin_task(
     )
     allowed_tasks = [t.value for t in from_tasks if t is not None]
     row = await conn.fetchrow(
-        """UPDATE instances SET task_state = $2, updated_at = now()
+        """UPDATE instances i SET task_state = $2, updated_at = now()
             WHERE uuid = $1 AND deleted_at IS NULL AND vm_state = ANY($3::text[])
               AND (task_state = ANY($4::text[]) OR ($5 AND task_state IS NULL))
+              AND (NOT $6 OR vm_state <> $7
+                   OR EXISTS (SELECT 1 FROM allocations a
+                               WHERE a.consumer_uuid = i.uuid
+                                 AND a.compute_node_id = i.compute_id))
         RETURNING *""",
         instance_uuid,
         task.value,
         [state.value for state in vm_states],
         allowed_tasks,
         None in from_tasks,
+        claimed_in_error,
+        VmState.ERROR.value,
     )
     return None if row is None else Instance.from_row(row)
 

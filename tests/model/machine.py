@@ -103,6 +103,44 @@ class KeelMachine(MachineBase):
         self.create(on)
         self.deliver_all()
 
+    @rule(
+        on=st.none() | hosts,
+        copies=st.integers(1, 3),
+        failing=st.booleans(),
+        after=st.integers(1, 3),
+        results=st.integers(0, 3),
+    )
+    def boot_delivered_again(
+        self, on: int | None, copies: int, failing: bool, after: int, results: int
+    ) -> None:
+        """A create whose build reaches its agent ``copies`` times (the broker gives it
+        again: an acknowledgement lost, a connection dropped), the first spawn failing if
+        ``failing``; once the ``after``-th copy ran, the oldest ``results`` build results
+        are delivered, the others held for later steps. (Delivering each message of a
+        boot on its own takes a dozen steps in the right order: this is one.)"""
+        self.create(on)
+        if not self.deliver_named("build_instances"):
+            return
+        marker = b'"method":"build_and_run_instance"'
+        held = next((h for h in self.deliverable() if marker in h.message.body), None)
+        if held is None:
+            return
+        if failing:
+            builder = self.consumer_of(held.topic)
+            for h, agent in self.w.agents.items():
+                if agent is builder:
+                    self.w.hosts[h].driver.fail_next.add("spawn")
+        for _ in range(copies - 1):
+            self.act(self._start(lambda: self.rt.broker.duplicate(held)))
+        for n in range(1, copies + 1):
+            copy = next((h for h in self.deliverable() if h.message == held.message), None)
+            if copy is None:
+                return
+            self.act(self._start(lambda c=copy: self._deliver(c)))
+            if n == after:
+                for _ in range(results):
+                    self.deliver_named("instance_build_result")
+
     @rule(i=index, plan=requests)
     def delete(self, i: int, plan: dict[str, Any] | None = None) -> None:
         if not self.servers or self.gated_by_move(i, known.DELETE_DURING_MOVE):

@@ -273,3 +273,24 @@ def test_finding_44_a_build_that_ends_while_a_delete_is_on_its_way_is_recorded(
     assert m.answers[-1] == ("delete", 503)
     assert m.state_of(0) == ("active", None, "host1")
     m.teardown()  # I1: the guest that runs is claimed
+
+
+@pytest.mark.parametrize("action", ["os-stop", "hard"])
+def test_finding_48_a_server_whose_build_failed_is_not_powered_before_its_late_result(
+    m: KeelMachine, action: str
+) -> None:
+    """Finding 48 (found by the search's redelivered boots, seed 407771703, example 143,
+    on a worktree with finding 16's fix taken out; it holds on main): a build reached A
+    twice; the first spawn failed and its result, arriving first, put the server in
+    ERROR and released its claim; the second ran the guest, its result still on its way.
+    A stop (allowed from ERROR) powered the guest off: the server was SHUTOFF, and the
+    late result, finding it no longer in ERROR, claimed nothing: a guest on resources
+    nobody had claimed. keel-api refuses to power a server in ERROR that holds no claim
+    on its node (409); the late result makes it ACTIVE, claimed."""
+    s = Steps(m)
+    s.boot_delivered_again(on=A, copies=2, failing=True, after=2, results=1)
+    assert m.state_of(0) == ("error", None, "host0")
+    s.power(0, action)
+    assert m.answers[-1] == (action, 409)
+    m.teardown()  # I1: the guest that runs is claimed
+    assert m.state_of(0) == ("active", None, "host0")

@@ -173,6 +173,7 @@ async def _begin(
             action.task,
             vm_states=action.vm_states,
             from_tasks=action.from_tasks,
+            claimed_in_error=True,
         )
         if started is not None:
             await instance_actions.start(conn, ctx, instance.uuid, action.name)
@@ -180,6 +181,14 @@ async def _begin(
 
     if await in_transaction(pool, begin, what=f"starting {action.name} of {instance.uuid}"):
         return
+    if instance.vm_state == VmState.ERROR and not await _claimed(pool, instance):
+        # A build that failed released the server's claim: a guest of it there (another
+        # delivery's, whose result is on its way) would be powered on nobody's resources.
+        raise ConflictingRequest(
+            f"Cannot '{action.name}' instance {instance.uuid}: it holds no claim on its host "
+            f"{instance.host} (its build never succeeded there), so nothing of it may be "
+            "powered there. Delete it and create it again."
+        )
     state = (
         f"task_state {instance.task_state}"
         if instance.task_state is not None and instance.vm_state in action.vm_states
@@ -188,6 +197,20 @@ async def _begin(
     raise ConflictingRequest(
         f"Cannot '{action.name}' instance {instance.uuid} while it is in {state}"
     )
+
+
+async def _claimed(pool: asyncpg.Pool, instance: Instance) -> bool:
+    """Whether the server holds a claim on its node."""
+    async with pool.acquire() as conn:
+        return bool(
+            await conn.fetchval(
+                """SELECT EXISTS (SELECT 1 FROM allocations a JOIN instances i
+                                      ON a.consumer_uuid = i.uuid
+                                     AND a.compute_node_id = i.compute_id
+                                   WHERE i.uuid = $1)""",
+                instance.uuid,
+            )
+        )
 
 
 async def _withdraw(
