@@ -432,3 +432,28 @@ def test_finding_47_a_restore_answered_202_is_never_reclaimed(
     assert m.state_of(0) == ("soft-delete", "restoring", "host0")
     m.teardown()  # every process back, every message delivered, every deadline passed
     assert m.state_of(0) == ("active", None, "host0")
+
+
+@pytest.mark.parametrize("outage", [3, 4])
+def test_finding_49_a_delete_keel_api_cannot_withdraw_for_an_outage_is_not_503(
+    m: KeelMachine, outage: int
+) -> None:
+    """Finding 49 (found by the search, seed 3158324986, example 1,646; reported flaky by
+    Hypothesis, replayed here every time): a delete marked its server ``deleting`` and
+    recorded itself; then keel-api's database went away. Its client could not read the
+    services' versions to send it, and the withdrawal could not reach the database
+    either: keel-api answered 503, but the delete stood, and the conductors, finding it
+    untaken, sent it again: the server answered 503 was deleted. Now a request keel-api
+    cannot withdraw is answered as sent (204 here), and it happens; one it withdrew,
+    the database back in time (an outage of three connections), is a 503 that deletes
+    nothing."""
+    s = Steps(m)
+    s.boot()
+    s.delete(0, plan={"casts_fail": True, "pause_at": 1})
+    while m.state_of(0)[1] != "deleting":  # step by step until the delete is recorded
+        (request,) = m.rt.paused()
+        m.act(m._start(lambda a=request: m.rt.resume(a, step=True)))
+    s.database_outage(who="api", count=outage)
+    s.resume(0)
+    assert m.answers[-1] == ("delete", 204 if outage == 4 else 503)
+    m.teardown()  # I0: 204, the server is deleted; 503, it lives

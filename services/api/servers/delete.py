@@ -45,6 +45,7 @@ from shared.db import (
     moves,
     shelves,
 )
+from shared.db.errors import describe, is_transient
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import (
@@ -193,9 +194,24 @@ async def _terminate_on_host(
 
     # Delete wins over any move: sent, it ends the server's moves under way now, so no
     # step of theirs goes on; each move's other end is asked to remove its copy.
-    cancelled = await in_transaction(
-        pool, cancel_moves, what=f"cancelling the moves of server {instance.uuid}"
-    )
+    try:
+        cancelled = await in_transaction(
+            pool, cancel_moves, what=f"cancelling the moves of server {instance.uuid}"
+        )
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        # The delete is on its way (or stands, for the conductors to send again): it
+        # happens, so the answer is 204 all the same. A move of the server left under way
+        # finds it gone at its next step, or ends by its deadline.
+        LOG.warning(
+            "the delete of server %s is sent, but its moves could not be ended: the database "
+            "is unavailable (%s); each ends at its next step or by its deadline",
+            instance.uuid,
+            describe(exc),
+            extra=extra,
+        )
+        cancelled = []
     LOG.info(
         "asked compute service %s on %s to delete server %s",
         service.uuid,
@@ -293,7 +309,7 @@ async def _restore(
             conn, instance.uuid, ctx.request_id, reason, undo
         )
 
-    return await in_transaction(pool, restore, what=f"restoring server {instance.uuid}")
+    return await publish.withdraw(pool, restore, what=f"withdrawing the delete of {instance.uuid}")
 
 
 def instance_task(instance: Instance) -> TaskState | None:

@@ -227,7 +227,7 @@ async def _withdraw(
             conn, instance_uuid, ctx.request_id, why, undo
         )
 
-    return await in_transaction(
+    return await publish.withdraw(
         pool, withdraw, what=f"withdrawing {action.name} of {instance_uuid}"
     )
 

@@ -13,6 +13,14 @@ conductor places a server, or starts a move, only while its record is still ther
 
 An unroutable cast (no queue bound: its agent never started, or was deleted) is
 definite, not retried: nothing was delivered.
+
+A withdrawal the database cannot take (it is unreachable, or its connection dropped) is
+not a 503 either: the cast may have reached the broker, and the request is still
+recorded, not withdrawn. keel-api answers as if it was sent, and what stands behind each
+record carries it through: the conductors send a delete, soft delete or restore no agent
+took again (``services.conductor.promised_requests``), and any other task ends by its
+deadline. (A create does the same in ``create``: a server it cannot withdraw is placed
+and built, or put in ERROR by its build deadline.)
 """
 
 from __future__ import annotations
@@ -21,6 +29,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import asyncpg
+
+from shared.db.errors import describe, is_transient
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction
 from shared.exceptions import MessagingError, Unroutable
 
 LOG = logging.getLogger(__name__)
@@ -43,15 +56,45 @@ async def send(cast: Callable[[], Awaitable[None]], *, what: str) -> MessagingEr
             raise
         except MessagingError as exc:
             error = exc
-            if attempt < ATTEMPTS:
-                LOG.warning(
-                    "sending %s failed (attempt %d of %d: %s); sending it again",
-                    what,
-                    attempt,
-                    ATTEMPTS,
-                    exc.message,
-                )
-                await asyncio.sleep(PAUSE * attempt)
-            continue
-        return None
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # A client reads the services' versions to pick its message's version: with
+            # the database out, nothing was sent; the caller withdraws, or answers as sent
+            # if it cannot (the request stands either way until one of them is done).
+            error = MessagingError(
+                f"the database could not be read before sending ({describe(exc)}): nothing was sent"
+            )
+        else:
+            return None
+        if attempt < ATTEMPTS:
+            LOG.warning(
+                "sending %s failed (attempt %d of %d: %s); sending it again",
+                what,
+                attempt,
+                ATTEMPTS,
+                error.message,
+            )
+            await asyncio.sleep(PAUSE * attempt)
     return error
+
+
+async def withdraw(
+    pool: asyncpg.Pool, work: Callable[[Connection], Awaitable[bool]], *, what: str
+) -> bool:
+    """Run the withdrawal ``work`` in a transaction: True if it withdrew the request, False
+    if the request stands (its receiver took it, or the database could not be reached to
+    withdraw it: the caller then answers as if it was sent; see the module docstring)."""
+    try:
+        return await in_transaction(pool, work, what=what)
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        LOG.warning(
+            "%s failed: the database is unavailable (%s); the request stands, and is "
+            "answered as sent (it may have been)",
+            what,
+            describe(exc),
+            extra={"decision": "withdrawal_failed"},
+        )
+        return False

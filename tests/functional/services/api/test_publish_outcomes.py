@@ -9,6 +9,7 @@ real.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any, cast
 from uuid import UUID
 
 import asyncpg
@@ -412,3 +413,69 @@ async def test_a_delete_that_cannot_be_sent_leaves_a_server_built_meanwhile_acti
     assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, None)
     assert shown.launched_at is not None
     assert created_result == "Success"
+
+
+class GoesDown:
+    """The test's pool, until ``down``: then every connection is refused (an outage)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.down = False
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        if self.down:
+            raise ConnectionRefusedError("the database cannot be reached (test)")
+        return self.pool.acquire(timeout=timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+
+class LostThenOutage(LosingCompute):
+    """Every delete cast goes out unconfirmed; after the last, the database goes down."""
+
+    def __init__(self, transport: AmqpTransport, pool: asyncpg.Pool, outage: GoesDown) -> None:
+        super().__init__(transport, pool, taken=False)
+        self.outage = outage
+
+    async def terminate_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        if self.attempts == publish.ATTEMPTS - 1:
+            self.outage.down = True
+        await super().terminate_instance(ctx, service_uuid, instance_uuid)
+
+
+async def test_a_delete_that_cannot_be_withdrawn_for_an_outage_is_204_and_stands(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> None:
+    """Finding 49: every cast of a delete went out unconfirmed (it may have been sent),
+    and the database went down before keel-api could withdraw it. 503 would say nothing
+    happens, but the delete may reach its agent: keel-api answers 204, and the request
+    stands, untaken and not withdrawn, for the conductors to send again."""
+    outage = GoesDown(db_pool)
+    conductor = LosingConductor(transport, db_pool, taken=False)
+    compute = LostThenOutage(transport, db_pool, outage)
+    app = create_app(settings, cast("asyncpg.Pool", outage), conductor, compute)
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-j")
+    await takes_requests(db_pool, "pub-j")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server = await _active_server(client, db_pool, conductor)
+
+        response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
+
+    assert response.status_code == 204, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+        standing = await conn.fetchval(
+            """SELECT count(*) FROM instance_actions
+                WHERE instance_uuid = $1 AND action = 'delete' AND withdrawn_at IS NULL
+                  AND taken_at IS NULL AND finish_time IS NULL""",
+            server,
+        )
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.DELETING)
+    assert standing == 1
