@@ -225,6 +225,24 @@ async def set_task_state(
     return None if row is None else Instance.from_row(row)
 
 
+async def mark_deleting(conn: Connection, instance_uuid: UUID) -> Instance | None:
+    """Mark the instance ``deleting`` whatever its task (deleting wins over any task); the
+    instance as it was just before, which a withdrawn delete gives its task back from
+    (not an earlier read: a task may have moved on since); ``None`` if gone."""
+    row = await conn.fetchrow(
+        """WITH before AS (
+               SELECT * FROM instances WHERE uuid = $1 AND deleted_at IS NULL FOR UPDATE
+           )
+           UPDATE instances i SET task_state = $2, updated_at = now()
+             FROM before
+            WHERE i.id = before.id
+        RETURNING before.*""",
+        instance_uuid,
+        TaskState.DELETING.value,
+    )
+    return None if row is None else Instance.from_row(row)
+
+
 async def swap_task_state(
     conn: Connection,
     instance_uuid: UUID,

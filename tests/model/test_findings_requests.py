@@ -457,3 +457,25 @@ def test_finding_49_a_delete_keel_api_cannot_withdraw_for_an_outage_is_not_503(
     s.resume(0)
     assert m.answers[-1] == ("delete", 204 if outage == 4 else 503)
     m.teardown()  # I0: 204, the server is deleted; 503, it lives
+
+
+def test_finding_50_a_withdrawn_delete_gives_back_the_task_it_replaced(m: KeelMachine) -> None:
+    """Finding 50 (found by the search, seed 1438599163, example 10,088): a delete read its
+    server during a resize (``resize_prep``) and paused; the resize went on
+    (``resize_migrating``, the destination building); the delete then marked the server
+    ``deleting``, every cast of it failed, and its withdrawal gave back the task it had
+    read, not the one it replaced: ``resize_prep``, which nothing ever ends, while the
+    resize, finding its task gone, stopped in ``error``. The mark now returns the task it
+    replaced, and the withdrawal gives that back: the resize goes on."""
+    s = Steps(m)
+    s.boot()
+    s.resize(0, "model.big")
+    s.delete(0, plan={"pause_at": 3})  # read the server in resize_prep; paused
+    s.rebuild(0, plan={"casts_fail": False})  # 409, its casts' faults linger
+    s.deliver_oldest()  # the resize goes on: resize_migrating
+    s.deliver_oldest()
+    assert m.state_of(0)[1] == "resize_migrating"
+    s.resume(0)  # the delete marks, fails to send, is withdrawn
+    assert m.answers[-1] == ("delete", 503)
+    assert m.state_of(0)[1] == "resize_migrating"
+    m.teardown()  # I4: no task left, no move unended

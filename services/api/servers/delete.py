@@ -159,11 +159,17 @@ async def _terminate_on_host(
 ) -> None:
     extra: dict[str, Any] = {"instance_uuid": str(instance.uuid)}
 
-    async def mark_deleting(conn: Connection) -> None:
-        await instances.set_task_state(conn, instance.uuid, TaskState.DELETING)
+    async def mark_deleting(conn: Connection) -> Instance | None:
+        before = await instances.mark_deleting(conn, instance.uuid)
         await instance_actions.start(conn, ctx, instance.uuid, DELETE_ACTION)
+        return before
 
-    await in_transaction(pool, mark_deleting, what=f"marking server {instance.uuid} deleting")
+    # What a withdrawal gives back is what this mark replaced, not what was read before
+    # it: the server's task may have moved on meanwhile (a move going on, say).
+    marked = await in_transaction(
+        pool, mark_deleting, what=f"marking server {instance.uuid} deleting"
+    )
+    instance = marked or instance
     try:
         failed = await publish.send(
             lambda: compute.terminate_instance(ctx, service.uuid, instance.uuid),
