@@ -200,6 +200,19 @@ async def hand_over(
     return status != "UPDATE 0"
 
 
+async def held_on_node(conn: Connection, consumer_uuid: UUID, node_id: int | None) -> bool:
+    """Whether the consumer holds a claim on node ``node_id`` (a server on its node: its
+    build succeeded there, or a move left its claim there)."""
+    return bool(
+        await conn.fetchval(
+            """SELECT EXISTS (SELECT 1 FROM allocations
+                               WHERE consumer_uuid = $1 AND compute_node_id = $2)""",
+            consumer_uuid,
+            node_id,
+        )
+    )
+
+
 async def for_instance(conn: Connection, instance_uuid: UUID) -> list[Allocation]:
     rows = await conn.fetch(
         "SELECT * FROM allocations WHERE instance_uuid = $1 ORDER BY id", instance_uuid

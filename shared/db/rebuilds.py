@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from shared.db import allocations
 from shared.db.instances import new_fault
 from shared.db.pool import Connection
 from shared.objects import transitions
@@ -98,13 +99,7 @@ async def begin(
     )
     if before is None:
         return None
-    claimed = await conn.fetchval(
-        """SELECT EXISTS (SELECT 1 FROM allocations
-                           WHERE consumer_uuid = $1 AND compute_node_id = $2)""",
-        instance_uuid,
-        before["compute_id"],
-    )
-    if not claimed:
+    if not await allocations.held_on_node(conn, instance_uuid, before["compute_id"]):
         raise Unclaimed(str(instance_uuid))
     sets, args = _assignments(change.values(), 3)
     after = await conn.fetchrow(

@@ -45,7 +45,7 @@ from services.conductor.rpcapi import PowerAction as ResultAction
 from shared import host_fencing
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import compute_nodes, instance_actions, instances, moves, services
+from shared.db import allocations, compute_nodes, instance_actions, instances, moves, services
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import ComputeNodeNotFound, Unroutable
@@ -200,17 +200,8 @@ async def _begin(
 
 
 async def _claimed(pool: asyncpg.Pool, instance: Instance) -> bool:
-    """Whether the server holds a claim on its node."""
     async with pool.acquire() as conn:
-        return bool(
-            await conn.fetchval(
-                """SELECT EXISTS (SELECT 1 FROM allocations a JOIN instances i
-                                      ON a.consumer_uuid = i.uuid
-                                     AND a.compute_node_id = i.compute_id
-                                   WHERE i.uuid = $1)""",
-                instance.uuid,
-            )
-        )
+        return await allocations.held_on_node(conn, instance.uuid, instance.compute_id)
 
 
 async def _withdraw(
