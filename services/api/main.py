@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Generator, Sequence
 import asyncpg
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from services.api.app import create_app
 from services.api.fleet_metrics import FleetGauges
@@ -39,6 +40,24 @@ LOG = logging.getLogger(__name__)
 
 #: Seconds in-flight requests get to finish after a stop is asked for.
 GRACEFUL_SHUTDOWN = 30
+
+#: Seconds an idle kept-alive connection stays open. Clients poll on their own
+#: clock -- ``openstack server create --wait`` reuses its connection every 5 s --
+#: and a server that closes at the same moment the next request is sent makes the
+#: client fail with "Remote end closed connection without response". Closing well
+#: after any poll interval (as nginx and Apache's mod_http2 do) leaves no such race.
+KEEP_ALIVE = 75
+
+
+def server_config(app: FastAPI) -> uvicorn.Config:
+    """uvicorn's settings for a keel listener (the API and the metadata service)."""
+    return uvicorn.Config(
+        app,
+        log_config=None,
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        timeout_keep_alive=KEEP_ALIVE,
+    )
 
 
 class ApiServer(uvicorn.Server):
@@ -155,14 +174,7 @@ async def serve_api(
     lifecycle.on_reload(pins.reload)
     if keystone is not None:
         lifecycle.on_reload(keystone.reload)
-    config = uvicorn.Config(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        log_config=None,
-        lifespan="off",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
-    )
+    config = server_config(app)
     periodic = [
         asyncio.create_task(
             repeat("heartbeat", record.heartbeat, settings.report_interval, lifecycle)
@@ -192,12 +204,7 @@ async def serve_metadata(settings: Settings, lifecycle: Lifecycle, pool: asyncpg
         return
     host, port = listen_on
     sock = listen(host, port, setting="KEEL_METADATA__BIND")
-    config = uvicorn.Config(
-        create_metadata_app(settings.metadata, pool),
-        log_config=None,
-        lifespan="off",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
-    )
+    config = server_config(create_metadata_app(settings.metadata, pool))
     LOG.info("keel-api serving the metadata service on http://%s:%d/", host, port)
     try:
         await serve_until_stopped(ApiServer(config), sock, lifecycle)

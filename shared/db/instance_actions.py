@@ -194,6 +194,22 @@ async def another_under_way(
     return found
 
 
+async def lock_others_open(conn: Connection, instance_uuid: UUID, request_id: str) -> bool:
+    """Whether a request other than ``request_id``, of any action, is recorded for the
+    instance and neither withdrawn nor ended; the records are locked, so one being
+    ended or withdrawn meanwhile is waited for and then counted as ended. Call inside a
+    transaction holding the instance's row (the documented lock order)."""
+    rows = await conn.fetch(
+        """SELECT id FROM instance_actions
+            WHERE instance_uuid = $1 AND request_id IS DISTINCT FROM $2
+              AND withdrawn_at IS NULL AND finish_time IS NULL
+              FOR UPDATE""",
+        instance_uuid,
+        request_id,
+    )
+    return bool(rows)
+
+
 async def latest_failed(conn: Connection, instance_uuid: UUID, action: str) -> bool:
     """Whether the instance's latest action (resets aside) is ``action``, ended in error."""
     row = await conn.fetchrow(

@@ -27,6 +27,7 @@ from tests.e2e.test_localcloud import (
 )
 from tests.libvirt.guests import random_network
 from tests.libvirt.test_cloud import domain_state
+from tests.libvirt.test_tempest_ssh import keel_log_excerpt
 
 __all__ = ["fresh_database_url", "run_exchange"]
 
@@ -84,7 +85,7 @@ def test_make_run_boots_keel_test_and_make_clean_removes_its_guest(
             clouds, "keel", "server", "create", "--flavor", "m1.tiny", "--image", "keel-test",
             "--wait", "vm1",
         )  # fmt: skip
-        assert server.returncode == 0, server.stderr
+        assert server.returncode == 0, server.stderr + keel_log_excerpt(workdir / "logs")
         shown = json.loads(server.stdout)
         sid, host = shown["id"], shown["OS-EXT-SRV-ATTR:host"]
         deadline, console = time.monotonic() + CONSOLE_TIMEOUT, ""

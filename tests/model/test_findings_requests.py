@@ -479,3 +479,35 @@ def test_finding_50_a_withdrawn_delete_gives_back_the_task_it_replaced(m: KeelMa
     assert m.answers[-1] == ("delete", 503)
     assert m.state_of(0)[1] == "resize_migrating"
     m.teardown()  # I4: no task left, no move unended
+
+
+def _step_until(m: KeelMachine, action: str, task: str) -> None:
+    """Step the paused request ``action`` until the server's task is ``task``."""
+    while m.state_of(0)[1] != task:
+        (request,) = [a for a in m.rt.paused() if action in a.what]
+        m.act(m._start(lambda a=request: m.rt.resume(a, step=True)))
+
+
+def test_finding_51_a_withdrawn_delete_gives_no_task_back_to_a_move_gone_meanwhile(
+    m: KeelMachine,
+) -> None:
+    """Finding 51 (found by the search, seed 1299267639, example 1,210): a migration
+    marked its server ``resize_prep``; a force-delete, paused, marked it ``deleting``.
+    Every cast of the migration failed, and it was withdrawn (its record ended, its task
+    left under the delete's mark); then every cast of the force-delete failed, and its
+    withdrawal gave back ``resize_prep``: a task of a move no one would make, never
+    ended. A withdrawn delete now gives a task back only while the request that began it
+    is still open."""
+    s = Steps(m)
+    s.boot()
+    s.migrate(0, plan={"casts_fail": False, "pause_at": 1})
+    _step_until(m, "migrate", "resize_prep")
+    s.deferred_delete(0, "forceDelete", plan={"casts_fail": False, "pause_at": 1})
+    _step_until(m, "forceDelete", "deleting")
+    (migrate,) = [a for a in m.rt.paused() if "migrate" in a.what]
+    m.act(m._start(lambda: m.rt.resume(migrate, step=False)))
+    assert m.answers[-1] == ("migrate", 503)
+    s.resume(0)
+    assert m.answers[-1] == ("forceDelete", 503)
+    assert m.state_of(0)[:2] == ("active", None)
+    m.teardown()  # I4: no task left that nothing will end

@@ -288,7 +288,11 @@ async def _restore(
     or one at the same time that began from the same state as this one (each wrote the
     mark; only the last to withdraw may take it back). That delete's message may be on
     its way (it was answered 204), or its deadline clears the task; withdrawn, this one
-    leaves the server as that delete left it."""
+    leaves the server as that delete left it.
+
+    The task it found is given back only while the request that began it is still open
+    (neither ended nor withdrawn): a move or a soft delete that could not be sent while
+    this mark stood has gone, and so has its task."""
 
     async def restore(conn: Connection) -> bool:
         async def undo() -> bool:
@@ -306,9 +310,15 @@ async def _restore(
                     instance.uuid,
                 )
                 return bool(still == TaskState.DELETING.value)
-            restored = await instances.undo_deleting(
-                conn, instance.uuid, found=instance, task=instance_task(instance)
-            )
+            task = instance_task(instance)
+            if task is not None and not await instance_actions.lock_others_open(
+                conn, instance.uuid, ctx.request_id
+            ):
+                # The request that began the task was withdrawn or ended while this
+                # delete's mark stood over it: giving the task back would leave it to
+                # nobody.
+                task = None
+            restored = await instances.undo_deleting(conn, instance.uuid, found=instance, task=task)
             return restored is not None
 
         return await instance_actions.withdraw_untaken(

@@ -1,6 +1,6 @@
 """A delete's mark and its withdrawal, on PostgreSQL: what is given back is what the mark
-replaced (finding 50), and only while the server is still in the state it marked
-(finding 44)."""
+replaced (finding 50), only while the server is still in the state it marked (finding 44), and
+only while the request behind that task is still open (finding 51)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from shared.db import instances
+from shared.context import RequestContext
+from shared.db import instance_actions, instances
 from shared.objects.instance import Instance
 from shared.objects.states import TaskState, VmState
 from tests.functional.services.conductor.stand_in import create_instance
@@ -85,3 +86,29 @@ async def test_two_marks_at_once_each_see_what_the_other_left(db_pool: asyncpg.P
     assert sorted(found, key=str) == sorted(
         [TaskState.POWERING_OFF.value, TaskState.DELETING.value], key=str
     )
+
+
+async def test_a_request_ending_while_a_withdrawal_looks_is_waited_for_and_seen_ended(
+    db_pool: asyncpg.Pool,
+) -> None:
+    """Finding 51, at once: a move's withdrawal ends its record while a withdrawn delete
+    asks whether the request behind the task it found is still open. The delete waits
+    for the move's transaction and sees the record ended, so gives no task back."""
+    read = await _in(db_pool, VmState.ACTIVE, TaskState.RESIZE_PREP)
+    async with db_pool.acquire() as conn:
+        await instance_actions.finish(conn, read.uuid, "create")
+        await instance_actions.start(conn, RequestContext(request_id="move"), read.uuid, "migrate")
+    async with db_pool.acquire() as mover, db_pool.acquire() as deleter:
+        ending = mover.transaction()
+        await ending.start()
+        await instance_actions.finish(mover, read.uuid, "migrate", "its cast was lost")
+        async with deleter.transaction():
+            looking = asyncio.create_task(
+                instance_actions.lock_others_open(deleter, read.uuid, "delete")
+            )
+            await asyncio.sleep(0.2)
+            waited = not looking.done()
+            await ending.commit()
+            still_open = await looking
+    assert waited
+    assert not still_open

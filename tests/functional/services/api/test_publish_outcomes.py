@@ -357,6 +357,75 @@ async def test_a_delete_that_cannot_be_sent_gives_a_soft_delete_its_mark_back(
     assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.SOFT_DELETING)
 
 
+class EndedMeanwhileCompute(LosingCompute):
+    """Every delete cast is lost, and while the first is on its way the request that
+    began the server's task goes: a move withdrawn for its own lost cast (its record
+    ended), or a soft delete withdrawn the same way."""
+
+    def __init__(self, transport: AmqpTransport, pool: asyncpg.Pool, action: str, how: str) -> None:
+        super().__init__(transport, pool, taken=False)
+        self.action, self.how = action, how
+
+    async def terminate_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        if self.attempts == 0:
+            async with self.pool.acquire() as conn:
+                if self.how == "ended":
+                    await instance_actions.finish(conn, instance_uuid, self.action, LOST)
+                else:
+                    await instance_actions.withdraw(conn, instance_uuid, "earlier", LOST)
+        await super().terminate_instance(ctx, service_uuid, instance_uuid)
+
+
+@pytest.mark.parametrize(
+    "gone",
+    [
+        (TaskState.RESIZE_PREP, "migrate", "ended"),
+        (TaskState.SOFT_DELETING, "delete", "withdrawn"),
+    ],
+    ids=["a-move-ended", "a-soft-delete-withdrawn"],
+)
+async def test_a_delete_that_cannot_be_sent_gives_no_task_back_to_a_request_gone_meanwhile(
+    settings: Settings,
+    db_pool: asyncpg.Pool,
+    transport: AmqpTransport,
+    gone: tuple[TaskState, str, str],
+) -> None:
+    """Finding 51: a force-delete marks a server whose task another request began (a
+    migration, a soft delete); that request could not be sent either and went while the
+    mark stood. The force-delete, withdrawn (503), leaves the server with no task: the
+    one it found belongs to nobody now."""
+    task, action, how = gone
+    conductor = LosingConductor(transport, db_pool, taken=False)
+    compute = EndedMeanwhileCompute(transport, db_pool, action, how)
+    app = create_app(settings, db_pool, conductor, compute)
+    host = f"pub-{how}"
+    await add_image(db_pool)
+    await add_compute(db_pool, host)
+    await takes_requests(db_pool, host)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server = await _active_server(client, db_pool, conductor)
+        async with db_pool.acquire() as conn:
+            await instance_actions.finish(conn, server, "create")  # its build is over
+            await instances.set_task_state(conn, server, task)
+            await instance_actions.start(
+                conn, RequestContext(user_id="u", request_id="earlier"), server, action
+            )
+
+        response = await client.post(
+            f"/v2.1/servers/{server}/action", headers=ADMIN, json={"forceDelete": None}
+        )
+
+    assert response.status_code == 503, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, None)
+
+
 class BuiltMeanwhileCompute(LosingCompute):
     """Every delete cast is lost, and while the first is on its way the server's build
     ends: its agent's result (for the server's copy) reaches the conductor."""
