@@ -26,7 +26,7 @@ from services.scheduler.rpcapi import SelectDestinations, Selection
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, server_groups
 from shared.db.pool import Connection
-from shared.exceptions import NoValidHost
+from shared.exceptions import InstanceNotFound, NoValidHost
 from shared.faults import FaultPoints
 from shared.objects.compute_node import HostState
 from shared.objects.instance import RequestSpec
@@ -78,15 +78,38 @@ class SchedulerManager:
         self.faults = faults or FaultPoints()
 
     async def select_destinations(self, ctx: RequestContext, req: SelectDestinations) -> Selection:
-        """Filter, weigh and claim; raises NoValidHost when no host has room."""
+        """Filter, weigh and claim; raises NoValidHost when no host has room, and
+        InstanceNotFound when the instance was deleted."""
         spec = req.spec
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_consumer(conn, spec.consumer)
+            await self._lock_live_instance(conn, spec)
             selection = await self._claimed_before(conn, spec)
             if selection is None:
                 selection = await self._select(conn, spec)
         self.faults.reached("scheduler.select.after_claim")
         return selection
+
+    async def _lock_live_instance(self, conn: Connection, spec: RequestSpec) -> None:
+        """Hold the instance's row until the claim is made, so that a delete either ends
+        first (nothing is claimed: InstanceNotFound) or waits and then releases the claim
+        with the rest. A request may reach the scheduler long after it was sent (its
+        caller gone), when its server is deleted and nothing would release a new claim.
+        (Instance rows are never removed, only marked deleted; a consumer with no row at
+        all is placed as asked.)"""
+        deleted = await conn.fetchval(
+            "SELECT deleted_at IS NOT NULL FROM instances WHERE uuid = $1 FOR SHARE",
+            spec.instance_uuid,
+        )
+        if deleted:
+            LOG.info(
+                "instance %s was deleted before it was placed: claiming nothing",
+                spec.instance_uuid,
+                extra={"instance_uuid": str(spec.instance_uuid), "decision": "no_claim"},
+            )
+            raise InstanceNotFound(
+                f"instance {spec.instance_uuid} was deleted before it was placed"
+            )
 
     async def _claimed_before(self, conn: Connection, spec: RequestSpec) -> Selection | None:
         """The host the consumer already holds a claim on, if any."""

@@ -294,3 +294,24 @@ def test_finding_48_a_server_whose_build_failed_is_not_powered_before_its_late_r
     assert m.answers[-1] == (action, 409)
     m.teardown()  # I1: the guest that runs is claimed
     assert m.state_of(0) == ("active", None, "host0")
+
+
+def test_finding_52_a_late_scheduling_claims_nothing_for_a_deleted_server(
+    m: KeelMachine,
+) -> None:
+    """Finding 52 (found by the search, seed 376807182, example 324): the conductor's
+    scheduling call for a new server waited in the scheduler's queue; an admin reset the
+    server to ERROR and deleted it (never placed: deleted at once, nothing to release);
+    the conductor died, and the call, delivered at last, claimed a node for the deleted
+    server, a claim nothing would ever release (I1). The scheduler holds the server's
+    row while it claims and claims nothing for a deleted server."""
+    s = Steps(m)
+    s.call_disturbed(fault="held", h=0, who="conductor")
+    s.boot_delivered_again(after=2, copies=1, failing=False, on=None, results=2)
+    assert m.state_of(0) == ("building", "scheduling", None)
+    s.reset_state(0, "error")
+    s.delete(0)
+    assert m.answers[-1] == ("delete", 204)
+    s.kill_control("conductor")
+    s.deliver_oldest()  # the scheduling call
+    m.teardown()  # I1: no claim held by a deleted server

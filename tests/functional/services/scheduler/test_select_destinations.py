@@ -11,12 +11,13 @@ import pytest
 from services.scheduler.rpcapi import SchedulerAPI, Selection
 from shared.config import DatabaseSettings
 from shared.context import RequestContext
-from shared.db import allocations, compute_nodes, services
+from shared.db import allocations, compute_nodes, instances, services
 from shared.db.pool import create_pool
-from shared.exceptions import NoValidHost
+from shared.exceptions import InstanceNotFound, NoValidHost
 from shared.objects.compute_node import ComputeNode, NodeResources
 from shared.objects.flavor import FlavorSnapshot
 from shared.objects.instance import RequestSpec
+from tests.functional.services.conductor.stand_in import create_instance
 from tests.functional.services.scheduler.conftest import OpenTransport, serve_scheduler
 
 pytestmark = pytest.mark.functional
@@ -188,3 +189,42 @@ async def test_two_schedulers_racing_never_overcommit(
             assert fresh.memory_mb_used == 5 * 512
             assert fresh.memory_mb_used <= fresh.memory_mb * fresh.ram_allocation_ratio
     assert sorted(s.host for s in chosen) == ["h1"] * 5 + ["h2"] * 5
+
+
+async def test_a_deleted_instance_is_never_claimed_for(
+    db_pool: asyncpg.Pool, scheduler: SchedulerAPI
+) -> None:
+    """A request that reaches the scheduler after its server was deleted (its caller
+    gone: nothing would release a claim) claims nothing."""
+    await add_host(db_pool, "h1")
+    server = await create_instance(db_pool)
+    async with db_pool.acquire() as conn:
+        await instances.soft_delete(conn, server)
+    spec = RequestSpec(instance_uuid=server, project_id="p", user_id="u", flavor=SMALL)
+
+    with pytest.raises(InstanceNotFound, match="was deleted before it was placed"):
+        await scheduler.select_destinations(RequestContext(), spec)
+
+    assert await allocation_count(db_pool) == 0
+
+
+async def test_a_delete_under_way_is_waited_for_and_its_server_not_claimed_for(
+    db_pool: asyncpg.Pool, scheduler: SchedulerAPI
+) -> None:
+    """Finding 52: a delete and a late scheduling request at once. The delete holds the
+    server's row while it releases its claims; the request waits for it, then finds the
+    server deleted and claims nothing, so no claim is left that nothing releases."""
+    await add_host(db_pool, "h1")
+    server = await create_instance(db_pool)
+    spec = RequestSpec(instance_uuid=server, project_id="p", user_id="u", flavor=SMALL)
+    async with db_pool.acquire() as conn, conn.transaction():
+        await instances.soft_delete(conn, server)
+        placing = asyncio.create_task(scheduler.select_destinations(RequestContext(), spec))
+        await asyncio.sleep(0.3)
+        waited = not placing.done()
+        await allocations.release_instance(conn, server)
+    with pytest.raises(InstanceNotFound):
+        await placing
+
+    assert waited
+    assert await allocation_count(db_pool) == 0
