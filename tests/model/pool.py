@@ -13,6 +13,12 @@ It also counts the database operations in flight, so the world knows when every 
 is waiting on something only the model can release (:meth:`World.idle`), and fails the
 next connections a process asks for when the model says the database is unreachable
 for it (:attr:`ModelPool.outage`).
+
+Steps go to PostgreSQL one at a time (:meth:`InFlight.turn`). Two tasks running at once
+— two activities resumed together, a handler beside a timer — would otherwise see their
+statements answered in whatever order the server finished them, and one example could
+end differently from one run to the next (a failure Hypothesis calls flaky and cannot
+shrink). One at a time, in the order the loop asked, an example replays what it did.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from typing import Any
 
 import asyncpg
 
+#: Real seconds a database step waits for the one in flight before it goes anyway.
+LOCK_WAIT = 0.2
+
 #: ``checkpoint(what)``: awaited before each step; may pause, or raise CancelledError.
 Checkpoint = Callable[[str], Awaitable[None]]
 
@@ -33,6 +42,8 @@ class InFlight:
 
     def __init__(self) -> None:
         self._count = 0
+        #: Steps let past one in flight after ``LOCK_WAIT`` (a row lock between them).
+        self.let_past = 0
         #: Set while nothing is in flight (what a waiter for quiet waits on).
         self.none = asyncio.Event()
         self.none.set()
@@ -42,6 +53,19 @@ class InFlight:
     @property
     def count(self) -> int:
         return self._count
+
+    async def turn(self) -> None:
+        """Wait until no other step is in flight: one step at a time, in the order the
+        loop asked for them, so two tasks' statements are answered in the same order on
+        every replay. A step that waits on a row lock another task holds (inside its
+        transaction, its next step queued here) is let past after ``LOCK_WAIT``."""
+        while self._count:
+            try:
+                async with asyncio.timeout(LOCK_WAIT):
+                    await self.none.wait()
+            except TimeoutError:
+                self.let_past += 1
+                return
 
     def started(self) -> None:
         self._count += 1
@@ -79,6 +103,7 @@ class _Counted:
         self.inflight = inflight
 
     async def run(self, step: Awaitable[Any]) -> Any:
+        await self.inflight.turn()
         self.inflight.started()
         try:
             return await step

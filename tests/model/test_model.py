@@ -117,3 +117,5 @@ def test_the_model_holds(model: tuple[World, Loop], chosen_seed: int) -> None:
         elapsed = time.monotonic() - started
         ran = SearchMachine.examples
         print(f"\nmodel: {ran} examples in {elapsed:.1f}s, {ran / elapsed:.1f} examples/s")
+        let_past = world.rt.inflight.let_past
+        print(f"model: {let_past} database step(s) let past a row lock (replays may differ)")

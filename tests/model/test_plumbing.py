@@ -8,6 +8,7 @@ it stands for.
 
 from __future__ import annotations
 
+import asyncio
 import types
 from typing import Any
 
@@ -188,3 +189,39 @@ def test_the_settle_waits_for_an_agent_that_could_not_start(m: KeelMachine) -> N
     assert m.state_of(0)[0] == "deleted"
     s.database_outage("conductor", 4)
     m.teardown()  # I2: the deleted server's guest on A is removed once A's agent runs
+
+
+def test_database_steps_are_answered_in_the_order_they_were_asked(m: KeelMachine) -> None:
+    """Two processes' statements at once: the slow one asked first is answered first,
+    so an example replays the same; one waiting on a row lock the other holds between
+    two statements of its transaction is let past, not left to hang."""
+    s = Steps(m)
+    s.create(on=A)
+    answered: list[str] = []
+
+    async def ask(pool: Any, name: str, sql: str) -> None:
+        async with pool.acquire() as conn:
+            await conn.fetchval(sql)
+        answered.append(name)
+
+    async def both() -> None:
+        await asyncio.gather(
+            ask(m.w.api.db, "slow", "SELECT pg_sleep(0.05)"),
+            ask(m.w.conductor.db, "quick", "SELECT 1"),
+        )
+
+    async def locked() -> None:
+        async with m.w.api.db.acquire() as holder, holder.transaction():
+            await holder.execute("UPDATE instances SET updated_at = now()")
+            waiter = asyncio.create_task(
+                ask(m.w.conductor.db, "waited", "UPDATE instances SET updated_at = now()")
+            )
+            await asyncio.sleep(0.05)
+            await holder.execute("SELECT 1")  # its next step, behind the blocked one
+        await waiter
+
+    let_past = m.w.rt.inflight.let_past
+    m.run(both())
+    m.run(locked())
+    assert answered == ["slow", "quick", "waited"]
+    assert m.w.rt.inflight.let_past == let_past + 2  # its next statement, and its commit
