@@ -284,6 +284,16 @@ async def undo_deleting(
     return None if row is None else Instance.from_row(row)
 
 
+async def marked_for_delete(conn: Connection, instance_uuid: UUID) -> bool:
+    """Whether a delete's mark (``deleting``, or a soft delete's ``soft-deleting``) is the
+    instance's task."""
+    task = await conn.fetchval(
+        "SELECT task_state FROM instances WHERE uuid = $1 AND deleted_at IS NULL",
+        instance_uuid,
+    )
+    return task in (TaskState.DELETING.value, TaskState.SOFT_DELETING.value)
+
+
 async def begin_task(
     conn: Connection,
     instance_uuid: UUID,

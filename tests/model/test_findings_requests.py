@@ -511,3 +511,24 @@ def test_finding_51_a_withdrawn_delete_gives_no_task_back_to_a_move_gone_meanwhi
     assert m.answers[-1] == ("forceDelete", 503)
     assert m.state_of(0)[:2] == ("active", None)
     m.teardown()  # I4: no task left that nothing will end
+
+
+def test_finding_53_a_stop_unsent_under_a_deletes_mark_is_503(m: KeelMachine) -> None:
+    """Finding 53 (found reading beside finding 51): a stop marked its server
+    ``powering-off``; a force-delete, paused, marked it ``deleting``; every cast of the
+    stop failed, and its withdrawal, finding its task gone, took the request for taken:
+    202, though nothing was sent. It is 503 now, the request withdrawn; and the
+    force-delete, its casts failing too, gives no task back to it."""
+    s = Steps(m)
+    s.boot()
+    s.power(0, "os-stop", plan={"casts_fail": False, "pause_at": 1})
+    _step_until(m, "os-stop", "powering-off")
+    s.deferred_delete(0, "forceDelete", plan={"casts_fail": False, "pause_at": 1})
+    _step_until(m, "forceDelete", "deleting")
+    (stop,) = [a for a in m.rt.paused() if "os-stop" in a.what]
+    m.act(m._start(lambda: m.rt.resume(stop, step=False)))
+    assert m.answers[-1] == ("os-stop", 503)
+    s.resume(0)
+    assert m.answers[-1] == ("forceDelete", 503)
+    assert m.state_of(0)[:2] == ("active", None)
+    m.teardown()

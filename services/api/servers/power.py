@@ -212,7 +212,13 @@ async def _withdraw(
 
     async def withdraw(conn: Connection) -> bool:
         async def undo() -> bool:
-            return await instances.finish_task(conn, instance_uuid, (action.task,)) is not None
+            if await instances.finish_task(conn, instance_uuid, (action.task,)) is not None:
+                return True
+            # A delete's mark stands over this request's task: the mark stays (the delete
+            # owns the server now), and the request, which no agent took, is withdrawn
+            # all the same, so that its 503 means nothing happens, and a delete withdrawn
+            # later gives no task back to it.
+            return await instances.marked_for_delete(conn, instance_uuid)
 
         return await instance_actions.withdraw_untaken(
             conn, instance_uuid, ctx.request_id, why, undo

@@ -246,6 +246,56 @@ async def test_a_stop_its_agent_already_finished_is_202(
     assert (shown.vm_state, shown.task_state) == (VmState.STOPPED, None)
 
 
+class MarkedMeanwhileCompute(LosingCompute):
+    """Every stop cast is lost, and while the first is on its way a delete of the same
+    server marks it ``deleting`` (over the stop's ``powering-off``) and records itself."""
+
+    async def stop_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        if self.attempts == 0:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await instances.mark_deleting(conn, instance_uuid)
+                await instance_actions.start(
+                    conn, RequestContext(user_id="other"), instance_uuid, "delete"
+                )
+        await super().stop_instance(ctx, service_uuid, instance_uuid)
+
+
+async def test_a_stop_that_cannot_be_sent_under_a_deletes_mark_is_503_and_withdrawn(
+    settings: Settings, db_pool: asyncpg.Pool, transport: AmqpTransport
+) -> None:
+    """A stop whose every cast failed while a delete marked its server: the stop was
+    answered 202 (its task gone, it looked taken) though nothing was sent. It is 503 and
+    withdrawn now; the delete's mark stays."""
+    conductor = LosingConductor(transport, db_pool, taken=False)
+    compute = MarkedMeanwhileCompute(transport, db_pool, taken=False)
+    app = create_app(settings, db_pool, conductor, compute)
+    await add_image(db_pool)
+    await add_compute(db_pool, "pub-m")
+    await takes_requests(db_pool, "pub-m")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server = await _active_server(client, db_pool, conductor)
+
+        response = await client.post(
+            f"/v2.1/servers/{server}/action", headers=ADMIN, json={"os-stop": None}
+        )
+
+    assert response.status_code == 503, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+        withdrawn = await conn.fetchval(
+            """SELECT withdrawn_at IS NOT NULL FROM instance_actions
+                WHERE instance_uuid = $1 AND action = 'stop'""",
+            server,
+        )
+    assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.DELETING)
+    assert withdrawn
+
+
 async def test_a_delete_that_cannot_be_sent_is_503_and_the_server_unchanged(
     api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
 ) -> None:
