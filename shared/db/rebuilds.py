@@ -116,15 +116,20 @@ async def begin(
 
 async def withdraw(conn: Connection, before: Instance, change: RebuildChange) -> bool:
     """Undo :func:`begin` while the rebuild is still under way: the task and every field
-    it changed back as they were. False if the task already moved on."""
+    it changed back as they were. Under a delete's mark (it replaced the task) the mark
+    stays and the fields go back. False if the task already moved on otherwise."""
     old = {column: getattr(before, column) for column in change.values()}
-    sets, args = _assignments(old, 3)
+    sets, args = _assignments(old, 4)
     row = await conn.fetchrow(
-        f"""UPDATE instances SET task_state = NULL, {sets}, updated_at = now()
-             WHERE uuid = $1 AND deleted_at IS NULL AND task_state = $2
+        f"""UPDATE instances
+               SET task_state = CASE WHEN task_state = $2 THEN NULL ELSE task_state END,
+                   {sets}, updated_at = now()
+             WHERE uuid = $1 AND deleted_at IS NULL
+               AND (task_state = $2 OR task_state = ANY($3::text[]))
          RETURNING uuid""",
         before.uuid,
         TaskState.REBUILD_SPAWNING.value,
+        [TaskState.DELETING.value, TaskState.SOFT_DELETING.value],
         *args,
     )
     return row is not None

@@ -34,7 +34,7 @@ from typing import Any
 from uuid import UUID
 
 from shared.db import allocations, images, snapshots
-from shared.db.instances import finish_task, new_fault
+from shared.db.instances import finish_task, marked_for_delete, new_fault
 from shared.db.pool import Connection
 from shared.exceptions import ImageNotFound, ImageProtected
 from shared.objects import transitions
@@ -117,6 +117,19 @@ async def _forget(conn: Connection, instance_uuid: UUID) -> None:
         instance_uuid,
         list(KEYS),
     )
+
+
+async def withdraw(conn: Connection, instance_uuid: UUID) -> bool:
+    """keel-api withdraws a shelve no agent took: undone as :func:`failed` does; under a
+    delete's mark (it replaced the task) the mark stays, and the image and the system
+    metadata keys go. False if the task already moved on otherwise."""
+    if await failed(conn, instance_uuid) is not None:
+        return True
+    if not await marked_for_delete(conn, instance_uuid):
+        return False
+    await snapshots.kill_unfinished(conn, instance_uuid)
+    await _forget(conn, instance_uuid)
+    return True
 
 
 async def failed(conn: Connection, instance_uuid: UUID) -> Instance | None:

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from shared.db import images
-from shared.db.instances import begin_task, finish_task
+from shared.db.instances import begin_task, finish_task, marked_for_delete
 from shared.db.pool import Connection
 from shared.objects import transitions
 from shared.objects.image import Image
@@ -71,9 +71,10 @@ async def begin(
 
 async def withdraw(conn: Connection, instance_uuid: UUID) -> bool:
     """Undo :func:`begin` while no agent has moved the snapshot on: the task cleared and
-    the image killed. False if the task already moved on."""
+    the image killed. Under a delete's mark (it replaced the task) the mark stays and the
+    image is killed. False if the task already moved on otherwise."""
     done = await finish_task(conn, instance_uuid, (TaskState.IMAGE_SNAPSHOT,))
-    if done is None:
+    if done is None and not await marked_for_delete(conn, instance_uuid):
         return False
     await kill_unfinished(conn, instance_uuid)
     return True

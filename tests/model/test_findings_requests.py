@@ -7,6 +7,9 @@ Written as ``test_findings.py`` (see its docstring).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from shared.versions import TAKING_REQUESTS_VERSION
@@ -513,22 +516,48 @@ def test_finding_51_a_withdrawn_delete_gives_no_task_back_to_a_move_gone_meanwhi
     m.teardown()  # I4: no task left that nothing will end
 
 
-def test_finding_53_a_stop_unsent_under_a_deletes_mark_is_503(m: KeelMachine) -> None:
-    """Finding 53 (found reading beside finding 51): a stop marked its server
-    ``powering-off``; a force-delete, paused, marked it ``deleting``; every cast of the
-    stop failed, and its withdrawal, finding its task gone, took the request for taken:
-    202, though nothing was sent. It is 503 now, the request withdrawn; and the
-    force-delete, its casts failing too, gives no task back to it."""
+#: Requests whose task a delete's mark may replace: the rule that sends each, its task.
+UNDER_A_MARK: dict[str, tuple[Callable[[Steps, dict[str, Any]], None], str]] = {
+    "os-stop": (lambda s, plan: s.power(0, "os-stop", plan=plan), "powering-off"),
+    "snapshot": (lambda s, plan: s.snapshot(0, plan=plan), "image_snapshot"),
+    "shelve": (lambda s, plan: s.shelve(0, "shelve", plan=plan), "shelving"),
+    "rebuild": (lambda s, plan: s.rebuild(0, plan=plan), "rebuild_spawning"),
+}
+
+
+@pytest.mark.parametrize("request_name", list(UNDER_A_MARK))
+def test_finding_53_a_request_unsent_under_a_deletes_mark_is_503(
+    m: KeelMachine, request_name: str
+) -> None:
+    """Finding 53 (found reading beside finding 51): a stop (a snapshot, a shelve, a
+    rebuild) marked its server with its task; a force-delete, paused, marked it
+    ``deleting``; every cast of the request failed, and its withdrawal, finding its task
+    gone, took the request for taken: 202, though nothing was sent. It is 503 now, the
+    request withdrawn and undone but for the mark (no image left unfinished, the rebuild's
+    image back); and the force-delete, its casts failing too, gives it no task back."""
+    send, task = UNDER_A_MARK[request_name]
     s = Steps(m)
     s.boot()
-    s.power(0, "os-stop", plan={"casts_fail": False, "pause_at": 1})
-    _step_until(m, "os-stop", "powering-off")
+    before = m.run(_image_and_unfinished(m))
+    send(s, {"casts_fail": False, "pause_at": 1})
+    _step_until(m, request_name, task)
     s.deferred_delete(0, "forceDelete", plan={"casts_fail": False, "pause_at": 1})
     _step_until(m, "forceDelete", "deleting")
-    (stop,) = [a for a in m.rt.paused() if "os-stop" in a.what]
-    m.act(m._start(lambda: m.rt.resume(stop, step=False)))
-    assert m.answers[-1] == ("os-stop", 503)
+    (paused,) = [a for a in m.rt.paused() if request_name in a.what]
+    m.act(m._start(lambda: m.rt.resume(paused, step=False)))
+    assert m.answers[-1] == (request_name, 503)
     s.resume(0)
     assert m.answers[-1] == ("forceDelete", 503)
     assert m.state_of(0)[:2] == ("active", None)
+    assert m.run(_image_and_unfinished(m)) == before
     m.teardown()
+
+
+async def _image_and_unfinished(m: KeelMachine) -> tuple[str, int]:
+    """The first server's image, and how many images are still being made."""
+    async with m.w.db.acquire() as conn:
+        image = await conn.fetchval("SELECT image_ref FROM instances WHERE uuid = $1", m.server(0))
+        unfinished = await conn.fetchval(
+            "SELECT count(*) FROM images WHERE status IN ('queued', 'saving')"
+        )
+    return image, unfinished

@@ -220,7 +220,7 @@ async def _withdraw_shelve(
 ) -> bool:
     async def withdraw(conn: Connection) -> bool:
         async def undo() -> bool:
-            return await shelves.failed(conn, instance_uuid) is not None
+            return await shelves.withdraw(conn, instance_uuid)
 
         return await instance_actions.withdraw_untaken(
             conn, instance_uuid, ctx.request_id, why, undo

@@ -17,9 +17,9 @@ from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.rpcapi import ConductorAPI
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import allocations, instances
+from shared.db import allocations, instance_actions, instances
 from shared.exceptions import MessagingTimeout
-from shared.objects.states import VmState
+from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from tests.functional.services.api.conftest import (
     ADMIN,
@@ -300,6 +300,58 @@ async def test_a_rebuild_that_cannot_be_sent_is_503_and_the_server_as_it_was(
     assert compute.attempts == publish.ATTEMPTS
     after = await row(db_pool, server_id)
     assert (after.vm_state, after.task_state) == (VmState.ACTIVE, None)
+    assert (after.image_ref, after.display_name, after.metadata) == (
+        before.image_ref,
+        before.display_name,
+        before.metadata,
+    )
+
+
+class MarkedMeanwhileCompute(LosingCompute):
+    """Every rebuild cast is lost, and while the first is on its way a delete marks the
+    server ``deleting`` (over ``rebuild_spawning``) and records itself."""
+
+    def __init__(self, transport: AmqpTransport, pool: asyncpg.Pool) -> None:
+        super().__init__(transport)
+        self.pool = pool
+
+    async def rebuild_guest(
+        self, ctx: RequestContext, service_uuid: UUID, spec: InstanceSpec, *, powered_off: bool
+    ) -> None:
+        if self.attempts == 0:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await instances.mark_deleting(conn, spec.uuid)
+                await instance_actions.start(
+                    conn, RequestContext(user_id="other"), spec.uuid, "delete"
+                )
+        await super().rebuild_guest(ctx, service_uuid, spec, powered_off=powered_off)
+
+
+async def test_a_rebuild_unsent_under_a_deletes_mark_is_503_and_its_fields_go_back(
+    settings: Settings,
+    db_pool: asyncpg.Pool,
+    transport: AmqpTransport,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding 53: a rebuild whose every cast failed while a delete marked its server
+    was answered 202 (its task gone, it looked taken), its new image and fields kept
+    though nothing was sent. It is 503 now: the fields go back, the delete's mark stays."""
+    monkeypatch.setattr(publish, "PAUSE", 0.01)
+    compute = MarkedMeanwhileCompute(transport, db_pool)
+    app = create_app(settings, db_pool, ConductorAPI(transport), compute)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server_id = await active_server(client, db_pool, None, "rb-api-marked")
+        before = await row(db_pool, server_id)
+
+        answer = await rebuild(
+            client, server_id, {"imageRef": str(ALT_IMAGE), "name": "lost", "metadata": {"a": "b"}}
+        )
+
+    assert answer.status_code == 503, answer.text
+    after = await row(db_pool, server_id)
+    assert (after.vm_state, after.task_state) == (VmState.ACTIVE, TaskState.DELETING)
     assert (after.image_ref, after.display_name, after.metadata) == (
         before.image_ref,
         before.display_name,
