@@ -81,6 +81,9 @@ class MachineBase(RuleBasedStateMachine):
         #: delete cut off before its answer may have happened, whatever a later one says.
         self.deletes_sent: dict[UUID, int] = {}
         self.deletes_answered: dict[UUID, int] = {}
+        #: The last restore of each server answered (202 or 503) with no delete sent after
+        #: it: 202 says the server comes back, 503 that it stays soft-deleted.
+        self.restores: dict[UUID, int] = {}
         type(self).examples += 1
 
     # -- plumbing ----------------------------------------------------------------------
@@ -150,6 +153,10 @@ class MachineBase(RuleBasedStateMachine):
         gone_before = target is not None and self.run(self._gone(target))
         if target is not None:
             self.deletes_sent[target] = self.deletes_sent.get(target, 0) + 1
+            self.restores.pop(target, None)  # the delete decides now
+        restored = UUID(path.split("/")[3]) if what == "restore" else None
+        if restored is not None:
+            self.restores.pop(restored, None)  # unknown until it is answered
 
         async def request() -> httpx.Response:
             assert self.w.http is not None
@@ -166,10 +173,12 @@ class MachineBase(RuleBasedStateMachine):
                 # delete too: settling passes the reclaim interval.
                 if not gone_before and self.deletes.get(target) not in (202, 204):
                     self.deletes[target] = status
-            if what == "restore" and status == 202:
+            if restored is not None and status == 202:
                 # A restore accepted brings back a server soft-deleted: the deletes before
                 # it no longer say it must go.
-                self.deletes.pop(UUID(path.split("/")[3]), None)
+                self.deletes.pop(restored, None)
+            if restored is not None and status in (202, 503):
+                self.restores[restored] = status
             # 503 is an answer ("nothing will happen", checked at quiescence); 5xx else never.
             if status >= 500 and status != 503:
                 self.observer.api_errors.append(
@@ -394,8 +403,11 @@ class MachineBase(RuleBasedStateMachine):
     async def answered_problems(self) -> list[str]:
         """I0 at quiescence: 503 meant nothing happened, 202 that it did."""
         async with self.w.db.acquire() as conn:
-            rows = await conn.fetch("SELECT uuid, deleted_at IS NOT NULL AS gone FROM instances")
+            rows = await conn.fetch(
+                "SELECT uuid, deleted_at IS NOT NULL AS gone, vm_state FROM instances"
+            )
         deleted = {r["uuid"] for r in rows if r["gone"]}
+        soft_deleted = {r["uuid"] for r in rows if r["vm_state"] == "soft-delete"}
         live = {r["uuid"] for r in rows} - deleted
         creates = sum(1 for what, _ in self.answers if what == "create")
         cut = self.creates_sent - creates  # no answer: the client cannot tell
@@ -409,6 +421,11 @@ class MachineBase(RuleBasedStateMachine):
                 problems.append(f"I0 server {server} was deleted although its delete got 503")
             if status in (202, 204) and server not in deleted:
                 problems.append(f"I0 server {server} lives although its delete got {status}")
+        for server, status in self.restores.items():
+            if status == 202 and (server in deleted or server in soft_deleted):
+                problems.append(f"I0 server {server} is not back although its restore got 202")
+            if status == 503 and server not in deleted and server not in soft_deleted:
+                problems.append(f"I0 server {server} is back although its restore got 503")
         return problems
 
     async def settle(self) -> list[str]:

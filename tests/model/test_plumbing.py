@@ -22,6 +22,7 @@ from tests.model.conftest import routes_once_per_class
 from tests.model.invariants import snapshot
 from tests.model.machine import KeelMachine
 from tests.model.script import A, Steps
+from tests.model.world import RECLAIM_INTERVAL
 
 pytestmark = pytest.mark.functional
 
@@ -225,3 +226,29 @@ def test_database_steps_are_answered_in_the_order_they_were_asked(m: KeelMachine
     m.run(locked())
     assert answered == ["slow", "quick", "waited"]
     assert m.w.rt.inflight.let_past == let_past + 2  # its next statement, and its commit
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+def test_a_restore_answered_202_must_bring_its_server_back(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """I0 for restores: a server whose restore was answered 202 (no delete sent after it)
+    that is soft-deleted at quiescence is a problem; back, it is none."""
+    s = Steps(m)
+    s.boot(on=A)
+    s.delete(0)
+    s.deliver_all()
+    s.deferred_delete(0, "restore")
+    s.deliver_all()
+    assert m.answers[-1] == ("restore", 202)
+    assert m.run(m.answered_problems()) == []
+
+    async def soft_delete_again() -> None:
+        async with m.w.db.acquire() as conn:
+            await conn.execute(
+                "UPDATE instances SET vm_state = 'soft-delete' WHERE uuid = $1", m.server(0)
+            )
+
+    m.run(soft_delete_again())
+    problems = m.run(m.answered_problems())
+    assert problems == [f"I0 server {m.server(0)} is not back although its restore got 202"]
