@@ -60,6 +60,7 @@ from services.api.servers.power import (
     state_conflict,
     too_old,
 )
+from services.api.servers.views import ServerView
 from services.compute.rpcapi import ComputeAPI, InstanceSpec
 from services.conductor.boot_images import BootImages
 from services.conductor.guest_data import instance_spec
@@ -248,11 +249,23 @@ async def rebuild(
             ) from None
         addresses = await fixed_ips.for_instance(conn, instance.uuid)
 
-    async def begin(conn: Connection) -> tuple[Instance, Instance] | None:
+    async def begin(conn: Connection) -> tuple[Instance, Instance, ServerView] | None:
         begun = await rebuilds.begin(conn, instance.uuid, change)
-        if begun is not None:
-            await instance_actions.start(conn, ctx, instance.uuid, ACTION)
-        return begun
+        if begun is None:
+            return None
+        await instance_actions.start(conn, ctx, instance.uuid, ACTION)
+        # The answer is read with the change: a rebuild sent, or standing because the
+        # database went away before it could be withdrawn, is answered without it.
+        view = await server_view(
+            conn,
+            ctx,
+            version,
+            links,
+            down_time,
+            shown=[begun[1]],
+            forward_name=settings.network.forward_name,
+        )
+        return (*begun, view)
 
     try:
         begun = await in_transaction(pool, begin, what=f"starting the rebuild of {instance.uuid}")
@@ -264,7 +277,7 @@ async def rebuild(
         ) from None
     if begun is None:
         raise state_conflict(instance, ACTION)
-    before, after = begun
+    before, after, view = begun
     spec = instance_spec(after, instance.node or "", list(addresses), boot, origin=after.copy_token)
     powered_off = before.vm_state == VmState.STOPPED
     await _send(
@@ -278,16 +291,6 @@ async def rebuild(
         spec=spec,
         powered_off=powered_off,
     )
-    async with pool.acquire() as conn:
-        view = await server_view(
-            conn,
-            ctx,
-            version,
-            links,
-            down_time,
-            shown=[after],
-            forward_name=settings.network.forward_name,
-        )
     body = view.rebuilt(after)
     body["adminPass"] = request.admin_pass if request.admin_pass is not None else new_password()
     return {"server": body}
@@ -353,4 +356,4 @@ async def _withdraw(
 
         return await instance_actions.withdraw_untaken(conn, before.uuid, ctx.request_id, why, undo)
 
-    return await in_transaction(pool, withdraw, what=f"withdrawing the rebuild of {before.uuid}")
+    return await publish.withdraw(pool, withdraw, what=f"withdrawing the rebuild of {before.uuid}")

@@ -226,7 +226,7 @@ async def _withdraw_shelve(
             conn, instance_uuid, ctx.request_id, why, undo
         )
 
-    return await in_transaction(pool, withdraw, what=f"withdrawing the shelve of {instance_uuid}")
+    return await publish.withdraw(pool, withdraw, what=f"withdrawing the shelve of {instance_uuid}")
 
 
 # --- shelveOffload ---------------------------------------------------------------------
@@ -432,7 +432,7 @@ async def _unshelve_offloaded(
             await instance_actions.withdraw(conn, instance.uuid, ctx.request_id, why)
             return True
 
-        if await in_transaction(pool, withdraw, what=f"withdrawing unshelve of {instance.uuid}"):
+        if await publish.withdraw(pool, withdraw, what=f"withdrawing unshelve of {instance.uuid}"):
             raise ServiceUnavailable(
                 f"The server was not unshelved: keel-conductor could not be reached "
                 f"({why}). Retry once it is available."

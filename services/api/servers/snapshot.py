@@ -321,4 +321,6 @@ async def _withdraw(pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID
             conn, instance_uuid, ctx.request_id, why, undo
         )
 
-    return await in_transaction(pool, withdraw, what=f"withdrawing the snapshot of {instance_uuid}")
+    return await publish.withdraw(
+        pool, withdraw, what=f"withdrawing the snapshot of {instance_uuid}"
+    )

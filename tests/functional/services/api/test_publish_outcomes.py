@@ -18,18 +18,18 @@ import pytest
 
 from services.api.app import create_app
 from services.api.servers import publish
-from services.compute.rpcapi import ComputeAPI
+from services.compute.rpcapi import ComputeAPI, InstanceSpec, ShelveInstance, SnapshotInstance
 from services.conductor import instance_events
 from services.conductor.rpcapi import ConductorAPI, CopyToken, InstanceBuildResult
 from shared.config import Settings
 from shared.context import RequestContext
-from shared.db import compute_nodes, instance_actions, instances
+from shared.db import allocations, compute_nodes, instance_actions, instances
 from shared.exceptions import MessagingTimeout
 from shared.objects.instance import RequestedDestination
 from shared.objects.states import PowerState, TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from shared.versions import SERVICE_VERSION
-from tests.functional.services.api.conftest import ADMIN, add_compute, add_image
+from tests.functional.services.api.conftest import ADMIN, IMAGE_ID, add_compute, add_image
 from tests.functional.services.api.test_servers import server_body
 
 pytestmark = pytest.mark.functional
@@ -598,3 +598,91 @@ async def test_a_delete_that_cannot_be_withdrawn_for_an_outage_is_204_and_stands
         )
     assert (shown.vm_state, shown.task_state) == (VmState.ACTIVE, TaskState.DELETING)
     assert standing == 1
+
+
+class OutageAfterLostCasts(LosingCompute):
+    """Every rebuild, snapshot and shelve cast goes out unconfirmed; after the last, the
+    database goes down."""
+
+    def __init__(self, transport: AmqpTransport, pool: asyncpg.Pool, outage: GoesDown) -> None:
+        super().__init__(transport, pool, taken=False)
+        self.outage = outage
+
+    async def _lost(self) -> None:
+        self.attempts += 1
+        if self.attempts == publish.ATTEMPTS:
+            self.outage.down = True
+        raise MessagingTimeout(LOST)
+
+    async def rebuild_guest(
+        self, ctx: RequestContext, service_uuid: UUID, spec: InstanceSpec, *, powered_off: bool
+    ) -> None:
+        await self._lost()
+
+    async def snapshot_instance(
+        self, ctx: RequestContext, service_uuid: UUID, req: SnapshotInstance
+    ) -> None:
+        await self._lost()
+
+    async def shelve_instance(
+        self, ctx: RequestContext, service_uuid: UUID, req: ShelveInstance
+    ) -> None:
+        await self._lost()
+
+
+@pytest.mark.parametrize(
+    ("body", "task"),
+    [
+        ({"rebuild": {"imageRef": str(IMAGE_ID)}}, TaskState.REBUILD_SPAWNING),
+        ({"createImage": {"name": "snap"}}, TaskState.IMAGE_SNAPSHOT),
+        ({"shelve": None}, TaskState.SHELVING),
+    ],
+    ids=["rebuild", "createImage", "shelve"],
+)
+async def test_a_request_that_cannot_be_withdrawn_for_an_outage_is_202_and_stands(
+    settings: Settings,
+    db_pool: asyncpg.Pool,
+    transport: AmqpTransport,
+    body: dict[str, Any],
+    task: TaskState,
+) -> None:
+    """Finding 49's rule for rebuilds, snapshots and shelves: every cast went out
+    unconfirmed (it may have been sent) and the database went down before keel-api
+    could withdraw the request. It may reach its agent, so it is answered 202, not 503,
+    and it stands, its task set, not withdrawn."""
+    outage = GoesDown(db_pool)
+    conductor = LosingConductor(transport, db_pool, taken=False)
+    compute = OutageAfterLostCasts(transport, db_pool, outage)
+    signing = settings.images.model_copy(update={"url_secret": "s" * 32})
+    app = create_app(
+        settings.model_copy(update={"images": signing}),
+        cast("asyncpg.Pool", outage),
+        conductor,
+        compute,
+    )
+    await add_image(db_pool)
+    host = f"pub-o-{next(iter(body))}"
+    await add_compute(db_pool, host)
+    await takes_requests(db_pool, host)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server = await _active_server(client, db_pool, conductor)
+        async with db_pool.acquire() as conn:  # its build claimed its node
+            built = await instances.get(conn, server)
+            assert built.compute_id is not None
+            await allocations.claim(conn, built.compute_id, server, built.flavor)
+
+        response = await client.post(f"/v2.1/servers/{server}/action", headers=ADMIN, json=body)
+
+    assert response.status_code == 202, response.text
+    assert compute.attempts == publish.ATTEMPTS
+    async with db_pool.acquire() as conn:
+        shown = await instances.get(conn, server)
+        withdrawn = await conn.fetchval(
+            """SELECT count(*) FROM instance_actions
+                WHERE instance_uuid = $1 AND withdrawn_at IS NOT NULL""",
+            server,
+        )
+    assert shown.task_state == task
+    assert withdrawn == 0
