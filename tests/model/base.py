@@ -81,9 +81,12 @@ class MachineBase(RuleBasedStateMachine):
         #: delete cut off before its answer may have happened, whatever a later one says.
         self.deletes_sent: dict[UUID, int] = {}
         self.deletes_answered: dict[UUID, int] = {}
-        #: The last restore of each server answered (202 or 503) with no delete sent after
-        #: it: 202 says the server comes back, 503 that it stays soft-deleted.
+        #: The last restore of each soft-deleted server answered (202 or 503) with no
+        #: delete sent after it: 202 says the server comes back, 503 that it stays
+        #: soft-deleted (unless a restore of it was cut off before its answer).
         self.restores: dict[UUID, int] = {}
+        #: Restores of each soft-deleted server sent and not (yet) answered.
+        self.restores_unanswered: dict[UUID, int] = {}
         type(self).examples += 1
 
     # -- plumbing ----------------------------------------------------------------------
@@ -154,9 +157,13 @@ class MachineBase(RuleBasedStateMachine):
         if target is not None:
             self.deletes_sent[target] = self.deletes_sent.get(target, 0) + 1
             self.restores.pop(target, None)  # the delete decides now
-        restored = UUID(path.split("/")[3]) if what == "restore" else None
-        if restored is not None:
-            self.restores.pop(restored, None)  # unknown until it is answered
+        restore_of = UUID(path.split("/")[3]) if what == "restore" else None
+        # A restore of a server that is not soft-deleted promises nothing, whatever it
+        # answers (409, or 503 in an outage).
+        judged = restore_of if restore_of and self.run(self._soft_deleted(restore_of)) else None
+        if judged is not None:
+            self.restores.pop(judged, None)  # unknown until it is answered
+            self.restores_unanswered[judged] = self.restores_unanswered.get(judged, 0) + 1
 
         async def request() -> httpx.Response:
             assert self.w.http is not None
@@ -173,12 +180,14 @@ class MachineBase(RuleBasedStateMachine):
                 # delete too: settling passes the reclaim interval.
                 if not gone_before and self.deletes.get(target) not in (202, 204):
                     self.deletes[target] = status
-            if restored is not None and status == 202:
+            if restore_of is not None and status == 202:
                 # A restore accepted brings back a server soft-deleted: the deletes before
                 # it no longer say it must go.
-                self.deletes.pop(restored, None)
-            if restored is not None and status in (202, 503):
-                self.restores[restored] = status
+                self.deletes.pop(restore_of, None)
+            if judged is not None:
+                self.restores_unanswered[judged] -= 1
+                if status in (202, 503):
+                    self.restores[judged] = status
             # 503 is an answer ("nothing will happen", checked at quiescence); 5xx else never.
             if status >= 500 and status != 503:
                 self.observer.api_errors.append(
@@ -208,6 +217,13 @@ class MachineBase(RuleBasedStateMachine):
                     "SELECT deleted_at IS NOT NULL FROM instances WHERE uuid = $1", server
                 )
             )
+
+    async def _soft_deleted(self, server: UUID) -> bool:
+        async with self.w.db.acquire() as conn:
+            state = await conn.fetchval(
+                "SELECT vm_state FROM instances WHERE uuid = $1 AND deleted_at IS NULL", server
+            )
+        return bool(state == "soft-delete")
 
     async def _host_of(self, server: UUID) -> Host | None:
         async with self.w.db.acquire() as conn:
@@ -424,7 +440,8 @@ class MachineBase(RuleBasedStateMachine):
         for server, status in self.restores.items():
             if status == 202 and (server in deleted or server in soft_deleted):
                 problems.append(f"I0 server {server} is not back although its restore got 202")
-            if status == 503 and server not in deleted and server not in soft_deleted:
+            cut_off = self.restores_unanswered.get(server, 0) > 0  # that one may have happened
+            if status == 503 and not cut_off and server not in deleted | soft_deleted:
                 problems.append(f"I0 server {server} is back although its restore got 503")
         return problems
 
