@@ -315,3 +315,19 @@ def test_finding_52_a_late_scheduling_claims_nothing_for_a_deleted_server(
     s.kill_control("conductor")
     s.deliver_oldest()  # the scheduling call
     m.teardown()  # I1: no claim held by a deleted server
+
+
+@known.xfail_until_fixed(54, "a failed build delivered twice, evacuated: a copy unclaimed")
+def test_finding_54_an_evacuated_server_whose_build_came_twice_and_failed(
+    m: KeelMachine,
+) -> None:
+    """Finding 54 (found by the search, seed 3144606169, example 4,619; open): a build
+    delivered twice to its agent, the first spawn failing, no result delivered yet; the
+    conductor killed in a sweep; the server evacuated. At quiescence the server (ERROR)
+    has a copy on the destination's node and no claim there (I1)."""
+    s = Steps(m)
+    s.boot_delivered_again(on=None, copies=2, failing=True, after=1, results=0)
+    s.deliver_oldest()
+    s.sweep(plan={"kill_at": 1})
+    s.evacuate_crashed(0, to=None)
+    m.teardown()

@@ -561,3 +561,30 @@ async def _image_and_unfinished(m: KeelMachine) -> tuple[str, int]:
             "SELECT count(*) FROM images WHERE status IN ('queued', 'saving')"
         )
     return image, unfinished
+
+
+@pytest.mark.parametrize("reclaim_interval", [RECLAIM_INTERVAL])
+@known.xfail_until_fixed(55, "a soft delete whose casts fail around a second delete")
+def test_finding_55_soft_deletes_with_lost_casts_leave_the_cloud_undrained(
+    m: KeelMachine, reclaim_interval: float
+) -> None:
+    """Finding 55 (found by the search, seed 2718281828, example 1,553; open): with soft
+    delete on, deletes of one server whose casts (keel-api's and the conductor's) fail
+    around guest reports and a force-up; at quiescence the cloud has not drained after
+    six rounds, with nothing held or paused (I4), and the server whose delete was
+    answered 204 lives (I0)."""
+    s = Steps(m)
+    s.cast_fails("api", delivered=False, times=1)
+    s.boot()
+    s.delete(0, plan={"casts_fail": False})
+    s.interleave(k=0, j=None, order=[])
+    s.cast_fails("conductor", delivered=False, times=3)
+    s.cast_fails("api", delivered=False, times=1)
+    s.cast_fails("api", delivered=True, times=1)
+    s.guest_report(A)
+    s.force_down(A, down=False)
+    s.guest_report(A)
+    s.delete(0)
+    s.cast_fails("conductor", delivered=False, times=3)
+    s.interleave(k=0, j=None, order=[])
+    m.teardown()
