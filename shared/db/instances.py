@@ -284,14 +284,17 @@ async def undo_deleting(
     return None if row is None else Instance.from_row(row)
 
 
+#: The tasks a delete marks a server with: a delete's, a soft delete's.
+DELETE_MARKS = (TaskState.DELETING.value, TaskState.SOFT_DELETING.value)
+
+
 async def marked_for_delete(conn: Connection, instance_uuid: UUID) -> bool:
-    """Whether a delete's mark (``deleting``, or a soft delete's ``soft-deleting``) is the
-    instance's task."""
+    """Whether a delete's mark (:data:`DELETE_MARKS`) is the instance's task."""
     task = await conn.fetchval(
         "SELECT task_state FROM instances WHERE uuid = $1 AND deleted_at IS NULL",
         instance_uuid,
     )
-    return task in (TaskState.DELETING.value, TaskState.SOFT_DELETING.value)
+    return task in DELETE_MARKS
 
 
 async def begin_task(

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from shared.db import allocations
-from shared.db.instances import new_fault
+from shared.db.instances import DELETE_MARKS, new_fault
 from shared.db.pool import Connection
 from shared.objects import transitions
 from shared.objects.instance import Instance
@@ -129,7 +129,7 @@ async def withdraw(conn: Connection, before: Instance, change: RebuildChange) ->
          RETURNING uuid""",
         before.uuid,
         TaskState.REBUILD_SPAWNING.value,
-        [TaskState.DELETING.value, TaskState.SOFT_DELETING.value],
+        list(DELETE_MARKS),
         *args,
     )
     return row is not None
