@@ -9,6 +9,7 @@ real.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, cast
 from uuid import UUID
 
@@ -186,6 +187,28 @@ async def takes_requests(pool: asyncpg.Pool, host: str) -> None:
         )
 
 
+@asynccontextmanager
+async def serving(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    compute: ComputeAPI,
+    host: str,
+    *,
+    api_pool: object | None = None,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of keel-api over these RPC clients, with the image and a compute ``host``
+    whose agent takes requests; keel-api's pool is ``api_pool`` if given (an outage)."""
+    await add_image(pool)
+    await add_compute(pool, host)
+    await takes_requests(pool, host)
+    app = create_app(settings, cast("asyncpg.Pool", api_pool or pool), conductor, compute)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        yield client
+
+
 async def test_an_older_agents_request_is_never_withdrawn_a_stop_is_202(
     api: tuple[httpx.AsyncClient, LosingConductor, LosingCompute], db_pool: asyncpg.Pool
 ) -> None:
@@ -270,13 +293,7 @@ async def test_a_stop_that_cannot_be_sent_under_a_deletes_mark_is_503_and_withdr
     withdrawn now; the delete's mark stays."""
     conductor = LosingConductor(transport, db_pool, taken=False)
     compute = MarkedMeanwhileCompute(transport, db_pool, taken=False)
-    app = create_app(settings, db_pool, conductor, compute)
-    await add_image(db_pool)
-    await add_compute(db_pool, "pub-m")
-    await takes_requests(db_pool, "pub-m")
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
-    ) as client:
+    async with serving(settings, db_pool, conductor, compute, "pub-m") as client:
         server = await _active_server(client, db_pool, conductor)
 
         response = await client.post(
@@ -360,13 +377,7 @@ async def test_a_delete_that_cannot_be_sent_leaves_the_mark_of_another_under_way
     is withdrawn (503) and leaves the ``deleting`` mark of the other, which was sent."""
     conductor = LosingConductor(transport, db_pool, taken=False)
     compute = RacedCompute(transport, db_pool, taken=False)
-    app = create_app(settings, db_pool, conductor, compute)
-    await add_image(db_pool)
-    await add_compute(db_pool, "pub-g")
-    await takes_requests(db_pool, "pub-g")
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
-    ) as client:
+    async with serving(settings, db_pool, conductor, compute, "pub-g") as client:
         server = await _active_server(client, db_pool, conductor)
 
         response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
@@ -449,14 +460,7 @@ async def test_a_delete_that_cannot_be_sent_gives_no_task_back_to_a_request_gone
     task, action, how = gone
     conductor = LosingConductor(transport, db_pool, taken=False)
     compute = EndedMeanwhileCompute(transport, db_pool, action, how)
-    app = create_app(settings, db_pool, conductor, compute)
-    host = f"pub-{how}"
-    await add_image(db_pool)
-    await add_compute(db_pool, host)
-    await takes_requests(db_pool, host)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
-    ) as client:
+    async with serving(settings, db_pool, conductor, compute, f"pub-{how}") as client:
         server = await _active_server(client, db_pool, conductor)
         async with db_pool.acquire() as conn:
             await instance_actions.finish(conn, server, "create")  # its build is over
@@ -504,13 +508,7 @@ async def test_a_delete_that_cannot_be_sent_leaves_a_server_built_meanwhile_acti
     (its spawn is over) and its claim, since its guest runs."""
     conductor = LosingConductor(transport, db_pool, taken=True)
     compute = BuiltMeanwhileCompute(transport, db_pool, taken=False)
-    app = create_app(settings, db_pool, conductor, compute)
-    await add_image(db_pool)
-    await add_compute(db_pool, "pub-i")
-    await takes_requests(db_pool, "pub-i")
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
-    ) as client:
+    async with serving(settings, db_pool, conductor, compute, "pub-i") as client:
         created = await client.post("/v2.1/servers", headers=ADMIN, json=server_body())
         assert created.status_code == 202, created.text
         server = UUID(created.json()["server"]["id"])
@@ -575,13 +573,7 @@ async def test_a_delete_that_cannot_be_withdrawn_for_an_outage_is_204_and_stands
     outage = GoesDown(db_pool)
     conductor = LosingConductor(transport, db_pool, taken=False)
     compute = LostThenOutage(transport, db_pool, outage)
-    app = create_app(settings, cast("asyncpg.Pool", outage), conductor, compute)
-    await add_image(db_pool)
-    await add_compute(db_pool, "pub-j")
-    await takes_requests(db_pool, "pub-j")
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
-    ) as client:
+    async with serving(settings, db_pool, conductor, compute, "pub-j", api_pool=outage) as client:
         server = await _active_server(client, db_pool, conductor)
 
         response = await client.delete(f"/v2.1/servers/{server}", headers=ADMIN)
@@ -654,19 +646,9 @@ async def test_a_request_that_cannot_be_withdrawn_for_an_outage_is_202_and_stand
     conductor = LosingConductor(transport, db_pool, taken=False)
     compute = OutageAfterLostCasts(transport, db_pool, outage)
     signing = settings.images.model_copy(update={"url_secret": "s" * 32})
-    app = create_app(
-        settings.model_copy(update={"images": signing}),
-        cast("asyncpg.Pool", outage),
-        conductor,
-        compute,
-    )
-    await add_image(db_pool)
+    signed = settings.model_copy(update={"images": signing})
     host = f"pub-o-{next(iter(body))}"
-    await add_compute(db_pool, host)
-    await takes_requests(db_pool, host)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
-    ) as client:
+    async with serving(signed, db_pool, conductor, compute, host, api_pool=outage) as client:
         server = await _active_server(client, db_pool, conductor)
         async with db_pool.acquire() as conn:  # its build claimed its node
             built = await instances.get(conn, server)
