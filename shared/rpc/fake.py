@@ -392,6 +392,12 @@ class FakeTransport(Transport):
         """The next call of this transport is disturbed (see :data:`CallFault`)."""
         self._call_faults.append(fault)
 
+    def disarm_faults(self) -> None:
+        """The failures and disturbances armed for the next casts and calls will not
+        happen: the broker that lost them works again."""
+        self._cast_faults.clear()
+        self._call_faults.clear()
+
     def serves(self, topic: str) -> bool:
         """Whether this transport consumes ``topic`` now."""
         return any(c.topic == topic and not c.stopped for c in self._consumers)

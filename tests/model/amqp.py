@@ -235,6 +235,9 @@ class RelayedTransport(Transport):
     def disturb_next_call(self, fault: CallFault) -> None:
         """Over RabbitMQ a call is never disturbed on purpose: its own faults are real."""
 
+    def disarm_faults(self) -> None:
+        self._faults.clear()
+
     async def _checkpoint(self, topic: str) -> None:
         if not self.alive:
             raise MessagingError("transport killed")

@@ -453,7 +453,9 @@ class MachineBase(RuleBasedStateMachine):
         for host in w.hosts:
             if host.cut_for is not None:
                 await self._heal(host)
-        for _ in range(SETTLE_ROUNDS):
+        for round_ in range(SETTLE_ROUNDS):
+            if round_ == 1:
+                self._disarm_faults()
             for activity in rt.paused():
                 rt.resume(activity, step=False)
             if not w.conductor.alive:
@@ -493,6 +495,16 @@ class MachineBase(RuleBasedStateMachine):
             f"held ({held[:3]}), {len(rt.paused())} activity(ies) paused, agents of "
             f"{[h.name for h in w.hosts if not h.gone and w.agent(h) is None]} not running"
         ]
+
+    def _disarm_faults(self) -> None:
+        """The casts and calls armed to fail that have not met their fault by the end of
+        the first round will not: what failed for a while works again, and the cloud is
+        judged on whether it drains then. (Left armed, faults of one process that casts
+        once a round — the reclaim's sweep — would outlast every round.)"""
+        processes = [self.w.api, self.w.conductor, self.w.scheduler, *self.w.agents.values()]
+        for process in processes:
+            if process.alive and process.transport is not None:
+                process.transport.disarm_faults()
 
     async def _held(self) -> list[HeldMessage]:
         """The messages still held, but those in the queue of a compute service deleted

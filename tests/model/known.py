@@ -36,11 +36,8 @@ WITHDRAWN_FROM_AN_OLD_AGENT = 19
 #: 54 (open): a build delivered twice, its first spawn failing, then evacuated with the
 #: conductor killed meanwhile: the server (ERROR) keeps a copy where it holds no claim.
 TWICE_BUILT_EVACUATED = 54
-#: 55 (open): with soft delete on, deletes whose casts fail around guest reports leave
-#: the cloud undrained at quiescence.
-SOFT_DELETES_UNDRAINED = 55
 
-UNFIXED: frozenset[int] = frozenset({TWICE_BUILT_EVACUATED, SOFT_DELETES_UNDRAINED})
+UNFIXED: frozenset[int] = frozenset({TWICE_BUILT_EVACUATED})
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

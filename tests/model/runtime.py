@@ -108,6 +108,8 @@ class ModelTransport(Protocol):
 
     def disturb_next_call(self, fault: CallFault) -> None: ...
 
+    def disarm_faults(self) -> None: ...
+
 
 @dataclass(eq=False)
 class Activity:

@@ -233,3 +233,18 @@ async def test_a_disturbed_call_may_arrive_twice_or_wait_to_be_delivered(
     [held] = held_broker.held
     await held_broker.deliver(held)
     assert await waiting == b"reply"
+
+
+async def test_disarmed_faults_do_not_happen(held_broker: FakeBroker) -> None:
+    server, client = await _transport(held_broker), await _transport(held_broker)
+    handler = Recorder()
+    await server.serve("t", handler, prefetch=10)
+    client.fail_next_cast(delivered=False)
+    client.disturb_next_call("unsent")
+    client.disarm_faults()
+
+    assert client.pending_cast_faults() == []
+    await client.cast("t", b"cast", message_id="c")
+    await held_broker.deliver(held_broker.held[0])
+    assert await client.call("t", b"call", message_id="q", timeout=5) == b"reply"
+    assert handler.finished == [b"cast", b"call"]
