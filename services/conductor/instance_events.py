@@ -95,6 +95,42 @@ async def _built_after_its_deadline(conn: Connection, instance_uuid: UUID) -> bo
     return True
 
 
+async def _built_under_another_task(conn: Connection, req: InstanceBuildResult) -> bool:
+    """A guest finished building after its server was put in ERROR, and another task (an
+    evacuation, say) runs on the server now: that task settles the server's state, but
+    the guest runs on the server's node and uses its resources there, so its claim is
+    recorded again (released when the copy goes: a move's source confirmed, a delete).
+    False if that is not the case. The server's row is locked: a move that links the
+    server elsewhere, or a delete, waits for this or is seen by it."""
+    row = await conn.fetchrow(
+        "SELECT * FROM instances WHERE uuid = $1 FOR UPDATE", req.instance_uuid
+    )
+    if row is None:
+        return False
+    instance = Instance.from_row(row)
+    if (
+        instance.deleted_at is not None
+        or instance.vm_state != VmState.ERROR
+        or instance.launched_at is not None
+        or instance.task_state is None
+        or instance.task_state == TaskState.DELETING
+        or instance.compute_id is None
+        or (req.built is not None and not copy_tokens.is_current(instance, req.built.token))
+    ):
+        return False
+    await allocations.claim(conn, instance.compute_id, instance.uuid, instance.flavor, force=True)
+    LOG.warning(
+        "instance %s finished building on host %s after it was put in ERROR, while its "
+        "task is %s: its guest runs there, so its claim there is recorded again; the "
+        "server stays in ERROR",
+        req.instance_uuid,
+        instance.host,
+        instance.task_state,
+        extra={"instance_uuid": str(req.instance_uuid), "decision": "built_under_a_task"},
+    )
+    return True
+
+
 async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> Instance | None:
     """ACTIVE on success; on failure ERROR with the agent's message and claims released.
 
@@ -130,7 +166,10 @@ async def record_build_result(pool: asyncpg.Pool, req: InstanceBuildResult) -> I
             message = req.message or f"Build of instance {req.instance_uuid} failed."
             instance = await instances.set_build_failed(conn, req.instance_uuid, message=message)
         if instance is None:
-            if req.success and await _built_after_its_deadline(conn, req.instance_uuid):
+            if req.success and (
+                await _built_after_its_deadline(conn, req.instance_uuid)
+                or await _built_under_another_task(conn, req)
+            ):
                 return None
             if not await _release_if_deleted(conn, req.instance_uuid):
                 LOG.info(

@@ -33,11 +33,7 @@ WITHDRAWN_WITHOUT_CONDUCTOR = 18
 #: 19: keel-api withdraws a request an agent of a release before 17 acts on regardless.
 WITHDRAWN_FROM_AN_OLD_AGENT = 19
 
-#: 54 (open): a build delivered twice, its first spawn failing, then evacuated with the
-#: conductor killed meanwhile: the server (ERROR) keeps a copy where it holds no claim.
-TWICE_BUILT_EVACUATED = 54
-
-UNFIXED: frozenset[int] = frozenset({TWICE_BUILT_EVACUATED})
+UNFIXED: frozenset[int] = frozenset()
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

@@ -317,14 +317,16 @@ def test_finding_52_a_late_scheduling_claims_nothing_for_a_deleted_server(
     m.teardown()  # I1: no claim held by a deleted server
 
 
-@known.xfail_until_fixed(54, "a failed build delivered twice, evacuated: a copy unclaimed")
 def test_finding_54_an_evacuated_server_whose_build_came_twice_and_failed(
     m: KeelMachine,
 ) -> None:
-    """Finding 54 (found by the search, seed 3144606169, example 4,619; open): a build
-    delivered twice to its agent, the first spawn failing, no result delivered yet; the
-    conductor killed in a sweep; the server evacuated. At quiescence the server (ERROR)
-    has a copy on the destination's node and no claim there (I1)."""
+    """Finding 54 (found by the search, seed 3144606169, example 4,619): a build
+    delivered twice to its agent, the first spawn failing (ERROR, claim released), the
+    second's success not delivered yet; the conductor killed in a sweep; the server
+    evacuated, the evacuation finding no host. The success arrived under the evacuation
+    and was ignored, so the server (ERROR) kept a copy on its node with no claim there
+    (I1). Such a success now records the claim again, the server's state left to its
+    task (``instance_events._built_under_another_task``)."""
     s = Steps(m)
     s.boot_delivered_again(on=None, copies=2, failing=True, after=1, results=0)
     s.deliver_oldest()

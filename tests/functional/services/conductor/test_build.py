@@ -533,3 +533,43 @@ async def test_a_build_result_whose_database_call_fails_once_ends_the_same_when_
 
     calls = await every_call(scenario)
     assert calls >= 2
+
+
+async def test_a_success_arriving_under_an_evacuation_of_the_failed_build_claims_its_node(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI
+) -> None:
+    """Finding 54: one delivery's failure put the build in ERROR (its claim released)
+    while another delivery's guest ran; that guest's success arrives while the server is
+    being evacuated. The server's state is the evacuation's to settle, but the guest runs
+    on the server's node, so its claim there is recorded again, once however often the
+    success comes; a success for another copy claims nothing."""
+    placed = await spawning_on(db_pool, conductor, "evacuated-twice-built-host")
+    assert placed.compute_id is not None
+    async with db_pool.acquire() as conn:
+        assert await allocations.claim(conn, placed.compute_id, placed.uuid, SMALL)
+    failed = InstanceBuildResult(instance_uuid=placed.uuid, success=False, message="failed")
+    assert await instance_events.record_build_result(db_pool, failed) is not None
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE instances SET task_state = 'rebuilding' WHERE uuid = $1", placed.uuid
+        )
+    assert await held(db_pool, placed.uuid) == 0
+
+    stale = InstanceBuildResult(
+        instance_uuid=placed.uuid, success=True, built=CopyToken(token=uuid.uuid4())
+    )
+    await instance_events.record_build_result(db_pool, stale)
+    assert await held(db_pool, placed.uuid) == 0
+
+    success = InstanceBuildResult(
+        instance_uuid=placed.uuid, success=True, built=CopyToken(token=placed.copy_token)
+    )
+    await asyncio.gather(
+        instance_events.record_build_result(db_pool, success),
+        instance_events.record_build_result(db_pool, success),
+    )
+    async with db_pool.acquire() as conn:
+        after = await instances.get(conn, placed.uuid)
+        claims = await allocations.for_instance(conn, placed.uuid)
+    assert (after.vm_state, after.task_state) == ("error", "rebuilding")
+    assert [c.compute_node_id for c in claims] == [placed.compute_id]
