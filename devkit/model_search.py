@@ -50,6 +50,13 @@ def start(seed: int, examples: int, log: Path, extra: list[str]) -> Worker:
     return Worker(seed, examples, log, process)
 
 
+def _random_seed(number: int) -> int:
+    """A new seed for worker ``number``: even for even workers, odd for odd ones, so a
+    search of two workers or more runs both profiles (an even seed runs with soft
+    delete on, an odd one with it off: ``tests/model/machine.py``)."""
+    return (secrets.randbelow(2**31) << 1) | (number % 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=5000, help="in all (default 5000)")
@@ -69,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     workers = []
     for number in range(workers_wanted):
-        seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
+        seed = args.seed if args.seed is not None else _random_seed(number)
         log = args.logs / f"worker-{number}.log"
         workers.append(start(seed, share, log, args.pytest_args))
         print(f"model search: worker {number}: seed {seed}, {share} examples, log {log}")
