@@ -13,7 +13,9 @@ hosts, :mod:`services.conductor.recovery`) ask for moves the same way:
    ``error`` and clears the task — a compare-and-swap that succeeds only while no
    conductor has acted on the move — so nothing is left behind that nobody will carry
    out. When a conductor already took it (an earlier attempt reached the broker after
-   all), the move goes on.
+   all), the move goes on; when the database cannot be reached to withdraw it, it
+   stands too (the cast may have gone out), and the move deadline ends it if no
+   conductor takes it. Either way keel-api answers as for a move sent.
 
 :func:`cast_or_withdraw` does 2 and 3 and says which happened.
 """
@@ -30,7 +32,7 @@ import asyncpg
 from shared.context import RequestContext
 from shared.db import instance_actions, instances, moves
 from shared.db.pool import Connection
-from shared.db.transaction import in_transaction
+from shared.db.transaction import in_transaction, withdrawal
 from shared.exceptions import MessagingError
 from shared.objects.compute_node import ComputeNode
 from shared.objects.flavor import FlavorSnapshot
@@ -52,7 +54,9 @@ Cast = Callable[[RequestContext, UUID], Awaitable[None]]
 class Outcome(enum.Enum):
     #: The broker took the cast.
     SENT = "sent"
-    #: The cast failed, but a conductor had already taken the move: it goes on.
+    #: The cast failed, but the move stands: a conductor had already taken it, or the
+    #: database could not be reached to withdraw it (the cast may have gone out; the
+    #: move deadline ends it if no conductor takes it).
     TAKEN = "taken"
     #: The cast failed and the move was withdrawn: nothing will happen.
     WITHDRAWN = "withdrawn"
@@ -159,7 +163,9 @@ class _Changed(Exception):
 
 
 async def withdraw(pool: asyncpg.Pool, kind: MoveKind, migration: Migration, why: str) -> bool:
-    """Withdraw a move no conductor has taken; False if one already has."""
+    """Withdraw a move no conductor has taken; False if one already has, or if the
+    database could not be reached to withdraw it (the cast may have gone out: the move
+    stands, and the move deadline ends it if no conductor takes it)."""
 
     async def end(conn: Connection) -> bool:
         ended = await moves.swap_status(
@@ -175,9 +181,7 @@ async def withdraw(pool: asyncpg.Pool, kind: MoveKind, migration: Migration, why
         await instance_actions.finish(conn, migration.instance_uuid, kind.action, why)
         return True
 
-    return await in_transaction(
-        pool, end, what=f"withdrawing {kind.migration_type} {migration.uuid}"
-    )
+    return await withdrawal(pool, end, what=f"withdrawing {kind.migration_type} {migration.uuid}")
 
 
 async def cast_or_withdraw(
@@ -194,8 +198,8 @@ async def cast_or_withdraw(
         if await withdraw(pool, kind, migration, exc.message):
             return Outcome.WITHDRAWN, exc.message
         LOG.warning(
-            "%s %s of server %s could not be cast (%s), but a conductor has already taken "
-            "it: it goes on",
+            "%s %s of server %s could not be cast (%s), but it could not be withdrawn "
+            "either: it stands",
             kind.migration_type,
             migration.uuid,
             migration.instance_uuid,

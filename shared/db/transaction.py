@@ -22,7 +22,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from shared.db.errors import describe, is_conflict
+from shared.db.errors import describe, is_conflict, is_transient
 from shared.db.pool import Connection
 
 LOG = logging.getLogger(__name__)
@@ -74,3 +74,26 @@ async def in_transaction(
             async with pool.acquire() as conn, conn.transaction(isolation=isolation):
                 result = await work(conn)
     return result
+
+
+async def withdrawal(
+    pool: asyncpg.Pool, work: Callable[[Connection], Awaitable[bool]], *, what: str
+) -> bool:
+    """Run the withdrawal ``work`` (of a request whose message may or may not have gone
+    out) in a transaction: True if it withdrew the request; False if the request stands,
+    because its receiver took it or because the database could not be reached to
+    withdraw it. A caller answers as if it was sent then (it may have been): what stands
+    behind the record carries it through or ends it by its deadline."""
+    try:
+        return await in_transaction(pool, work, what=what)
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        LOG.warning(
+            "%s failed: the database is unavailable (%s); the request stands, and is "
+            "answered as sent (it may have been)",
+            what,
+            describe(exc),
+            extra={"decision": "withdrawal_failed"},
+        )
+        return False

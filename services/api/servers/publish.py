@@ -29,11 +29,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import asyncpg
-
 from shared.db.errors import describe, is_transient
-from shared.db.pool import Connection
-from shared.db.transaction import in_transaction
+from shared.db.transaction import withdrawal
 from shared.exceptions import MessagingError, Unroutable
 
 LOG = logging.getLogger(__name__)
@@ -79,22 +76,6 @@ async def send(cast: Callable[[], Awaitable[None]], *, what: str) -> MessagingEr
     return error
 
 
-async def withdraw(
-    pool: asyncpg.Pool, work: Callable[[Connection], Awaitable[bool]], *, what: str
-) -> bool:
-    """Run the withdrawal ``work`` in a transaction: True if it withdrew the request, False
-    if the request stands (its receiver took it, or the database could not be reached to
-    withdraw it: the caller then answers as if it was sent; see the module docstring)."""
-    try:
-        return await in_transaction(pool, work, what=what)
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
-        LOG.warning(
-            "%s failed: the database is unavailable (%s); the request stands, and is "
-            "answered as sent (it may have been)",
-            what,
-            describe(exc),
-            extra={"decision": "withdrawal_failed"},
-        )
-        return False
+#: Withdraws what keel-api recorded, or answers as sent when the database cannot be
+#: reached (see the module docstring).
+withdraw = withdrawal

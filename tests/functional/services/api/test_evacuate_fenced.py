@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import cast
 from uuid import UUID
 
 import asyncpg
@@ -29,6 +30,7 @@ from tests.functional.services.api.conftest import (
     at,
     place_on,
 )
+from tests.functional.services.api.test_publish_outcomes import GoesDown
 from tests.functional.services.api.test_servers import server_body
 
 pytestmark = pytest.mark.functional
@@ -189,7 +191,8 @@ async def test_two_evacuations_of_one_server_at_once_record_one_move(
 async def test_a_move_whose_cast_fails_is_withdrawn_unless_a_conductor_took_it(
     db_pool: asyncpg.Pool, world: dict[str, str]
 ) -> None:
-    """The recording path keel-api and the conductors' automatic evacuation share."""
+    """The recording path keel-api and the conductors' automatic evacuation share. A move
+    the database is out to withdraw stands too: its cast may have gone out."""
     ctx = RequestContext.internal()
     async with db_pool.acquire() as conn:
         source = await compute_nodes.get_by_id(
@@ -201,7 +204,15 @@ async def test_a_move_whose_cast_fails_is_withdrawn_unless_a_conductor_took_it(
 
     server = UUID(world["cut"])
 
-    async def attempt(taken: bool) -> tuple[move_requests.Outcome, str, str | None]:
+    outage = GoesDown(db_pool)
+
+    async def lost_and_outage(_ctx: RequestContext, _migration: UUID) -> None:
+        outage.down = True
+        raise MessagingTimeout("the broker did not confirm the message")
+
+    async def attempt(
+        taken: bool, down: bool = False
+    ) -> tuple[move_requests.Outcome, str, str | None]:
         migration = await move_requests.record(
             db_pool, ctx, EVACUATION, instance_uuid=server, source=source
         )
@@ -214,7 +225,10 @@ async def test_a_move_whose_cast_fails_is_withdrawn_unless_a_conductor_took_it(
                     expected=[MigrationStatus.ACCEPTED],
                     new=MigrationStatus.PRE_MIGRATING,
                 )
-        outcome, _ = await move_requests.cast_or_withdraw(db_pool, ctx, EVACUATION, migration, lost)
+        send = lost_and_outage if down else lost
+        pool = cast(asyncpg.Pool, outage)
+        outcome, _ = await move_requests.cast_or_withdraw(pool, ctx, EVACUATION, migration, send)
+        outage.down = False
         async with db_pool.acquire() as conn:
             record = await moves.get(conn, migration.uuid)
             instance = await instances.get(conn, server)
@@ -226,6 +240,16 @@ async def test_a_move_whose_cast_fails_is_withdrawn_unless_a_conductor_took_it(
         MigrationStatus.ERROR,
         None,
     )
+    assert await attempt(taken=False, down=True) == (
+        move_requests.Outcome.TAKEN,
+        MigrationStatus.ACCEPTED,
+        EVACUATION.choosing,
+    )
+    async with db_pool.acquire() as conn:  # the move deadline ended it
+        await conn.execute(
+            "UPDATE migrations SET status = 'error' WHERE instance_uuid = $1", server
+        )
+        await instances.finish_task(conn, server, (EVACUATION.choosing,))
     assert await attempt(taken=True) == (
         move_requests.Outcome.TAKEN,
         MigrationStatus.PRE_MIGRATING,
