@@ -228,3 +228,26 @@ async def test_a_delete_under_way_is_waited_for_and_its_server_not_claimed_for(
 
     assert waited
     assert await allocation_count(db_pool) == 0
+
+
+async def test_a_claim_that_loses_a_deadlock_with_a_delete_is_made_again(
+    db_pool: asyncpg.Pool, scheduler: SchedulerAPI
+) -> None:
+    """A delete releases the server's claims (holding their node) before it marks the
+    server's row; the scheduler holds that row while it claims on the same node.
+    PostgreSQL aborts the scheduler's transaction, which waited first; the RPC server
+    runs the handler again on that transient failure, which waits for the delete, finds
+    the server deleted and claims nothing."""
+    node = await add_host(db_pool, "h1")
+    server = await create_instance(db_pool)
+    spec = RequestSpec(instance_uuid=server, project_id="p", user_id="u", flavor=SMALL)
+    async with db_pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT 1 FROM compute_nodes WHERE id = $1 FOR UPDATE", node.id)
+        placing = asyncio.create_task(scheduler.select_destinations(RequestContext(), spec))
+        await asyncio.sleep(0.3)
+        assert not placing.done()
+        await instances.soft_delete(conn, server)
+    with pytest.raises(InstanceNotFound, match="was deleted before it was placed"):
+        await placing
+
+    assert await allocation_count(db_pool) == 0
