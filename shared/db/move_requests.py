@@ -162,8 +162,11 @@ class _Changed(Exception):
     """The migration moved on between the check and the transaction (rolls it back)."""
 
 
-async def withdraw(pool: asyncpg.Pool, kind: MoveKind, migration: Migration, why: str) -> bool:
-    """Withdraw a move no conductor has taken; False if one already has, or if the
+async def withdraw(
+    pool: asyncpg.Pool, ctx: RequestContext, kind: MoveKind, migration: Migration, why: str
+) -> bool:
+    """Withdraw a move no conductor has taken (its record ``error``, its action, asked
+    by ``ctx``'s request, withdrawn); False if one already has, or if the
     database could not be reached to withdraw it (the cast may have gone out: the move
     stands, and the move deadline ends it if no conductor takes it)."""
 
@@ -178,7 +181,7 @@ async def withdraw(pool: asyncpg.Pool, kind: MoveKind, migration: Migration, why
         if ended is None:
             return False
         await instances.finish_task(conn, migration.instance_uuid, (kind.choosing,))
-        await instance_actions.finish(conn, migration.instance_uuid, kind.action, why)
+        await instance_actions.withdraw(conn, migration.instance_uuid, ctx.request_id, why)
         return True
 
     return await withdrawal(pool, end, what=f"withdrawing {kind.migration_type} {migration.uuid}")
@@ -195,7 +198,7 @@ async def cast_or_withdraw(
     try:
         await cast(ctx, migration.uuid)
     except MessagingError as exc:
-        if await withdraw(pool, kind, migration, exc.message):
+        if await withdraw(pool, ctx, kind, migration, exc.message):
             return Outcome.WITHDRAWN, exc.message
         LOG.warning(
             "%s %s of server %s could not be cast (%s), but it could not be withdrawn "

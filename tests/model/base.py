@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from uuid import UUID
 
+import asyncpg
 import httpx
 from hypothesis.stateful import RuleBasedStateMachine
 
@@ -87,6 +88,9 @@ class MachineBase(RuleBasedStateMachine):
         self.restores: dict[UUID, int] = {}
         #: Restores of each soft-deleted server sent and not (yet) answered.
         self.restores_unanswered: dict[UUID, int] = {}
+        #: (what, request id, status) of every API request answered: what keel recorded
+        #: under its id is checked against its answer (I0).
+        self.answered_ids: list[tuple[str, str, int]] = []
         type(self).examples += 1
 
     # -- plumbing ----------------------------------------------------------------------
@@ -171,6 +175,9 @@ class MachineBase(RuleBasedStateMachine):
             response = await self.w.http.request(method, path, json=body, headers=headers)
             status = response.status_code
             self.answers.append((what, status))
+            request_id = response.headers.get("x-openstack-request-id")
+            if request_id is not None:
+                self.answered_ids.append((what, request_id, status))
             if what == "create" and status == 202:
                 self.created.add(UUID(response.json()["server"]["id"]))
             if target is not None:
@@ -443,6 +450,38 @@ class MachineBase(RuleBasedStateMachine):
             cut_off = self.restores_unanswered.get(server, 0) > 0  # that one may have happened
             if status == 503 and not cut_off and server not in deleted | soft_deleted:
                 problems.append(f"I0 server {server} is back although its restore got 503")
+        return problems + await self._withdrawals_answered()
+
+    async def _withdrawals_answered(self) -> list[str]:
+        """I0 by the record of each request: one answered 2xx was never withdrawn (that
+        would be a request keel dropped after it promised it), and one answered 503 left
+        no action that was not withdrawn (an agent may take, and act on, only those). A
+        create answered 503 is judged by its server instead: withdrawn, the server is
+        deleted (its action closed, not withdrawn)."""
+        async with self.w.db.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT request_id, action, bool_or(withdrawn_at IS NOT NULL) AS withdrawn,
+                          bool_or(withdrawn_at IS NULL) AS standing
+                     FROM instance_actions WHERE request_id = ANY($1::text[])
+                    GROUP BY request_id, action""",
+                [request_id for _, request_id, _ in self.answered_ids],
+            )
+        recorded: dict[str, list[asyncpg.Record]] = {}
+        for row in rows:
+            recorded.setdefault(row["request_id"], []).append(row)
+        problems = []
+        for what, request_id, status in self.answered_ids:
+            for row in recorded.get(request_id, []):
+                if 200 <= status < 300 and row["withdrawn"]:
+                    problems.append(
+                        f"I0 {what} ({request_id}) answered {status}, but its "
+                        f"{row['action']} action was withdrawn"
+                    )
+                if status == 503 and row["standing"] and what != "create":
+                    problems.append(
+                        f"I0 {what} ({request_id}) answered 503, but its {row['action']} "
+                        "action stands (not withdrawn)"
+                    )
         return problems
 
     async def settle(self) -> list[str]:

@@ -240,6 +240,15 @@ async def test_a_move_whose_cast_fails_is_withdrawn_unless_a_conductor_took_it(
         MigrationStatus.ERROR,
         None,
     )
+    async with db_pool.acquire() as conn:
+        action = await conn.fetchrow(
+            """SELECT withdrawn_at IS NOT NULL AS withdrawn, result FROM instance_actions
+                WHERE instance_uuid = $1 AND request_id = $2""",
+            server,
+            ctx.request_id,
+        )
+    assert action is not None
+    assert (action["withdrawn"], action["result"]) == (True, "Error")
     assert await attempt(taken=False, down=True) == (
         move_requests.Outcome.TAKEN,
         MigrationStatus.ACCEPTED,
