@@ -25,6 +25,7 @@ from shared.exceptions import InstanceNotFound, MessagingTimeout
 from shared.objects.states import TaskState, VmState
 from shared.rpc.amqp import AmqpTransport
 from shared.versions import TAKING_REQUESTS_VERSION
+from tests.functional.faults import FailsOnce, every_call
 from tests.functional.services.conductor.conftest import SOON
 from tests.functional.services.conductor.stand_in import eventually
 from tests.functional.services.conductor.test_deadlines import placed_on_a
@@ -296,3 +297,59 @@ async def test_a_restore_an_agent_took_is_left_until_its_agent_finishes_it(
     assert await resender(db_pool, agent_transport).sweep() == 0
     assert await TaskDeadline(db_pool, TIMEOUT).sweep() == 0
     assert await task_of(db_pool, server) == TaskState.RESTORING
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["lost", "answer-lost"])
+@pytest.mark.parametrize("task", [TaskState.SOFT_DELETING, TaskState.RESTORING])
+async def test_a_resend_whose_database_call_fails_once_is_kept_by_a_later_sweep(
+    db_pool: asyncpg.Pool,
+    conductor: ConductorAPI,
+    agent_transport: AmqpTransport,
+    task: TaskState,
+    answered: bool,
+) -> None:
+    """Each database call of the sweep fails once, before or after the database acted;
+    then, its timeout passed again, two sweeps run at once: the soft delete (the
+    restore) keel-api promised is carried out all the same, and its server ends as the
+    request said."""
+    counter = iter(range(1000))
+    ends = {
+        TaskState.SOFT_DELETING: (VmState.SOFT_DELETED, None),
+        TaskState.RESTORING: (VmState.ACTIVE, None),
+    }
+
+    async def scenario(at: int) -> FailsOnce:
+        prefix = f"oad-f{task[:4]}{int(answered)}{next(counter)}"
+        if task == TaskState.RESTORING:
+            server = await restoring_past_its_deadline(db_pool, conductor, agent_transport, prefix)
+        else:
+            server = await deleting_past_its_deadline(
+                db_pool, conductor, agent_transport, prefix, task
+            )
+        flaky = FailsOnce(db_pool, at, answered=answered)
+        sweep = PromisedRequests(
+            flaky.as_pool(),
+            ComputeAPI(agent_transport, timeout=SOON),
+            timeout=TIMEOUT,
+            down_time=60,
+        )
+        try:
+            await sweep.sweep()
+        except asyncpg.ConnectionDoesNotExistError:
+            assert flaky.failed
+        async with db_pool.acquire() as conn:  # its timeout passes again
+            await conn.execute(
+                "UPDATE instances SET updated_at = now() - interval '1 hour' WHERE uuid = $1",
+                server,
+            )
+        await asyncio.gather(*(resender(db_pool, agent_transport).sweep() for _ in range(2)))
+
+        async def ended() -> bool | None:
+            async with db_pool.acquire() as conn:
+                found = await instances.get(conn, server)
+            return (found.vm_state, found.task_state) == ends[task] or None
+
+        assert await eventually(ended), flaky.calls
+        return flaky
+
+    assert await every_call(scenario) >= 1
