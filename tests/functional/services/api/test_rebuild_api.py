@@ -3,6 +3,7 @@ and the 503 that leaves the server as it was. Real PostgreSQL and RabbitMQ."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
@@ -40,7 +41,10 @@ ALT_IMAGE = UUID("5f2b9a44-8e0d-4c7a-b1a3-6d2e4f9c0b17")
 
 
 async def active_server(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, agents: StandInAgents | None, host: str
+    client: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    agents: StandInAgents | None,
+    host: str,
 ) -> str:
     await add_image(pool)
     await add_image(pool, "cirros-alt", ALT_IMAGE)
@@ -352,6 +356,75 @@ async def test_a_rebuild_unsent_under_a_deletes_mark_is_503_and_its_fields_go_ba
     assert answer.status_code == 503, answer.text
     after = await row(db_pool, server_id)
     assert (after.vm_state, after.task_state) == (VmState.ACTIVE, TaskState.DELETING)
+    assert (after.image_ref, after.display_name, after.metadata) == (
+        before.image_ref,
+        before.display_name,
+        before.metadata,
+    )
+
+
+class LosingRebuildsAndDeletes(LosingCompute):
+    """Every rebuild and every delete cast is lost; ``lost[server]`` is set once the
+    first rebuild cast of that server was."""
+
+    def __init__(self, transport: AmqpTransport) -> None:
+        super().__init__(transport)
+        self.lost: dict[UUID, asyncio.Event] = {}
+
+    async def rebuild_guest(
+        self, ctx: RequestContext, service_uuid: UUID, spec: InstanceSpec, *, powered_off: bool
+    ) -> None:
+        self.lost.setdefault(spec.uuid, asyncio.Event()).set()
+        await super().rebuild_guest(ctx, service_uuid, spec, powered_off=powered_off)
+
+    async def terminate_instance(
+        self, ctx: RequestContext, service_uuid: UUID, instance_uuid: UUID
+    ) -> None:
+        self.attempts += 1
+        raise MessagingTimeout("the connection closed before the broker confirmed it")
+
+
+@pytest.mark.parametrize("delete_first", [False, True], ids=["rebuild-first", "delete-first"])
+async def test_a_rebuild_and_a_delete_both_unsent_at_once_leave_the_server_as_it_was(
+    settings: Settings,
+    db_pool: asyncpg.Pool,
+    transport: AmqpTransport,
+    monkeypatch: pytest.MonkeyPatch,
+    delete_first: bool,
+) -> None:
+    """Finding 53's withdrawals run concurrently: a rebuild and a force-delete of one
+    server, every cast of each lost. Rebuild first: the force-delete is sent once the
+    rebuild's first cast was lost, marks the server over ``rebuild_spawning`` and is
+    withdrawn while the rebuild's sending goes on; the rebuild, unsent under the mark,
+    is 503 too. Delete first: both sent at once, the rebuild finds the delete's task
+    (409) or comes after its withdrawal. Either way the server ends as it was: ACTIVE,
+    no task, its image, name and metadata."""
+    monkeypatch.setattr(publish, "PAUSE", 0.01)
+    compute = LosingRebuildsAndDeletes(transport)
+    app = create_app(settings, db_pool, ConductorAPI(transport), compute)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.test"
+    ) as client:
+        server_id = await active_server(client, db_pool, None, f"rb-api-both-{delete_first}")
+        async with db_pool.acquire() as conn:  # built: its create is over
+            await instance_actions.finish(conn, UUID(server_id), "create")
+        before = await row(db_pool, server_id)
+        lost = compute.lost.setdefault(UUID(server_id), asyncio.Event())
+
+        async def force_delete() -> httpx.Response:
+            if not delete_first:
+                await lost.wait()
+            return await client.post(
+                f"/v2.1/servers/{server_id}/action", headers=ADMIN, json={"forceDelete": None}
+            )
+
+        body = {"imageRef": str(ALT_IMAGE), "name": "lost", "metadata": {"a": "b"}}
+        rebuilt, deleted = await asyncio.gather(rebuild(client, server_id, body), force_delete())
+
+    assert deleted.status_code == 503, deleted.text
+    assert rebuilt.status_code in ((409, 503) if delete_first else (503,)), rebuilt.text
+    after = await row(db_pool, server_id)
+    assert (after.vm_state, after.task_state, after.deleted_at) == (VmState.ACTIVE, None, None)
     assert (after.image_ref, after.display_name, after.metadata) == (
         before.image_ref,
         before.display_name,
