@@ -345,3 +345,24 @@ def test_finding_42_an_evacuation_is_confirmed_after_its_server_was_offloaded(
     s.deliver_all()
     assert m.state_of(0)[0] == "shelved_offloaded"
     m.teardown()  # I4: no evacuation left done; I2: the offloaded server has no guest
+
+
+def test_finding_56_an_evacuation_is_confirmed_after_a_move_back_to_its_source_failed(
+    m: KeelMachine,
+) -> None:
+    """Finding 56 (found by the search, seed 3091397505, example 1,911): evacuated from
+    its crashed host B, then live-migrated back to B (forced) while B was still down: the
+    live migration failed. B's report, by the records, took the failed move for the last
+    word on B and called the evacuation's old copy an orphan: the evacuation stayed
+    ``done`` for ever (I4) and B kept the server's claim (I1). The copy carries the token
+    the evacuation's source copy carried, so it is that copy and goes; the evacuation is
+    confirmed."""
+    s = Steps(m)
+    s.boot_delivered_again(after=1, copies=1, failing=False, on=None, results=2)
+    s.evacuate_crashed(i=0, to=None)
+    s.deliver_all()
+    s.deliver_all()
+    s.live_migrate(force=True, i=0, plan={}, to=B)
+    s.deliver_all()
+    s.deliver_all()
+    m.teardown()

@@ -37,8 +37,11 @@ evidence that the server's current copy is elsewhere and newer (R1, R2b, R2c, R4
 **Copy tokens** (:mod:`shared.copy_tokens`) settle it first where the agent reports
 them (release 18 and later): a guest carrying the server's current copy token is never
 removed, whatever a row above says (it is kept, and an evacuation's source copy is kept
-shut down); and on the server's own node (R3) a guest carrying any other token is not
-the server's copy: it is kept, shut down, as an orphan.
+shut down); on the server's own node (R3) a guest carrying any other token is not the
+server's copy: it is kept, shut down, as an orphan; and a guest R5 would call an orphan
+that carries the token an evacuation ``done`` or ``completed`` away from N left behind
+(its ``source_token``) is that evacuation's source copy, superseded: ``evacuated``,
+whatever failed move touched N after it.
 The unit tests (``tests/unit/services/conductor/guests/test_verdicts.py``) have a case per
 row.
 
@@ -107,6 +110,25 @@ def _superseded(move: Migration, node: int) -> bool:
     return move.dest_compute_id == node and move.status == S.REVERTED
 
 
+def _evacuated_copy(history: list[Migration], node: int, token: UUID | None) -> Migration | None:
+    """The ended evacuation away from ``node`` whose source copy carried ``token``: a guest
+    there carrying it is that copy, superseded by the evacuation, whatever moves touched
+    ``node`` after it (a failed move to ``node`` says nothing of this copy)."""
+    if token is None:
+        return None
+    return next(
+        (
+            move
+            for move in reversed(history)
+            if move.migration_type == MigrationType.EVACUATION
+            and move.source_compute_id == node
+            and move.status in (S.DONE, S.COMPLETED)
+            and move.source_token == token
+        ),
+        None,
+    )
+
+
 def guest_verdict(
     guest: UUID,
     instance_node: int | None,
@@ -115,6 +137,7 @@ def guest_verdict(
     node: int,
     *,
     current: bool | None = None,
+    token: UUID | None = None,
     offloaded: bool = False,
 ) -> GuestVerdict:
     """The fate of guest ``guest`` on node ``node``; see the module's table.
@@ -122,10 +145,17 @@ def guest_verdict(
     ``instance_node``: the node the server lives on (``None``: no such server, or not
     placed); ``history``: every move of the server, oldest first; ``current``: whether
     the guest carries the server's current copy token (``None``: not reported);
-    ``offloaded``: the server is shelved and offloaded (placed nowhere, its copy its
-    shelved image).
+    ``token``: the copy token the guest carries, if reported; ``offloaded``: the server
+    is shelved and offloaded (placed nowhere, its copy its shelved image).
     """
     verdict = _by_history(guest, instance_node, deleted, history, node, offloaded=offloaded)
+    evacuated = _evacuated_copy(history, node, token)
+    if verdict.fate is GuestFate.ORPHANED and evacuated is not None and instance_node is not None:
+        reason = (
+            f"it carries the copy token evacuation {evacuated.uuid} left behind (rebuilt on "
+            f"{evacuated.dest_compute})"
+        )
+        verdict = _verdict(guest, GuestFate.EVACUATED, reason, evacuated)
     if current is True and verdict.fate in (GuestFate.MOVED, GuestFate.EVACUATED):
         return _verdict(guest, GuestFate.KEEP, "it carries the server's current copy token")
     if current is False and verdict.fate is GuestFate.KEEP and verdict.migration_uuid is None:
@@ -255,10 +285,15 @@ async def _placed(conn: Connection, instance: Instance | None) -> tuple[int | No
     return (None if found is None else found.id), instance.deleted_at is not None
 
 
-async def _settle_evacuations(conn: Connection, node_id: int) -> list[GuestVerdict]:
+async def _settle_evacuations(
+    conn: Connection, node_id: int, report: ReportGuests
+) -> list[GuestVerdict]:
     """The ``done`` evacuations away from ``node_id`` its agent is to confirm (R4).
 
-    One whose server lives on ``node_id`` again is completed now, removing nothing.
+    One whose server lives on ``node_id`` again is completed now, removing nothing. An
+    agent that reports copy tokens settles the rest by what it has: the evacuation's
+    source copy (its token) is confirmed whatever moves came after, and so is one whose
+    server has no guest there at all (nothing to remove; the claim goes).
     """
     to_confirm = []
     for done in await moves.from_source(
@@ -267,14 +302,26 @@ async def _settle_evacuations(conn: Connection, node_id: int) -> list[GuestVerdi
         instance = await instances.find(conn, done.instance_uuid)
         instance_node, deleted = await _placed(conn, instance)
         history = await _history(conn, done.instance_uuid)
+        reported = report.tokens is not None and done.instance_uuid in report.tokens
         verdict = guest_verdict(
             done.instance_uuid,
             instance_node,
             deleted,
             history,
             node_id,
+            token=report.tokens[done.instance_uuid] if report.tokens and reported else None,
             offloaded=_offloaded(instance),
         )
+        absent = report.tokens is not None and done.instance_uuid not in report.guests
+        if (
+            absent
+            and verdict.fate is GuestFate.ORPHANED
+            and instance_node is not None
+            and instance_node != node_id
+        ):
+            verdict = _verdict(
+                done.instance_uuid, GuestFate.EVACUATED, "its copy here is gone", done
+            )
         if verdict.fate in (GuestFate.EVACUATED, GuestFate.DELETED):
             to_confirm.append(
                 verdict.model_copy(
@@ -386,9 +433,10 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
         verdicts = []
         for guest in req.guests:
             instance, instance_node, deleted, history = records[guest]
-            current = None
+            current = token = None
             if req.tokens is not None and guest in req.tokens:
-                current = copy_tokens.is_current(instance, req.tokens[guest])
+                token = req.tokens[guest]
+                current = copy_tokens.is_current(instance, token)
             verdict = guest_verdict(
                 guest,
                 instance_node,
@@ -396,6 +444,7 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
                 history,
                 node.id,
                 current=current,
+                token=token,
                 offloaded=_offloaded(instance),
             )
             verdicts.append(step_down(verdict, release))
@@ -406,7 +455,7 @@ async def report_guests(pool: asyncpg.Pool, req: ReportGuests, down_time: float)
         ]
         await _follow_power(conn, kept_here, req.power, down_time)
         await _evacuated_guests_off(conn, verdicts, req.power)
-        to_confirm = await _settle_evacuations(conn, node.id)
+        to_confirm = await _settle_evacuations(conn, node.id, req)
         await orphans.report(
             conn,
             node.id,

@@ -16,7 +16,7 @@ import pytest
 
 from services.conductor.rpcapi import ConductorAPI, GuestFate
 from shared.context import RequestContext
-from shared.db import compute_nodes
+from shared.db import compute_nodes, moves
 from shared.objects.states import PowerState
 from shared.rpc.amqp import AmqpTransport
 from tests.functional.services.conductor.stand_in import create_instance, register, until_active
@@ -116,3 +116,64 @@ async def test_the_power_states_of_many_quiet_servers_follow_one_report(
         starts: ("active", int(PowerState.RUNNING)),
         busy: ("active", int(PowerState.RUNNING)),  # a task under way: left alone
     }
+
+
+@pytest.mark.parametrize("has", ["source-copy", "no-copy", "other-copy"])
+async def test_an_evacuation_done_is_settled_by_the_copy_its_source_reports_after_a_failed_move(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport, has: str
+) -> None:
+    """Finding 56: evacuated from A to B, then a live migration back to A failed. A's
+    report settles the evacuation by what A has: the evacuation's source copy (its token)
+    goes and is confirmed; no copy at all is confirmed too (nothing to remove, A's claim
+    goes); a copy with another token (the failed move's) stays an orphan and the
+    evacuation waits."""
+    server, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, f"ge-{has}")
+    b = await register(conductor, f"ge-{has}-b")
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with db_pool.acquire() as conn:
+        a = await compute_nodes.get_by_id(conn, node_a)
+        evacuation = await moves.create(
+            conn, ctx, instance_uuid=server, migration_type="evacuation", status="done", source=a
+        )
+        back = await moves.create(
+            conn,
+            ctx,
+            instance_uuid=server,
+            migration_type="live-migration",
+            status="error",
+            source=await compute_nodes.get_by_id(conn, b.node_id),
+        )
+        for record in (evacuation, back):
+            await conn.execute(
+                "UPDATE migrations SET dest_compute_id = $2 WHERE uuid = $1",
+                record.uuid,
+                b.node_id if record is evacuation else node_a,
+            )
+        await conn.execute(
+            "UPDATE instances SET compute_id = $2, copy_token = $3 WHERE uuid = $1",
+            server,
+            b.node_id,
+            evacuation.uuid,
+        )
+    assert evacuation.source_token is not None
+    carried: dict[str, uuid.UUID | None] = {
+        "source-copy": evacuation.source_token,
+        "other-copy": back.uuid,
+    }
+    tokens = {server: carried[has]} if has in carried else {}
+    guests = list(tokens)
+    power = dict.fromkeys(guests, PowerState.SHUTDOWN)
+
+    reports = await asyncio.gather(
+        *(conductor.report_guests(CTX, a.uuid, guests, power, tokens) for _ in "ab")
+    )
+
+    for report in reports:
+        assert report is not None
+        confirm = [(v.instance_uuid, v.migration_uuid) for v in report.to_confirm]
+        fates = [v.fate for v in report.verdicts]
+        if has == "other-copy":
+            assert (confirm, fates) == ([], [GuestFate.ORPHANED])
+        else:
+            assert confirm == [(server, evacuation.uuid)]
+            assert fates == ([GuestFate.EVACUATED] if guests else [])

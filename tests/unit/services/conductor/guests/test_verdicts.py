@@ -247,3 +247,27 @@ def test_a_copy_on_the_servers_node_without_its_token_is_an_orphan() -> None:
 
 def test_a_deleted_servers_copy_goes_whatever_its_token() -> None:
     assert guest_verdict(GUEST, HERE, True, [], HERE, current=True).fate is GuestFate.DELETED
+
+
+@pytest.mark.parametrize("later", [(LIVE, S.ERROR), (LIVE, S.FAILED), (MIGR, S.ERROR)])
+def test_the_source_copy_of_an_evacuation_goes_whatever_failed_move_came_here_after(
+    later: tuple[MigrationType, MigrationStatus],
+) -> None:
+    """Finding 56: evacuated away, then a move back here failed. By the records alone the
+    failed move is the last word on this node (its copy, if any, an orphan); a guest
+    carrying the token the evacuation's source copy carried is that copy, superseded.
+    Any other token (the failed move's copy), or none reported, stays an orphan."""
+    evacuation = move(EVAC, S.DONE, HERE, THERE).model_copy(update={"source_token": uuid.uuid4()})
+    history = [evacuation, move(later[0], later[1], THERE, HERE)]
+
+    def fate(token: uuid.UUID | None) -> tuple[GuestFate, uuid.UUID | None]:
+        verdict = guest_verdict(GUEST, THERE, False, history, HERE, current=False, token=token)
+        return verdict.fate, verdict.migration_uuid
+
+    assert fate(evacuation.source_token) == (GuestFate.EVACUATED, evacuation.uuid)
+    assert fate(uuid.uuid4())[0] is GuestFate.ORPHANED
+    assert fate(None)[0] is GuestFate.ORPHANED
+    unplaced = guest_verdict(
+        GUEST, None, False, history, HERE, current=False, token=evacuation.source_token
+    )
+    assert unplaced.fate is GuestFate.ORPHANED
