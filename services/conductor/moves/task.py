@@ -221,6 +221,15 @@ class MoveTask(TaskBase):
                         f"No valid host was found. The requested host {migration.dest_host} "
                         "has no compute service."
                     )
+                if migration.forced and not target.is_up:
+                    # Forcing skips the scheduler's filters, not this: nothing there
+                    # would prepare the move (its calls would time out, delivery after
+                    # delivery).
+                    raise NoValidHost(
+                        f"No valid host was found. The requested host {migration.dest_host} "
+                        "is down: its compute service is not up (forced down, or silent "
+                        "longer than the service down time)."
+                    )
                 if narrow:
                     node_ids = [node.id for node in await compute_nodes.of_service(conn, target.id)]
                 else:

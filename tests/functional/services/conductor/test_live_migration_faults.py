@@ -599,3 +599,38 @@ async def test_a_twin_that_records_its_choice_after_the_move_went_on_keeps_the_c
     assert await twin._record_destination(move.migration, selection) is None
 
     assert await where(db_pool, move) == before_switch(move, S.RUNNING)
+
+
+async def test_a_forced_live_migration_to_a_host_forced_down_ends_at_once(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """Forcing a destination skips the scheduler's filters, not the check that its
+    compute service is up: a live migration forced to a host forced down ends in error
+    at once (delivered twice at the same time too), the server where it was, nothing
+    claimed there; no call is left to time out delivery after delivery."""
+    move = await accepted(db_pool, conductor, agent_transport)
+    async with db_pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE services SET forced_down = true WHERE uuid = $1",
+            move.dest.registration.service_uuid,
+        )
+
+    await asyncio.gather(
+        *(conductor.live.live_migrate_instance(RequestContext(), move.migration.uuid) for _ in "ab")
+    )
+
+    async def ended() -> tuple[Any, ...] | None:
+        found = await where(db_pool, move)
+        return found if found[0] == S.ERROR else None
+
+    _, node, vm, task, token, held, finished = await eventually(ended)
+    assert (node, vm, task, token) == (move.source.node_id, VmState.ACTIVE, None, move.token)
+    assert held == {("instance", move.source.node_id)}
+    assert finished
+    async with db_pool.acquire() as conn:
+        [action] = [
+            a
+            for a in await instance_actions.list_for(conn, move.instance_uuid)
+            if a.action == "live-migration"
+        ]
+    assert "is down" in (action.message or ""), action
