@@ -63,6 +63,17 @@ async def note(conn: Connection, instance_uuid: UUID, action: str, message: str)
     )
 
 
+async def recorded(conn: Connection, instance_uuid: UUID, request_id: str) -> bool:
+    """Whether request ``request_id`` has a record for the instance."""
+    found: bool = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM instance_actions
+                           WHERE instance_uuid = $1 AND request_id = $2)""",
+        instance_uuid,
+        request_id,
+    )
+    return found
+
+
 async def take(conn: Connection, instance_uuid: UUID, request_id: str) -> bool:
     """An agent takes request ``request_id`` before acting on it; False if keel-api has
     withdrawn it (the agent must then do nothing).

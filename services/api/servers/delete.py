@@ -26,6 +26,7 @@ guest report. Both hosts' claims go with the server.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
@@ -45,7 +46,7 @@ from shared.db import (
     moves,
     shelves,
 )
-from shared.db.errors import describe, is_transient
+from shared.db.errors import describe, is_transient, is_unavailable
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import (
@@ -166,9 +167,23 @@ async def _terminate_on_host(
 
     # What a withdrawal gives back is what this mark replaced, not what was read before
     # it: the server's task may have moved on meanwhile (a move going on, say).
-    marked = await in_transaction(
-        pool, mark_deleting, what=f"marking server {instance.uuid} deleting"
-    )
+    try:
+        marked = await in_transaction(
+            pool, mark_deleting, what=f"marking server {instance.uuid} deleting"
+        )
+    except Exception as exc:
+        if is_unavailable(exc):
+            # Its commit may have happened: a mark left standing would be sent later by
+            # the conductors, the server deleted after a 503.
+            reason = "the connection to the database was lost as the delete was recorded"
+            publish.withdraw_unconfirmed(
+                pool,
+                _restoring(ctx, instance, reason),
+                instance_uuid=instance.uuid,
+                request_id=ctx.request_id,
+                what=f"withdrawing the unconfirmed delete of server {instance.uuid}",
+            )
+        raise
     instance = marked or instance
     try:
         failed = await publish.send(
@@ -293,6 +308,15 @@ async def _restore(
     The task it found is given back only while the request that began it is still open
     (neither ended nor withdrawn): a move or a soft delete that could not be sent while
     this mark stood has gone, and so has its task."""
+    return await publish.withdraw(
+        pool, _restoring(ctx, instance, reason), what=f"withdrawing the delete of {instance.uuid}"
+    )
+
+
+def _restoring(
+    ctx: RequestContext, instance: Instance, reason: str
+) -> Callable[[Connection], Awaitable[bool]]:
+    """The transaction's work of :func:`_restore`."""
 
     async def restore(conn: Connection) -> bool:
         async def undo() -> bool:
@@ -325,7 +349,7 @@ async def _restore(
             conn, instance.uuid, ctx.request_id, reason, undo
         )
 
-    return await publish.withdraw(pool, restore, what=f"withdrawing the delete of {instance.uuid}")
+    return restore
 
 
 def instance_task(instance: Instance) -> TaskState | None:

@@ -31,6 +31,7 @@ cannot be reached.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -46,6 +47,7 @@ from shared import host_fencing
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves, services
+from shared.db.errors import is_unavailable
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import ComputeNodeNotFound, Unroutable
@@ -179,8 +181,22 @@ async def _begin(
             await instance_actions.start(conn, ctx, instance.uuid, action.name)
         return started
 
-    if await in_transaction(pool, begin, what=f"starting {action.name} of {instance.uuid}"):
-        return
+    try:
+        if await in_transaction(pool, begin, what=f"starting {action.name} of {instance.uuid}"):
+            return
+    except Exception as exc:
+        if is_unavailable(exc):
+            # Its commit may have happened: the request would stand, answered 503 (and a
+            # soft delete or a restore no agent took is sent again by the conductors).
+            why = f"the connection to the database was lost as the {action.name} was recorded"
+            publish.withdraw_unconfirmed(
+                pool,
+                _withdrawing(ctx, instance.uuid, action, why),
+                instance_uuid=instance.uuid,
+                request_id=ctx.request_id,
+                what=f"withdrawing the unconfirmed {action.name} of server {instance.uuid}",
+            )
+        raise
     if instance.vm_state == VmState.ERROR and not await _claimed(pool, instance):
         # A build that failed released the server's claim: a guest of it there (another
         # delivery's, whose result is on its way) would be powered on nobody's resources.
@@ -209,6 +225,17 @@ async def _withdraw(
 ) -> bool:
     """Withdraw the request: clear its task and mark it withdrawn, if no agent took it (or,
     an agent of an older release, ended its task); False if one did (work taken)."""
+    return await publish.withdraw(
+        pool,
+        _withdrawing(ctx, instance_uuid, action, why),
+        what=f"withdrawing {action.name} of {instance_uuid}",
+    )
+
+
+def _withdrawing(
+    ctx: RequestContext, instance_uuid: UUID, action: PowerAction, why: str
+) -> Callable[[Connection], Awaitable[bool]]:
+    """The transaction's work of :func:`_withdraw`."""
 
     async def withdraw(conn: Connection) -> bool:
         async def undo() -> bool:
@@ -224,9 +251,7 @@ async def _withdraw(
             conn, instance_uuid, ctx.request_id, why, undo
         )
 
-    return await publish.withdraw(
-        pool, withdraw, what=f"withdrawing {action.name} of {instance_uuid}"
-    )
+    return withdraw
 
 
 async def run_power_action(

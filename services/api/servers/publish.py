@@ -21,6 +21,11 @@ record carries it through: the conductors send a delete, soft delete or restore 
 took again (``services.conductor.promised_requests``), and any other task ends by its
 deadline. (A create does the same in ``create``: a server it cannot withdraw is placed
 and built, or put in ERROR by its build deadline.)
+
+A request whose recording lost its answer (the connection dropped at the commit) is
+answered 503, as the database could not be reached; it may be recorded all the same, so
+keel-api withdraws it in the background once the database answers again
+(:func:`withdraw_unconfirmed`: deletes and power actions; creates in ``create``).
 """
 
 from __future__ import annotations
@@ -28,9 +33,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from uuid import UUID
 
-from shared.db.errors import describe, is_transient
-from shared.db.transaction import withdrawal
+import asyncpg
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
+
+from shared.db import instance_actions
+from shared.db.errors import describe, is_transient, is_unavailable
+from shared.db.pool import Connection
+from shared.db.transaction import in_transaction, withdrawal
 from shared.exceptions import MessagingError, Unroutable
 
 LOG = logging.getLogger(__name__)
@@ -79,3 +90,59 @@ async def send(cast: Callable[[], Awaitable[None]], *, what: str) -> MessagingEr
 #: Withdraws what keel-api recorded, or answers as sent when the database cannot be
 #: reached (see the module docstring).
 withdraw = withdrawal
+
+
+#: Seconds keel-api keeps trying to withdraw a request whose recording went unanswered.
+UNCONFIRMED_WITHIN = 600.0
+#: The withdrawals running in the background (held so they are not collected).
+_unconfirmed: set[asyncio.Task[None]] = set()
+
+
+def withdraw_unconfirmed(
+    pool: asyncpg.Pool,
+    work: Callable[[Connection], Awaitable[bool]],
+    *,
+    instance_uuid: UUID,
+    request_id: str,
+    what: str,
+) -> None:
+    """The transaction that recorded request ``request_id`` of a server lost its answer
+    (the connection dropped at its commit): the request may be recorded, though nothing
+    was sent and the caller answers 503. Withdraw it (``work``) in the background, once
+    the database answers again (for up to :data:`UNCONFIRMED_WITHIN` seconds), so that
+    nothing sends it later (the conductors send again a delete no agent took); if the
+    request has no record, nothing was written and nothing is done."""
+
+    async def if_recorded(conn: Connection) -> bool:
+        return await instance_actions.recorded(conn, instance_uuid, request_id) and await work(conn)
+
+    async def run() -> None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_unavailable),
+            stop=stop_after_delay(UNCONFIRMED_WITHIN),
+            wait=wait_random_exponential(multiplier=0.5, max=5.0),
+            reraise=True,
+        )
+        try:
+            withdrawn: bool = await retrying(in_transaction, pool, if_recorded, what=what)
+        except Exception as exc:
+            LOG.error(
+                "%s: could not find out within %gs whether the request was recorded (%s)",
+                what,
+                UNCONFIRMED_WITHIN,
+                describe(exc),
+                extra={"decision": "unconfirmed_request"},
+            )
+            return
+        LOG.warning(
+            "%s: %s",
+            what,
+            "it was recorded, though answered 503: withdrawn"
+            if withdrawn
+            else "it was not recorded (or no longer stands): nothing to withdraw",
+            extra={"decision": "unconfirmed_request"},
+        )
+
+    task = asyncio.create_task(run(), name=f"keel-withdraw-unconfirmed: {what}")
+    _unconfirmed.add(task)
+    task.add_done_callback(_unconfirmed.discard)
