@@ -30,6 +30,7 @@ put back as they were and the answer is 503.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 from uuid import UUID
 
@@ -69,6 +70,7 @@ from shared import image_properties
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import fixed_ips, instance_actions, rebuilds
+from shared.db.errors import is_unavailable
 from shared.db.pool import Connection
 from shared.db.rebuilds import RebuildChange
 from shared.db.transaction import in_transaction
@@ -275,6 +277,19 @@ async def rebuild(
             f"{instance.host} (its build never succeeded there), so no guest of it may be "
             "made there. Delete it and create it again."
         ) from None
+    except Exception as exc:
+        if is_unavailable(exc):
+            # Its commit may have happened: the rebuild would stand, its new fields kept
+            # and its task left to the deadline (ERROR), though answered 503.
+            why = "the connection to the database was lost as the rebuild was recorded"
+            publish.withdraw_unconfirmed(
+                pool,
+                _withdrawing(ctx, instance, change, why),
+                instance_uuid=instance.uuid,
+                request_id=ctx.request_id,
+                what=f"withdrawing the unconfirmed rebuild of server {instance.uuid}",
+            )
+        raise
     if begun is None:
         raise state_conflict(instance, ACTION)
     before, after, view = begun
@@ -349,6 +364,17 @@ async def _withdraw(
     pool: asyncpg.Pool, ctx: RequestContext, before: Instance, change: RebuildChange, why: str
 ) -> bool:
     """Put the server back as it was, if no agent took the rebuild; False if one did."""
+    return await publish.withdraw(
+        pool,
+        _withdrawing(ctx, before, change, why),
+        what=f"withdrawing the rebuild of {before.uuid}",
+    )
+
+
+def _withdrawing(
+    ctx: RequestContext, before: Instance, change: RebuildChange, why: str
+) -> Callable[[Connection], Awaitable[bool]]:
+    """The transaction's work of :func:`_withdraw`."""
 
     async def withdraw(conn: Connection) -> bool:
         async def undo() -> bool:
@@ -356,4 +382,4 @@ async def _withdraw(
 
         return await instance_actions.withdraw_untaken(conn, before.uuid, ctx.request_id, why, undo)
 
-    return await publish.withdraw(pool, withdraw, what=f"withdrawing the rebuild of {before.uuid}")
+    return withdraw

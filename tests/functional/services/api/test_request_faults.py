@@ -7,6 +7,7 @@ reaches it.
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -16,6 +17,7 @@ import pytest
 from shared.db import allocations, instances
 from tests.functional.faults import FailsOnce, every_call
 from tests.functional.services.api.conftest import (
+    IMAGE_ID,
     MEMBER,
     Faulty,
     Recorder,
@@ -63,9 +65,16 @@ async def _standing(pool: asyncpg.Pool, server: UUID, action: str) -> tuple[obje
 
 
 #: Each request: how it is sent, its action's name, its answer and task when it stands.
-REQUESTS: dict[str, tuple[str, dict[str, None] | None, str, int, str]] = {
+REQUESTS: dict[str, tuple[str, dict[str, Any] | None, str, int, str]] = {
     "delete": ("DELETE", None, "delete", 204, "deleting"),
     "os-stop": ("POST", {"os-stop": None}, "stop", 202, "powering-off"),
+    "rebuild": (
+        "POST",
+        {"rebuild": {"imageRef": str(IMAGE_ID)}},
+        "rebuild",
+        202,
+        "rebuild_spawning",
+    ),
 }
 
 
@@ -81,7 +90,7 @@ async def test_a_request_answered_503_leaves_nothing_to_be_sent_later(
     answered: bool,
     request_name: str,
 ) -> None:
-    """Each database call of a DELETE (a stop) fails once, before or after the database
+    """Each database call of a DELETE (a stop, a rebuild) fails once, before or after the database
     acted. Answered 503, the request must not stand: a delete left marked and open would
     be sent again by the conductors (a promised delete, as a soft delete or a restore
     would be), and the server deleted after all. When the commit's answer was lost,
