@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
@@ -59,6 +60,7 @@ from shared import image_urls
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import images, instance_actions, snapshots
+from shared.db.errors import is_unavailable
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import ImageNotFound, Unroutable
@@ -246,7 +248,22 @@ async def take_snapshot(
             await instance_actions.start(conn, ctx, instance.uuid, action)
         return begun is not None
 
-    if not await in_transaction(pool, begin, what=f"starting a snapshot of {instance.uuid}"):
+    try:
+        begun = await in_transaction(pool, begin, what=f"starting a snapshot of {instance.uuid}")
+    except Exception as exc:
+        if is_unavailable(exc):
+            # Its commit may have happened: a queued image and the task would stand,
+            # answered 503, until the deadline killed the image.
+            why = "the connection to the database was lost as the snapshot was recorded"
+            publish.withdraw_unconfirmed(
+                pool,
+                _withdrawing(ctx, instance.uuid, why),
+                instance_uuid=instance.uuid,
+                request_id=ctx.request_id,
+                what=f"withdrawing the unconfirmed snapshot of server {instance.uuid}",
+            )
+        raise
+    if not begun:
         raise state_conflict(instance, action)
     ttl = max(settings.images.url_ttl, settings.task_timeout)
     req = SnapshotInstance(
@@ -313,6 +330,18 @@ async def _send(
 
 
 async def _withdraw(pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID, why: str) -> bool:
+    return await publish.withdraw(
+        pool,
+        _withdrawing(ctx, instance_uuid, why),
+        what=f"withdrawing the snapshot of {instance_uuid}",
+    )
+
+
+def _withdrawing(
+    ctx: RequestContext, instance_uuid: UUID, why: str
+) -> Callable[[Connection], Awaitable[bool]]:
+    """The transaction's work of :func:`_withdraw`."""
+
     async def withdraw(conn: Connection) -> bool:
         async def undo() -> bool:
             return await snapshots.withdraw(conn, instance_uuid)
@@ -321,6 +350,4 @@ async def _withdraw(pool: asyncpg.Pool, ctx: RequestContext, instance_uuid: UUID
             conn, instance_uuid, ctx.request_id, why, undo
         )
 
-    return await publish.withdraw(
-        pool, withdraw, what=f"withdrawing the snapshot of {instance_uuid}"
-    )
+    return withdraw

@@ -14,6 +14,7 @@ import asyncpg
 import httpx
 import pytest
 
+from shared.config import Settings
 from shared.db import allocations, instances
 from tests.functional.faults import FailsOnce, every_call
 from tests.functional.services.api.conftest import (
@@ -75,7 +76,15 @@ REQUESTS: dict[str, tuple[str, dict[str, Any] | None, str, int, str]] = {
         202,
         "rebuild_spawning",
     ),
+    "createImage": ("POST", {"createImage": {"name": "s"}}, "createImage", 202, "image_snapshot"),
 }
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """Image URLs signed, so that snapshots may be taken."""
+    signing = settings.images.model_copy(update={"url_secret": "s" * 32})
+    return settings.model_copy(update={"images": signing})
 
 
 @pytest.mark.parametrize("request_name", list(REQUESTS))
@@ -90,11 +99,11 @@ async def test_a_request_answered_503_leaves_nothing_to_be_sent_later(
     answered: bool,
     request_name: str,
 ) -> None:
-    """Each database call of a DELETE (a stop, a rebuild) fails once, before or after the database
-    acted. Answered 503, the request must not stand: a delete left marked and open would
-    be sent again by the conductors (a promised delete, as a soft delete or a restore
-    would be), and the server deleted after all. When the commit's answer was lost,
-    keel-api withdraws in the background what may have been recorded."""
+    """Each database call of a DELETE (a stop, a rebuild, a snapshot) fails once, before
+    or after the database acted. Answered 503, the request must not stand: a delete left
+    marked and open would be sent again by the conductors (a promised delete, as a soft
+    delete or a restore would be), and the server deleted after all. When the commit's
+    answer was lost, keel-api withdraws in the background what may have been recorded."""
     method, body, action, done, task = REQUESTS[request_name]
     await add_image(db_pool)
     counter = iter(range(1000))
