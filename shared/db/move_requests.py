@@ -171,20 +171,50 @@ async def withdraw(
     stands, and the move deadline ends it if no conductor takes it)."""
 
     async def end(conn: Connection) -> bool:
-        ended = await moves.swap_status(
-            conn,
-            migration.uuid,
-            expected=[MigrationStatus.ACCEPTED],
-            new=MigrationStatus.ERROR,
-            only_untaken=True,
-        )
-        if ended is None:
-            return False
-        await instances.finish_task(conn, migration.instance_uuid, (kind.choosing,))
-        await instance_actions.withdraw(conn, migration.instance_uuid, ctx.request_id, why)
-        return True
+        return await _end(conn, ctx, kind, migration, why)
 
     return await withdrawal(pool, end, what=f"withdrawing {kind.migration_type} {migration.uuid}")
+
+
+def withdrawing_unconfirmed(
+    ctx: RequestContext, kind: MoveKind, instance_uuid: UUID, why: str
+) -> Callable[[Connection], Awaitable[bool]]:
+    """The withdrawal of the move ``ctx``'s request may have recorded for the server when
+    :func:`record` lost its answer: that record, if any, is the one written with the
+    request's action, in the same transaction (so at the same start time)."""
+
+    async def end(conn: Connection) -> bool:
+        row = await conn.fetchrow(
+            """SELECT m.* FROM migrations m
+                 JOIN instance_actions a
+                   ON a.instance_uuid = m.instance_uuid AND a.request_id = $2
+                  AND a.start_time = m.created_at
+                WHERE m.instance_uuid = $1 AND m.deleted_at IS NULL""",
+            instance_uuid,
+            ctx.request_id,
+        )
+        if row is None:
+            return False
+        return await _end(conn, ctx, kind, Migration.from_row(row), why)
+
+    return end
+
+
+async def _end(
+    conn: Connection, ctx: RequestContext, kind: MoveKind, migration: Migration, why: str
+) -> bool:
+    ended = await moves.swap_status(
+        conn,
+        migration.uuid,
+        expected=[MigrationStatus.ACCEPTED],
+        new=MigrationStatus.ERROR,
+        only_untaken=True,
+    )
+    if ended is None:
+        return False
+    await instances.finish_task(conn, migration.instance_uuid, (kind.choosing,))
+    await instance_actions.withdraw(conn, migration.instance_uuid, ctx.request_id, why)
+    return True
 
 
 async def cast_or_withdraw(

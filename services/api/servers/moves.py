@@ -54,7 +54,7 @@ from services.api.http.faults import (
     ServiceUnavailable,
 )
 from services.api.http.microversion import APIVersion
-from services.api.servers import group_hint
+from services.api.servers import group_hint, publish
 from services.compute.rpcapi import SINCE, ComputeAPI
 from services.conductor.live_rpc import LIVE_VERSION
 from services.conductor.rpcapi import RESIZE_VERSION, ConductorAPI
@@ -68,6 +68,7 @@ from shared.db import (
     placement,
     services,
 )
+from shared.db.errors import is_unavailable
 from shared.db.pool import Connection
 from shared.exceptions import ComputeNodeNotFound, MessagingError
 from shared.objects.compute_node import HostState
@@ -308,18 +309,34 @@ async def start_move(
         pool, kind, instance=instance, target=target, source=source, down_time=down_time
     )
 
-    migration = await move_requests.record(
-        pool,
-        ctx,
-        kind,
-        instance_uuid=instance.uuid,
-        source=source.node,
-        target=target,
-        flavors=flavors,
-        check=check,
-        end_stopped=end_stopped,
-        forced=forced and target is not None,
-    )
+    try:
+        migration = await move_requests.record(
+            pool,
+            ctx,
+            kind,
+            instance_uuid=instance.uuid,
+            source=source.node,
+            target=target,
+            flavors=flavors,
+            check=check,
+            end_stopped=end_stopped,
+            forced=forced and target is not None,
+        )
+    except Exception as exc:
+        if is_unavailable(exc):
+            # Its commit may have happened: the move would stand, answered 503, until
+            # its deadline ended it (an evacuated server then in ERROR).
+            why = (
+                f"the connection to the database was lost as the {kind.migration_type} was recorded"
+            )
+            publish.withdraw_unconfirmed(
+                pool,
+                move_requests.withdrawing_unconfirmed(ctx, kind, instance.uuid, why),
+                instance_uuid=instance.uuid,
+                request_id=ctx.request_id,
+                what=f"withdrawing the unconfirmed {kind.migration_type} of server {instance.uuid}",
+            )
+        raise
     if migration is None:
         raise ConflictingRequest(
             f"Cannot '{action}' instance {instance.uuid}: its state changed; try again"

@@ -18,6 +18,7 @@ from shared.config import Settings
 from shared.db import allocations, instances
 from tests.functional.faults import FailsOnce, every_call
 from tests.functional.services.api.conftest import (
+    ADMIN,
     IMAGE_ID,
     MEMBER,
     Faulty,
@@ -77,6 +78,7 @@ REQUESTS: dict[str, tuple[str, dict[str, Any] | None, str, int, str]] = {
         "rebuild_spawning",
     ),
     "createImage": ("POST", {"createImage": {"name": "s"}}, "createImage", 202, "image_snapshot"),
+    "migrate": ("POST", {"migrate": None}, "migrate", 202, "resize_prep"),
 }
 
 
@@ -99,11 +101,12 @@ async def test_a_request_answered_503_leaves_nothing_to_be_sent_later(
     answered: bool,
     request_name: str,
 ) -> None:
-    """Each database call of a DELETE (a stop, a rebuild, a snapshot) fails once, before
-    or after the database acted. Answered 503, the request must not stand: a delete left
-    marked and open would be sent again by the conductors (a promised delete, as a soft
-    delete or a restore would be), and the server deleted after all. When the commit's
-    answer was lost, keel-api withdraws in the background what may have been recorded."""
+    """Each database call of a DELETE (a stop, a rebuild, a snapshot, a migration) fails
+    once, before or after the database acted. Answered 503, the request must not stand: a
+    delete left marked and open would be sent again by the conductors (a promised delete,
+    as a soft delete or a restore would be), and the server deleted after all. When the
+    commit's answer was lost, keel-api withdraws in the background what may have been
+    recorded."""
     method, body, action, done, task = REQUESTS[request_name]
     await add_image(db_pool)
     counter = iter(range(1000))
@@ -113,7 +116,8 @@ async def test_a_request_answered_503_leaves_nothing_to_be_sent_later(
         server = await _server(client, db_pool, agents, host)
         path = f"/v2.1/servers/{server}" + ("/action" if body else "")
         faulty.pool.arm(at, answered=answered)
-        answer = await faulty.client.request(method, path, headers=MEMBER, json=body)
+        headers = ADMIN if request_name == "migrate" else MEMBER
+        answer = await faulty.client.request(method, path, headers=headers, json=body)
         state = await _standing(db_pool, server, action)
         what = (" | ".join(faulty.pool.calls), faulty.pool.at, answer.status_code, state)
         if answer.status_code == 503:
