@@ -536,14 +536,18 @@ class MachineBase(RuleBasedStateMachine):
         ]
 
     def _disarm_faults(self) -> None:
-        """The casts and calls armed to fail that have not met their fault by the end of
-        the first round will not: what failed for a while works again, and the cloud is
-        judged on whether it drains then. (Left armed, faults of one process that casts
-        once a round — the reclaim's sweep — would outlast every round.)"""
+        """The casts, calls, connections and commits armed to fail that have not met their
+        fault by the end of the first round will not: what failed for a while works
+        again, and the cloud is judged on whether it drains then. (Left armed, faults of
+        one process that casts once a round — the reclaim's sweep — would outlast every
+        round.)"""
         processes = [self.w.api, self.w.conductor, self.w.scheduler, *self.w.agents.values()]
         for process in processes:
             if process.alive and process.transport is not None:
                 process.transport.disarm_faults()
+        for process in (self.w.api, self.w.conductor, self.w.scheduler):
+            if process.pool is not None:
+                process.pool.outage = process.pool.lost_commits = 0
 
     async def _held(self) -> list[HeldMessage]:
         """The messages still held, but those in the queue of a compute service deleted

@@ -579,6 +579,14 @@ class KeelMachine(MachineBase):
         if process.alive:
             process.pool.outage += count
 
+    @rule(who=st.sampled_from(["api", "conductor", "scheduler"]))
+    def commit_answer_lost(self, who: str) -> None:
+        """The next commit of a control-plane process is done, and its connection drops
+        before the answer comes back: the process cannot tell whether it happened."""
+        process = getattr(self.w, who)
+        if process.alive:
+            process.pool.lost_commits += 1
+
     @rule(h=hosts, operation=st.sampled_from(["spawn", "rebuild"]))
     def fail_next(self, h: int, operation: str) -> None:
         self.host(h).driver.fail_next.add(operation)

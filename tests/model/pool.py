@@ -12,7 +12,8 @@ and a handler paused inside one would hold its row locks against everyone else).
 It also counts the database operations in flight, so the world knows when every task
 is waiting on something only the model can release (:meth:`World.idle`), and fails the
 next connections a process asks for when the model says the database is unreachable
-for it (:attr:`ModelPool.outage`).
+for it (:attr:`ModelPool.outage`), or drops the connection of its next commits just
+after PostgreSQL committed (:attr:`ModelPool.lost_commits`).
 
 Steps go to PostgreSQL one at a time (:meth:`InFlight.turn`). Two tasks running at once
 — two activities resumed together, a handler beside a timer — would otherwise see their
@@ -130,16 +131,25 @@ class ModelTransaction:
     ) -> bool | None:
         self._conn.inflight.leave()
         result: bool | None = await self._conn.counted(self._inner.__aexit__(exc_type, exc, tb))
+        pool = self._conn.pool
+        if exc_type is None and pool.lost_commits > 0 and not self._conn.inflight.in_transaction():
+            # Committed; its answer is lost on the way back.
+            pool.lost_commits -= 1
+            raise asyncpg.ConnectionDoesNotExistError(
+                "connection was closed in the middle of operation (injected: the commit "
+                "was done, its answer lost)"
+            )
         return result
 
 
 class ModelConnection:
     """A pooled connection whose steps pass the process's checkpoint."""
 
-    def __init__(self, inner: Any, checkpoint: Checkpoint, inflight: InFlight) -> None:
+    def __init__(self, inner: Any, pool: ModelPool) -> None:
         self._inner = inner
-        self._checkpoint = checkpoint
-        self.inflight = inflight
+        self._checkpoint = pool.checkpoint
+        self.inflight = pool.inflight
+        self.pool = pool
 
     async def checkpoint(self, what: str) -> None:
         if not self.inflight.in_transaction():
@@ -192,7 +202,7 @@ class _Acquire:
             raise ConnectionRefusedError("the database cannot be reached (injected)")
         self._ctx = pool.inner.acquire(timeout=self._timeout)
         inner = await _Counted(pool.inflight).run(self._ctx.__aenter__())
-        return ModelConnection(inner, pool.checkpoint, pool.inflight)
+        return ModelConnection(inner, pool)
 
     async def __aexit__(
         self,
@@ -212,6 +222,8 @@ class ModelPool:
         self.inflight = inflight
         #: Connections still to be refused, as if the database were unreachable.
         self.outage = 0
+        #: Commits still to lose their answer: done, then the connection drops.
+        self.lost_commits = 0
 
     def acquire(self, *, timeout: float | None = None) -> _Acquire:
         return _Acquire(self, timeout)

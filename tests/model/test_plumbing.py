@@ -12,6 +12,7 @@ import asyncio
 import types
 from typing import Any
 
+import asyncpg
 import pytest
 
 from services.compute.manager import ComputeManager
@@ -252,3 +253,34 @@ def test_a_restore_answered_202_must_bring_its_server_back(
     m.run(soft_delete_again())
     problems = m.run(m.answered_problems())
     assert problems == [f"I0 server {m.server(0)} is not back although its restore got 202"]
+
+
+def test_a_commit_whose_answer_is_lost_is_done_and_raises(m: KeelMachine) -> None:
+    """``commit_answer_lost``: the next outermost commit of the process happens, then its
+    caller sees the connection drop; a nested one (a savepoint) and later ones are left
+    alone."""
+    s = Steps(m)
+    s.create(on=A)
+    m.commit_answer_lost("conductor")
+
+    async def tag(name: str) -> None:
+        async with m.w.conductor.db.acquire() as conn, conn.transaction(), conn.transaction():
+            await conn.execute("UPDATE instances SET display_name = $1", name)
+
+    async def names() -> set[str]:
+        async with m.w.db.acquire() as conn:
+            return {
+                r["display_name"] for r in await conn.fetch("SELECT display_name FROM instances")
+            }
+
+    async def scenario() -> tuple[str, set[str], set[str]]:
+        try:
+            await tag("lost")
+            raised = "nothing"
+        except asyncpg.ConnectionDoesNotExistError:
+            raised = "lost"
+        first = await names()
+        await tag("kept")
+        return raised, first, await names()
+
+    assert m.run(scenario()) == ("lost", {"lost"}, {"kept"})
