@@ -46,7 +46,7 @@ from shared.db import (
     moves,
     shelves,
 )
-from shared.db.errors import describe, is_transient, is_unavailable
+from shared.db.errors import describe, is_transient
 from shared.db.pool import Connection
 from shared.db.transaction import in_transaction
 from shared.exceptions import (
@@ -167,23 +167,17 @@ async def _terminate_on_host(
 
     # What a withdrawal gives back is what this mark replaced, not what was read before
     # it: the server's task may have moved on meanwhile (a move going on, say).
-    try:
-        marked = await in_transaction(
-            pool, mark_deleting, what=f"marking server {instance.uuid} deleting"
-        )
-    except Exception as exc:
-        if is_unavailable(exc):
-            # Its commit may have happened: a mark left standing would be sent later by
-            # the conductors, the server deleted after a 503.
-            reason = "the connection to the database was lost as the delete was recorded"
-            publish.withdraw_unconfirmed(
-                pool,
-                _restoring(ctx, instance, reason),
-                instance_uuid=instance.uuid,
-                request_id=ctx.request_id,
-                what=f"withdrawing the unconfirmed delete of server {instance.uuid}",
-            )
-        raise
+    # A mark whose commit lost its answer is withdrawn in the background: left standing,
+    # the conductors would send the delete later, after a 503.
+    reason = "the connection to the database was lost as the delete was recorded"
+    marked = await publish.record(
+        pool,
+        mark_deleting,
+        what=f"marking server {instance.uuid} deleting",
+        withdraw=_restoring(ctx, instance, reason),
+        instance_uuid=instance.uuid,
+        request_id=ctx.request_id,
+    )
     instance = marked or instance
     try:
         failed = await publish.send(
@@ -263,11 +257,26 @@ async def _remove_other_copy(
     for node_id in (migration.source_compute_id, migration.dest_compute_id):
         if node_id is None:
             continue
-        async with pool.acquire() as conn:
-            try:
+        try:
+            async with pool.acquire() as conn:
                 host = await compute_nodes.host_state_by_id(conn, node_id, down_time)
-            except ComputeNodeNotFound:
-                continue
+        except ComputeNodeNotFound:
+            continue
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # The delete is sent: it happens, and the answer says so. The copy is left to
+            # that host's next guest report, which finds the server gone.
+            LOG.warning(
+                "server %s is being deleted during %s %s; the database is unavailable (%s), "
+                "so its other copy is left to that host's next guest report",
+                migration.instance_uuid,
+                migration.migration_type,
+                migration.uuid,
+                describe(exc),
+                extra={"instance_uuid": str(migration.instance_uuid)},
+            )
+            return
         if host.service.id == current.id or not host.service.is_up:
             continue
         only_origin = migration.uuid if node_id == migration.dest_compute_id else None

@@ -309,6 +309,12 @@ async def start_move(
         pool, kind, instance=instance, target=target, source=source, down_time=down_time
     )
 
+    recorded = False
+
+    async def reached_commit(_conn: Connection, _migration: Migration) -> None:
+        nonlocal recorded
+        recorded = True
+
     try:
         migration = await move_requests.record(
             pool,
@@ -319,11 +325,12 @@ async def start_move(
             target=target,
             flavors=flavors,
             check=check,
+            then=reached_commit,
             end_stopped=end_stopped,
             forced=forced and target is not None,
         )
     except Exception as exc:
-        if is_unavailable(exc):
+        if recorded and is_unavailable(exc):
             # Its commit may have happened: the move would stand, answered 503, until
             # its deadline ended it (an evacuated server then in ERROR).
             why = (

@@ -47,9 +47,7 @@ from shared import host_fencing
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import allocations, compute_nodes, instance_actions, instances, moves, services
-from shared.db.errors import is_unavailable
 from shared.db.pool import Connection
-from shared.db.transaction import in_transaction
 from shared.exceptions import ComputeNodeNotFound, Unroutable
 from shared.objects.instance import Instance
 from shared.objects.migration import MigrationStatus
@@ -181,22 +179,19 @@ async def _begin(
             await instance_actions.start(conn, ctx, instance.uuid, action.name)
         return started
 
-    try:
-        if await in_transaction(pool, begin, what=f"starting {action.name} of {instance.uuid}"):
-            return
-    except Exception as exc:
-        if is_unavailable(exc):
-            # Its commit may have happened: the request would stand, answered 503 (and a
-            # soft delete or a restore no agent took is sent again by the conductors).
-            why = f"the connection to the database was lost as the {action.name} was recorded"
-            publish.withdraw_unconfirmed(
-                pool,
-                _withdrawing(ctx, instance.uuid, action, why),
-                instance_uuid=instance.uuid,
-                request_id=ctx.request_id,
-                what=f"withdrawing the unconfirmed {action.name} of server {instance.uuid}",
-            )
-        raise
+    # A recording whose commit lost its answer is withdrawn in the background: it would
+    # stand, answered 503 (and a soft delete or a restore no agent took is sent again by
+    # the conductors).
+    why = f"the connection to the database was lost as the {action.name} was recorded"
+    if await publish.record(
+        pool,
+        begin,
+        what=f"starting {action.name} of {instance.uuid}",
+        withdraw=_withdrawing(ctx, instance.uuid, action, why),
+        instance_uuid=instance.uuid,
+        request_id=ctx.request_id,
+    ):
+        return
     if instance.vm_state == VmState.ERROR and not await _claimed(pool, instance):
         # A build that failed released the server's claim: a guest of it there (another
         # delivery's, whose result is on its way) would be powered on nobody's resources.

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -90,6 +91,45 @@ async def send(cast: Callable[[], Awaitable[None]], *, what: str) -> MessagingEr
 #: Withdraws what keel-api recorded, or answers as sent when the database cannot be
 #: reached (see the module docstring).
 withdraw = withdrawal
+
+
+T = TypeVar("T")
+
+
+async def record(
+    pool: asyncpg.Pool,
+    work: Callable[[Connection], Awaitable[T]],
+    *,
+    what: str,
+    withdraw: Callable[[Connection], Awaitable[bool]],
+    instance_uuid: UUID,
+    request_id: str,
+) -> T:
+    """Run ``work``, the transaction that records a request, as :func:`in_transaction`
+    does. If the connection drops once ``work`` has run (at the commit: the request may
+    be recorded), the error is raised (503) and ``withdraw`` runs in the background
+    (:func:`withdraw_unconfirmed`); a failure before that left nothing to withdraw."""
+    ran = False
+
+    async def tracked(conn: Connection) -> T:
+        nonlocal ran
+        ran = False
+        result = await work(conn)
+        ran = True
+        return result
+
+    try:
+        return await in_transaction(pool, tracked, what=what)
+    except Exception as exc:
+        if ran and is_unavailable(exc):
+            withdraw_unconfirmed(
+                pool,
+                withdraw,
+                instance_uuid=instance_uuid,
+                request_id=request_id,
+                what=f"withdrawing after {what}",
+            )
+        raise
 
 
 #: Seconds keel-api keeps trying to withdraw a request whose recording went unanswered.

@@ -70,10 +70,8 @@ from shared import image_properties
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import fixed_ips, instance_actions, rebuilds
-from shared.db.errors import is_unavailable
 from shared.db.pool import Connection
 from shared.db.rebuilds import RebuildChange
-from shared.db.transaction import in_transaction
 from shared.exceptions import BuildFailed, Unroutable
 from shared.objects.instance import Instance
 from shared.objects.states import VmState
@@ -270,26 +268,27 @@ async def rebuild(
         return (*begun, view)
 
     try:
-        begun = await in_transaction(pool, begin, what=f"starting the rebuild of {instance.uuid}")
+        # A rebuild whose commit lost its answer is withdrawn in the background: it would
+        # stand, its new fields kept and its task left to the deadline (ERROR).
+        begun = await publish.record(
+            pool,
+            begin,
+            what=f"starting the rebuild of {instance.uuid}",
+            withdraw=_withdrawing(
+                ctx,
+                instance,
+                change,
+                "the connection to the database was lost as the rebuild was recorded",
+            ),
+            instance_uuid=instance.uuid,
+            request_id=ctx.request_id,
+        )
     except rebuilds.Unclaimed:
         raise ConflictingRequest(
             f"Cannot '{ACTION}' instance {instance.uuid}: it holds no claim on its host "
             f"{instance.host} (its build never succeeded there), so no guest of it may be "
             "made there. Delete it and create it again."
         ) from None
-    except Exception as exc:
-        if is_unavailable(exc):
-            # Its commit may have happened: the rebuild would stand, its new fields kept
-            # and its task left to the deadline (ERROR), though answered 503.
-            why = "the connection to the database was lost as the rebuild was recorded"
-            publish.withdraw_unconfirmed(
-                pool,
-                _withdrawing(ctx, instance, change, why),
-                instance_uuid=instance.uuid,
-                request_id=ctx.request_id,
-                what=f"withdrawing the unconfirmed rebuild of server {instance.uuid}",
-            )
-        raise
     if begun is None:
         raise state_conflict(instance, ACTION)
     before, after, view = begun

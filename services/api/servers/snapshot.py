@@ -60,9 +60,7 @@ from shared import image_urls
 from shared.config import Settings
 from shared.context import RequestContext
 from shared.db import images, instance_actions, snapshots
-from shared.db.errors import is_unavailable
 from shared.db.pool import Connection
-from shared.db.transaction import in_transaction
 from shared.exceptions import ImageNotFound, Unroutable
 from shared.objects.image import Image
 from shared.objects.instance import Instance
@@ -248,21 +246,20 @@ async def take_snapshot(
             await instance_actions.start(conn, ctx, instance.uuid, action)
         return begun is not None
 
-    try:
-        begun = await in_transaction(pool, begin, what=f"starting a snapshot of {instance.uuid}")
-    except Exception as exc:
-        if is_unavailable(exc):
-            # Its commit may have happened: a queued image and the task would stand,
-            # answered 503, until the deadline killed the image.
-            why = "the connection to the database was lost as the snapshot was recorded"
-            publish.withdraw_unconfirmed(
-                pool,
-                _withdrawing(ctx, instance.uuid, why),
-                instance_uuid=instance.uuid,
-                request_id=ctx.request_id,
-                what=f"withdrawing the unconfirmed snapshot of server {instance.uuid}",
-            )
-        raise
+    # A snapshot whose commit lost its answer is withdrawn in the background: its queued
+    # image and task would stand, answered 503, until the deadline killed the image.
+    begun = await publish.record(
+        pool,
+        begin,
+        what=f"starting a snapshot of {instance.uuid}",
+        withdraw=_withdrawing(
+            ctx,
+            instance.uuid,
+            "the connection to the database was lost as the snapshot was recorded",
+        ),
+        instance_uuid=instance.uuid,
+        request_id=ctx.request_id,
+    )
     if not begun:
         raise state_conflict(instance, action)
     ttl = max(settings.images.url_ttl, settings.task_timeout)
