@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 from uuid import UUID
@@ -369,8 +370,8 @@ async def _withdraw(pool: asyncpg.Pool, instance: Instance, reason: str) -> bool
     return await in_transaction(pool, withdraw, what=f"withdrawing new server {instance.uuid}")
 
 
-async def _withdraw_unconfirmed(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
-    """Withdraw the server if its unanswered commit recorded it; see the module docstring."""
+def _unconfirmed_withdrawal(instance_uuid: UUID) -> Callable[[Connection], Awaitable[bool]]:
+    """Withdraw the server if its unanswered commit recorded it."""
     reason = (
         "the connection to the database was lost while the server was being recorded; "
         "the request was answered 503"
@@ -382,6 +383,27 @@ async def _withdraw_unconfirmed(pool: asyncpg.Pool, instance_uuid: UUID) -> None
         await fixed_ips.release(conn, instance_uuid)
         await instance_actions.finish(conn, instance_uuid, CREATE_ACTION, reason)
         return True
+
+    return withdraw
+
+
+async def _withdraw_now_or_later(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
+    """Withdraw at once the server an unanswered commit may have recorded, or, if the
+    database cannot be reached now, in the background (see the module docstring)."""
+    what = f"withdrawing unconfirmed server {instance_uuid}"
+    try:
+        withdrawn = await in_transaction(pool, _unconfirmed_withdrawal(instance_uuid), what=what)
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        _withdraw_in_background(pool, instance_uuid)
+        return
+    _log_unconfirmed(instance_uuid, withdrawn)
+
+
+async def _withdraw_unconfirmed(pool: asyncpg.Pool, instance_uuid: UUID) -> None:
+    """Withdraw the server if its unanswered commit recorded it; see the module docstring."""
+    withdraw = _unconfirmed_withdrawal(instance_uuid)
 
     retrying = AsyncRetrying(
         retry=retry_if_exception(is_unavailable),
@@ -404,9 +426,17 @@ async def _withdraw_unconfirmed(pool: asyncpg.Pool, instance_uuid: UUID) -> None
             extra=extra,
         )
         return
+    _log_unconfirmed(instance_uuid, withdrawn)
+
+
+def _log_unconfirmed(instance_uuid: UUID, withdrawn: bool) -> None:
+    extra = {"instance_uuid": str(instance_uuid), "decision": "unconfirmed_create"}
     if withdrawn:
         LOG.warning(
-            "withdrew new server %s: it was recorded, but %s", instance_uuid, reason, extra=extra
+            "withdrew new server %s: it was recorded, but the connection to the database "
+            "was lost while it was being recorded; the request was answered 503",
+            instance_uuid,
+            extra=extra,
         )
     else:
         LOG.info("new server %s was not recorded: nothing to withdraw", instance_uuid, extra=extra)
@@ -477,9 +507,10 @@ async def create_server(
         created = await in_transaction(pool, record, what=f"recording new server {server.name!r}")
     except Exception as exc:
         if committing and is_unavailable(exc):
-            # Lost during COMMIT: recorded or not, nobody knows yet.
+            # Lost during COMMIT: recorded or not, nobody knows yet. Withdrawn before the
+            # answer if the database answers (a dropped connection is replaced at once).
             for instance_uuid in batch.uuids:
-                _withdraw_in_background(pool, instance_uuid)
+                await _withdraw_now_or_later(pool, instance_uuid)
         raise
     for instance in created:
         await _hand_over(pool, conductor, ctx, instance, destination, batch=created)

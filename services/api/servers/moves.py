@@ -336,7 +336,7 @@ async def start_move(
             why = (
                 f"the connection to the database was lost as the {kind.migration_type} was recorded"
             )
-            publish.withdraw_unconfirmed(
+            await publish.withdraw_now_or_later(
                 pool,
                 move_requests.withdrawing_unconfirmed(ctx, kind, instance.uuid, why),
                 instance_uuid=instance.uuid,

@@ -24,8 +24,10 @@ and built, or put in ERROR by its build deadline.)
 
 A request whose recording lost its answer (the connection dropped at the commit) is
 answered 503, as the database could not be reached; it may be recorded all the same, so
-keel-api withdraws it in the background once the database answers again
-(:func:`withdraw_unconfirmed`: deletes and power actions; creates in ``create``).
+keel-api withdraws it before answering (a dropped connection is replaced at once), or,
+if the database cannot be reached then, in the background once it answers again
+(:func:`record`: deletes, power actions, rebuilds, snapshots and moves; creates in
+``create``).
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ async def record(
         return await in_transaction(pool, tracked, what=what)
     except Exception as exc:
         if ran and is_unavailable(exc):
-            withdraw_unconfirmed(
+            await withdraw_now_or_later(
                 pool,
                 withdraw,
                 instance_uuid=instance_uuid,
@@ -130,6 +132,52 @@ async def record(
                 what=f"withdrawing after {what}",
             )
         raise
+
+
+def _if_recorded(
+    work: Callable[[Connection], Awaitable[bool]], instance_uuid: UUID, request_id: str
+) -> Callable[[Connection], Awaitable[bool]]:
+    async def if_recorded(conn: Connection) -> bool:
+        return await instance_actions.recorded(conn, instance_uuid, request_id) and await work(conn)
+
+    return if_recorded
+
+
+async def withdraw_now_or_later(
+    pool: asyncpg.Pool,
+    work: Callable[[Connection], Awaitable[bool]],
+    *,
+    instance_uuid: UUID,
+    request_id: str,
+    what: str,
+) -> None:
+    """Withdraw, before answering, a request whose recording lost its answer (``work``,
+    if its record exists): a dropped connection is replaced at once, so this usually
+    settles it, and the 503 that follows is true. If the database cannot be reached
+    now, the withdrawal goes on in the background (:func:`withdraw_unconfirmed`)."""
+    try:
+        withdrawn = await in_transaction(
+            pool, _if_recorded(work, instance_uuid, request_id), what=what
+        )
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        withdraw_unconfirmed(
+            pool, work, instance_uuid=instance_uuid, request_id=request_id, what=what
+        )
+        return
+    _log_unconfirmed(what, withdrawn)
+
+
+def _log_unconfirmed(what: str, withdrawn: bool) -> None:
+    LOG.warning(
+        "%s: %s",
+        what,
+        "it was recorded, though answered 503: withdrawn"
+        if withdrawn
+        else "it was not recorded (or no longer stands): nothing to withdraw",
+        extra={"decision": "unconfirmed_request"},
+    )
 
 
 #: Seconds keel-api keeps trying to withdraw a request whose recording went unanswered.
@@ -153,8 +201,7 @@ def withdraw_unconfirmed(
     nothing sends it later (the conductors send again a delete no agent took); if the
     request has no record, nothing was written and nothing is done."""
 
-    async def if_recorded(conn: Connection) -> bool:
-        return await instance_actions.recorded(conn, instance_uuid, request_id) and await work(conn)
+    if_recorded = _if_recorded(work, instance_uuid, request_id)
 
     async def run() -> None:
         retrying = AsyncRetrying(
@@ -174,14 +221,7 @@ def withdraw_unconfirmed(
                 extra={"decision": "unconfirmed_request"},
             )
             return
-        LOG.warning(
-            "%s: %s",
-            what,
-            "it was recorded, though answered 503: withdrawn"
-            if withdrawn
-            else "it was not recorded (or no longer stands): nothing to withdraw",
-            extra={"decision": "unconfirmed_request"},
-        )
+        _log_unconfirmed(what, withdrawn)
 
     task = asyncio.create_task(run(), name=f"keel-withdraw-unconfirmed: {what}")
     _unconfirmed.add(task)
