@@ -33,7 +33,13 @@ WITHDRAWN_WITHOUT_CONDUCTOR = 18
 #: 19: keel-api withdraws a request an agent of a release before 17 acts on regardless.
 WITHDRAWN_FROM_AN_OLD_AGENT = 19
 
-UNFIXED: frozenset[int] = frozenset()
+#: 57 (open): with commits losing their answer, the search meets I0 failures it cannot
+#: replay (a DELETE or a snapshot answered 503 whose record stands, or whose server is
+#: deleted; a server no create was answered 202 for). The rule that arms those faults
+#: (``commit_answer_lost``) is off until they replay and are understood.
+LOST_COMMITS_FLAKY = 57
+
+UNFIXED: frozenset[int] = frozenset({LOST_COMMITS_FLAKY})
 
 
 def xfail_until_fixed(finding: int, reason: str) -> pytest.MarkDecorator:

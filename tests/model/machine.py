@@ -584,7 +584,7 @@ class KeelMachine(MachineBase):
         """The next commit of a control-plane process is done, and its connection drops
         before the answer comes back: the process cannot tell whether it happened."""
         process = getattr(self.w, who)
-        if process.alive:
+        if process.alive and known.LOST_COMMITS_FLAKY not in known.UNFIXED:
             process.pool.lost_commits += 1
 
     @rule(h=hosts, operation=st.sampled_from(["spawn", "rebuild"]))

@@ -256,12 +256,12 @@ def test_a_restore_answered_202_must_bring_its_server_back(
 
 
 def test_a_commit_whose_answer_is_lost_is_done_and_raises(m: KeelMachine) -> None:
-    """``commit_answer_lost``: the next outermost commit of the process happens, then its
-    caller sees the connection drop; a nested one (a savepoint) and later ones are left
-    alone."""
+    """What ``commit_answer_lost`` arms: the next outermost commit of the process happens,
+    then its caller sees the connection drop; a nested one (a savepoint) and later ones
+    are left alone."""
     s = Steps(m)
     s.create(on=A)
-    m.commit_answer_lost("conductor")
+    m.w.conductor.pool.lost_commits += 1
 
     async def tag(name: str) -> None:
         async with m.w.conductor.db.acquire() as conn, conn.transaction(), conn.transaction():
