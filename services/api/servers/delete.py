@@ -167,7 +167,7 @@ async def _terminate_on_host(
 
     # What a withdrawal gives back is what this mark replaced, not what was read before
     # it: the server's task may have moved on meanwhile (a move going on, say).
-    # A mark whose commit lost its answer is withdrawn in the background: left standing,
+    # A mark whose commit lost its answer is withdrawn before the 503: left standing,
     # the conductors would send the delete later, after a 503.
     reason = "the connection to the database was lost as the delete was recorded"
     marked = await publish.record(

@@ -179,7 +179,7 @@ async def _begin(
             await instance_actions.start(conn, ctx, instance.uuid, action.name)
         return started
 
-    # A recording whose commit lost its answer is withdrawn in the background: it would
+    # A recording whose commit lost its answer is withdrawn before the 503: it would
     # stand, answered 503 (and a soft delete or a restore no agent took is sent again by
     # the conductors).
     why = f"the connection to the database was lost as the {action.name} was recorded"

@@ -109,8 +109,8 @@ async def record(
 ) -> T:
     """Run ``work``, the transaction that records a request, as :func:`in_transaction`
     does. If the connection drops once ``work`` has run (at the commit: the request may
-    be recorded), the error is raised (503) and ``withdraw`` runs in the background
-    (:func:`withdraw_unconfirmed`); a failure before that left nothing to withdraw."""
+    be recorded), ``withdraw`` runs first (:func:`withdraw_now_or_later`), then the error
+    is raised (503); a failure before that left nothing to withdraw."""
     ran = False
 
     async def tracked(conn: Connection) -> T:

@@ -268,7 +268,7 @@ async def rebuild(
         return (*begun, view)
 
     try:
-        # A rebuild whose commit lost its answer is withdrawn in the background: it would
+        # A rebuild whose commit lost its answer is withdrawn before the 503: it would
         # stand, its new fields kept and its task left to the deadline (ERROR).
         begun = await publish.record(
             pool,

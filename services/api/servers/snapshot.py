@@ -246,7 +246,7 @@ async def take_snapshot(
             await instance_actions.start(conn, ctx, instance.uuid, action)
         return begun is not None
 
-    # A snapshot whose commit lost its answer is withdrawn in the background: its queued
+    # A snapshot whose commit lost its answer is withdrawn before the 503: its queued
     # image and task would stand, answered 503, until the deadline killed the image.
     begun = await publish.record(
         pool,

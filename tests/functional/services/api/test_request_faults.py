@@ -105,8 +105,8 @@ async def test_a_request_answered_503_leaves_nothing_to_be_sent_later(
     once, before or after the database acted. Answered 503, the request must not stand: a
     delete left marked and open would be sent again by the conductors (a promised delete,
     as a soft delete or a restore would be), and the server deleted after all. When the
-    commit's answer was lost, keel-api withdraws in the background what may have been
-    recorded."""
+    commit's answer was lost, keel-api withdraws what may have been recorded before it
+    answers (in the background if the database cannot be reached then)."""
     method, body, action, done, task = REQUESTS[request_name]
     await add_image(db_pool)
     counter = iter(range(1000))
