@@ -431,9 +431,10 @@ def start_keystone(cloud: NovaCloud) -> None:
     manage("db_sync")
     manage("fernet_setup", *user)
     manage("credential_setup", *user)
+    # ``--option=value``: a random password may begin with "-" (argparse: an option).
     manage(
         "bootstrap",
-        "--bootstrap-password", cloud.password,
+        f"--bootstrap-password={cloud.password}",
         "--bootstrap-public-url", cloud.auth_url,
         "--bootstrap-internal-url", cloud.auth_url,
         "--bootstrap-admin-url", cloud.auth_url,

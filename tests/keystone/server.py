@@ -162,9 +162,11 @@ def set_up(keystone: Keystone, database_url: str) -> None:
     keystone.manage("db_sync")
     keystone.manage("fernet_setup", "--keystone-user", user, "--keystone-group", group)
     keystone.manage("credential_setup", "--keystone-user", user, "--keystone-group", group)
+    # ``--option=value``: a random password may begin with "-", which argparse would
+    # take for an option of its own.
     keystone.manage(
         "bootstrap",
-        "--bootstrap-password", keystone.admin_password,
+        f"--bootstrap-password={keystone.admin_password}",
         "--bootstrap-admin-url", keystone.v3,
         "--bootstrap-public-url", keystone.v3,
         "--bootstrap-internal-url", keystone.v3,
@@ -181,7 +183,9 @@ async def running_keystone(
         venv=venv,
         workdir=workdir,
         url=f"http://127.0.0.1:{free_port()}",
-        admin_password=secrets.token_urlsafe(18),
+        # Always beginning with "-", as a random one may: passed to keystone-manage, it
+        # must not be taken for an option.
+        admin_password="-" + secrets.token_urlsafe(18),
         group=ProcessGroup(workdir / "logs"),
     )
     try:
