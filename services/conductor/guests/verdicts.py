@@ -302,14 +302,18 @@ async def _settle_evacuations(
         instance = await instances.find(conn, done.instance_uuid)
         instance_node, deleted = await _placed(conn, instance)
         history = await _history(conn, done.instance_uuid)
-        reported = report.tokens is not None and done.instance_uuid in report.tokens
+        token = current = None
+        if report.tokens is not None and done.instance_uuid in report.tokens:
+            token = report.tokens[done.instance_uuid]
+            current = copy_tokens.is_current(instance, token)
         verdict = guest_verdict(
             done.instance_uuid,
             instance_node,
             deleted,
             history,
             node_id,
-            token=report.tokens[done.instance_uuid] if report.tokens and reported else None,
+            current=current,
+            token=token,
             offloaded=_offloaded(instance),
         )
         absent = report.tokens is not None and done.instance_uuid not in report.guests
