@@ -177,3 +177,37 @@ async def test_an_evacuation_done_is_settled_by_the_copy_its_source_reports_afte
         else:
             assert confirm == [(server, evacuation.uuid)]
             assert fates == ([GuestFate.EVACUATED] if guests else [])
+
+
+async def test_an_evacuation_done_is_not_confirmed_over_a_copy_carrying_the_current_token(
+    db_pool: asyncpg.Pool, conductor: ConductorAPI, agent_transport: AmqpTransport
+) -> None:
+    """By its records the evacuation's source copy goes; but a guest there carrying the
+    server's current copy token is the server's copy, and confirming would remove it:
+    kept, and the evacuation not confirmed."""
+    server, node_a, _ = await placed_on_a(db_pool, conductor, agent_transport, "ge-current")
+    b = await register(conductor, "ge-current-b")
+    ctx = RequestContext(user_id="u", project_id="p")
+    async with db_pool.acquire() as conn:
+        a = await compute_nodes.get_by_id(conn, node_a)
+        evacuation = await moves.create(
+            conn, ctx, instance_uuid=server, migration_type="evacuation", status="done", source=a
+        )
+        await conn.execute(
+            "UPDATE migrations SET dest_compute_id = $2 WHERE uuid = $1", evacuation.uuid, b.node_id
+        )
+        await conn.execute(
+            "UPDATE instances SET compute_id = $2, copy_token = $3 WHERE uuid = $1",
+            server,
+            b.node_id,
+            evacuation.uuid,
+        )
+    tokens: dict[uuid.UUID, uuid.UUID | None] = {server: evacuation.uuid}
+
+    report = await conductor.report_guests(
+        CTX, a.uuid, [server], {server: PowerState.SHUTDOWN}, tokens
+    )
+
+    assert report is not None
+    assert [v.fate for v in report.verdicts] == [GuestFate.KEEP]
+    assert report.to_confirm == []
