@@ -81,6 +81,7 @@ async def _tier(tier: str, run: Run) -> int:
         process = await asyncio.create_subprocess_exec(
             *run.make, f"test-{tier}",
             cwd=run.cwd, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_interruptible,
         )  # fmt: skip
         run.running[tier] = process
         try:
@@ -94,6 +95,13 @@ async def _tier(tier: str, run: Run) -> int:
     run.ended.append((tier, seconds, status))
     _print_log(tier, path, seconds, status)
     return status
+
+
+def _interruptible() -> None:
+    """In a tier's process, before its command: SIGINT as by default. A run started in
+    the background of a shell without job control (``cmd &`` in a script) inherits
+    SIGINT ignored, and so would every tier: :func:`_stop_all` could not stop one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stop_all(run: Run) -> None:

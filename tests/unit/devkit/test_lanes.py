@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -73,3 +74,19 @@ async def test_the_first_red_tier_stops_the_other_lanes_and_its_status_is_the_ru
     assert "make test-red" in out
     assert "FAILED (2)" in out
     assert "not run or stopped: slow, other, quick" in out
+
+
+async def test_a_run_started_with_sigint_ignored_still_stops_the_other_lanes(
+    tmp_path: Path,
+) -> None:
+    """A run in the background of a shell without job control (``.ci/run &`` in a
+    script) inherits SIGINT ignored; its tiers must not, or the stop waits them out."""
+    run = scratch(tmp_path)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        began = time.monotonic()
+        status = await run_lanes([["slow"], ["red"]], run)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert status == 2
+    assert time.monotonic() - began < 20
